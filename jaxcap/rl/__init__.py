@@ -1,0 +1,45 @@
+"""RL core: group advantages from [B, G, R] rewards, reward masks, and the clipped policy loss."""
+
+from jaxcap.rl.advantages import (
+    DEFAULT_EPS,
+    ESTIMATORS,
+    Advantages,
+    Estimator,
+    c_gdpo_advantages,
+    dr_grpo_advantages,
+    group_advantages,
+    grpo_advantages,
+    reward_means,
+    rloo_advantages,
+    sample_validity,
+    weighted_reward,
+)
+from jaxcap.rl.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    Aggregation,
+    KLEstimator,
+    PolicyLossConfig,
+    aggregate_loss,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss,
+)
+from jaxcap.rl.masks import (
+    LengthMaskConfig,
+    LengthUnit,
+    apply_length_mask,
+    apply_length_mask_config,
+    caption_lengths,
+    length_in_range,
+    length_ratio,
+)
+
+__all__ = [
+    "AGGREGATIONS", "Advantages", "Aggregation", "DEFAULT_EPS", "ESTIMATORS", "Estimator", "KLEstimator",
+    "KL_ESTIMATORS", "LengthMaskConfig", "LengthUnit", "PolicyLossConfig", "aggregate_loss",
+    "apply_length_mask", "apply_length_mask_config", "c_gdpo_advantages", "caption_lengths",
+    "dr_grpo_advantages", "entropy_from_logits", "group_advantages", "grpo_advantages", "kl_penalty",
+    "length_in_range", "length_ratio", "policy_loss", "reward_means", "rloo_advantages", "sample_validity",
+    "weighted_reward",
+]
