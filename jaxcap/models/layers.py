@@ -1,0 +1,81 @@
+"""Building blocks shared by the vision tower and the decoder: RMSNorm, SwiGLU MLP, rotary embeddings."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square norm computed in float32, cast back to the input dtype before the gain (as HF does)."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...].astype(dtype) * x32.astype(dtype)
+
+
+def linear(din: int, dout: int, *, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+  """A dense layer with HF's init scale (normal, std 0.02); kernels are [in, out] (HF stores [out, in])."""
+  return nnx.Linear(din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype,
+                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+
+class SwiGLU(nnx.Module):
+  """down(silu(gate(x)) * up(x)); the vision tower uses biases, the decoder does not."""
+
+  def __init__(self, dim: int, hidden: int, *, bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
+    kw = dict(bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate_proj = linear(dim, hidden, **kw)
+    self.up_proj = linear(dim, hidden, **kw)
+    self.down_proj = linear(hidden, dim, **kw)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotate_half(x: jax.Array) -> jax.Array:
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  return jnp.concatenate([-x2, x1], axis=-1)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x: [..., T, heads, head_dim]; cos/sin: [..., T, head_dim] in float32. Rotation in float32."""
+  x32 = x.astype(jnp.float32)
+  out = x32 * cos[..., None, :] + rotate_half(x32) * sin[..., None, :]
+  return out.astype(x.dtype)
+
+
+def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
+                  mrope_section: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+  """Multimodal RoPE tables.
+
+  positions: int [3, B, T] (temporal, height, width ids). Returns cos, sin: float32 [B, T, head_dim], where
+  frequency band i takes its angle from position row i % 3 per `mrope_section` (sums to head_dim // 2).
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [3, B, T, hd/2]
+  bounds = [0]
+  for s in mrope_section:
+    bounds.append(bounds[-1] + s)
+  chunks = [freqs[i % 3, ..., bounds[i]:bounds[i + 1]] for i in range(len(mrope_section))]
+  freqs = jnp.concatenate(chunks, axis=-1)
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def remat_call(module: nnx.Module, policy: str):
+  """`module.__call__`, rematerialised in the backward pass per `policy` ('none' | 'full' | 'dots')."""
+  if policy == "none":
+    return module
+  if policy not in ("full", "dots"):
+    raise ValueError(f"remat={policy!r}; choose 'none', 'full' or 'dots'.")
+  saveable = None if policy == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  call = nnx.remat(type(module).__call__, policy=saveable)
+  return lambda *args: call(module, *args)

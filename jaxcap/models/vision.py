@@ -1,0 +1,192 @@
+"""The Qwen2.5-VL vision tower: patch embedding, 2D RoPE, window / full attention blocks, patch merger.
+
+Variable image sizes are handled on the host: `vision_layout` turns `grid_thw` into static index arrays (window
+permutation, attention blocks, rotary positions), so the device code is shape-static and jit-friendly; images of
+the same sizes reuse one compilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcap.models.config import VisionConfig
+from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, remat_call
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionBlocks:
+  """A packed sequence cut into independent attention segments, padded to a common length.
+
+  gather: int32 [S, Lmax]   position in the packed sequence of each slot (0 on padding).
+  valid:  bool  [S, Lmax]   which slots hold a real token.
+  scatter: int32 [L]        flat slot (s * Lmax + j) of each packed position, to undo the gather.
+  """
+
+  gather: np.ndarray
+  valid: np.ndarray
+  scatter: np.ndarray
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class VisionLayout:
+  """Host-computed index arrays for one batch of images/videos (see `vision_layout`)."""
+
+  rotary_pos: np.ndarray      # int32 [L, 2]  (h, w) of each patch, window-permuted
+  window_index: np.ndarray    # int32 [L / merge^2]  merge-unit permutation into window order
+  reverse_index: np.ndarray   # int32 [L / merge^2]  its inverse
+  windows: AttentionBlocks    # window-attention segments (in permuted order)
+  frames: AttentionBlocks     # full-attention segments: one per temporal patch of each image/video
+
+
+def _blocks(seqlens: Sequence[int]) -> AttentionBlocks:
+  seqlens = [int(s) for s in seqlens if s > 0]
+  lmax = max(seqlens)
+  gather = np.zeros((len(seqlens), lmax), np.int32)
+  valid = np.zeros((len(seqlens), lmax), bool)
+  scatter = np.zeros((sum(seqlens),), np.int32)
+  start = 0
+  for s, n in enumerate(seqlens):
+    gather[s, :n] = np.arange(start, start + n)
+    valid[s, :n] = True
+    scatter[start:start + n] = s * lmax + np.arange(n)
+    start += n
+  return AttentionBlocks(gather, valid, scatter)
+
+
+def vision_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> VisionLayout:
+  """Index arrays for `grid_thw` (int [N, 3]: temporal, height, width patches per image/video).
+
+  Mirrors `transformers`' get_vision_position_ids / get_vision_window_index / cu_seqlens, as static arrays.
+  """
+  m = cfg.spatial_merge_size
+  unit = m * m
+  win = cfg.window_size // m // cfg.patch_size  # window side in merge units
+  rot, window_index, window_lens, frame_lens = [], [], [], []
+  offset = 0
+  for t, h, w in np.asarray(grid_thw).tolist():
+    if h % m or w % m:
+      raise ValueError(f"grid {t}x{h}x{w} is not divisible by spatial_merge_size={m}; "
+                       "preprocess images with jaxcap.processing (smart_resize to a multiple of 28).")
+    hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    hpos = hpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+    wpos = wpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+    rot.append(np.tile(np.stack([hpos, wpos], -1), (t, 1)))
+    lh, lw = h // m, w // m
+    index = np.arange(t * lh * lw).reshape(t, lh, lw)
+    pad_h, pad_w = win - lh % win, win - lw % win
+    nh, nw = (lh + pad_h) // win, (lw + pad_w) // win
+    padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
+    padded = padded.reshape(t, nh, win, nw, win).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, win, win)
+    lens = (padded != -100).sum((2, 3)).reshape(-1)
+    flat = padded.reshape(-1)
+    window_index.append(flat[flat != -100] + offset)
+    window_lens.extend((lens * unit).tolist())
+    frame_lens.extend([h * w] * t)
+    offset += t * lh * lw
+  window_index = np.concatenate(window_index).astype(np.int32)
+  rot = np.concatenate(rot).astype(np.int32)
+  rot = rot.reshape(-1, unit, 2)[window_index].reshape(-1, 2)
+  return VisionLayout(
+      rotary_pos=rot, window_index=window_index,
+      reverse_index=np.argsort(window_index).astype(np.int32),
+      windows=_blocks(window_lens), frames=_blocks(frame_lens))
+
+
+def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Array:
+  """Bidirectional attention inside each segment. q/k/v: [L, heads, hd] -> [L, heads, hd]."""
+  qb, kb, vb = (x[blocks.gather] for x in (q, k, v))  # [S, Lmax, heads, hd]
+  mask = blocks.valid[:, None, None, :]  # keys only; padded query rows are dropped by the scatter
+  out = jax.nn.dot_product_attention(qb, kb, vb, mask=mask, scale=scale)
+  out = out.reshape(-1, *out.shape[2:])
+  return out[blocks.scatter]
+
+
+class VisionAttention(nnx.Module):
+
+  def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
+    self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+    self.qkv = linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype,
+                      rngs=rngs)
+    self.proj = linear(cfg.hidden_size, cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype,
+                       rngs=rngs)
+
+  def __call__(self, x, cos, sin, blocks: AttentionBlocks):
+    qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    out = _blocked_attention(q, k, v, blocks, self.head_dim**-0.5)
+    return self.proj(out.reshape(x.shape[0], -1))
+
+
+class VisionBlock(nnx.Module):
+
+  def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
+    self.norm1 = RMSNorm(cfg.hidden_size, 1e-6, param_dtype=param_dtype)
+    self.norm2 = RMSNorm(cfg.hidden_size, 1e-6, param_dtype=param_dtype)
+    self.attn = VisionAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype, param_dtype=param_dtype,
+                      rngs=rngs)
+
+  def __call__(self, x, cos, sin, blocks: AttentionBlocks):
+    x = x + self.attn(self.norm1(x), cos, sin, blocks)
+    return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nnx.Module):
+  """RMSNorm, then each 2x2 group of patches concatenated and projected to the LM width by a GELU MLP."""
+
+  def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
+    self.unit_dim = cfg.hidden_size * cfg.spatial_merge_size**2
+    self.ln_q = RMSNorm(cfg.hidden_size, 1e-6, param_dtype=param_dtype)
+    kw = dict(bias=True, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.fc1 = linear(self.unit_dim, self.unit_dim, **kw)
+    self.fc2 = linear(self.unit_dim, cfg.out_hidden_size, **kw)
+
+  def __call__(self, x):
+    x = self.ln_q(x).reshape(-1, self.unit_dim)
+    return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+
+
+class VisionTower(nnx.Module):
+  """pixel patches [L, patch_dim] + layout -> merged visual tokens [L / merge^2, out_hidden_size]."""
+
+  def __init__(self, cfg: VisionConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none",
+               rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.remat = remat
+    # Conv3d with stride == kernel is a matmul over the flattened (C, T, P, P) patch.
+    self.patch_embed = linear(cfg.patch_dim, cfg.hidden_size, bias=False, dtype=dtype, param_dtype=param_dtype,
+                              rngs=rngs)
+    self.blocks = nnx.List([VisionBlock(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                            for _ in range(cfg.depth)])
+    self.merger = PatchMerger(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+  def rotary(self, rotary_pos: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Axial 2D RoPE: the first half of the rotated dims follow the row, the second the column."""
+    half = self.cfg.head_dim // 2
+    inv_freq = 1.0 / (self.cfg.rope_theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))
+    freqs = rotary_pos.astype(jnp.float32)[..., None] * inv_freq  # [L, 2, half/2]
+    freqs = freqs.reshape(freqs.shape[0], -1)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+  def __call__(self, pixel_values: jax.Array, layout: VisionLayout) -> jax.Array:
+    unit = self.cfg.spatial_merge_size**2
+    x = self.patch_embed(pixel_values.astype(self.patch_embed.kernel.dtype))
+    seq, dim = x.shape
+    x = x.reshape(seq // unit, unit, dim)[layout.window_index].reshape(seq, dim)
+    cos, sin = self.rotary(layout.rotary_pos)
+    full = set(self.cfg.fullatt_block_indexes)
+    for i, block in enumerate(self.blocks):
+      blocks = layout.frames if i in full else layout.windows
+      x = remat_call(block, self.remat)(x, cos, sin, blocks)
+    return self.merger(x)[layout.reverse_index]
+

@@ -1,0 +1,169 @@
+"""Prompt building: chat messages with images/videos -> padded token batch, vision patches and mRoPE positions."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxcap.models.config import Qwen25VLConfig
+from jaxcap.models.rope_index import rope_index
+from jaxcap.models.vision import VisionLayout, vision_layout
+from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image, preprocess_video
+
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True,
+                system: str | None = DEFAULT_SYSTEM) -> str:
+  """The Qwen2.5-VL chat template (ChatML with vision markers), one placeholder per image/video."""
+  out = []
+  if system is not None and (not messages or messages[0]["role"] != "system"):
+    out.append(f"<|im_start|>system\n{system}<|im_end|>\n")
+  for msg in messages:
+    content = msg["content"]
+    if isinstance(content, str):
+      content = [{"type": "text", "text": content}]
+    parts = []
+    for item in content:
+      kind = item.get("type")
+      if kind == "text":
+        parts.append(item["text"])
+      elif kind == "image":
+        parts.append(VISION_START + IMAGE_PAD + VISION_END)
+      elif kind == "video":
+        parts.append(VISION_START + VIDEO_PAD + VISION_END)
+      else:
+        raise ValueError(f"message content item of type {kind!r}; use 'text', 'image' or 'video'")
+    out.append(f"<|im_start|>{msg['role']}\n{''.join(parts)}<|im_end|>\n")
+  if add_generation_prompt:
+    out.append("<|im_start|>assistant\n")
+  return "".join(out)
+
+
+@dataclasses.dataclass
+class ModelInputs:
+  """A host-side (numpy) batch, ready for `Qwen25VL`.
+
+  input_ids int32 [B, T]; attention_mask bool [B, T]; positions int32 [3, B, T]; rope_deltas int32 [B];
+  pixel_values float32 [L, patch_dim] (all images then all videos) or None; grid_thw int [N, 3] in the same
+  order; layout: `vision_layout(grid_thw)`; image_grid_thw / video_grid_thw / second_per_grid_ts as the HF
+  processor returns them.
+  """
+
+  input_ids: np.ndarray
+  attention_mask: np.ndarray
+  positions: np.ndarray
+  rope_deltas: np.ndarray
+  pixel_values: np.ndarray | None = None
+  grid_thw: np.ndarray | None = None
+  layout: VisionLayout | None = None
+  image_grid_thw: np.ndarray | None = None
+  video_grid_thw: np.ndarray | None = None
+  second_per_grid_ts: np.ndarray | None = None
+
+  def vision(self):
+    """The `VisionInput` for the model, or None for text-only batches."""
+    from jaxcap.models.qwen25vl import VisionInput
+    return None if self.pixel_values is None else VisionInput(self.pixel_values, self.layout)
+
+
+class Processor:
+  """Tokenizer + image/video preprocessing for Qwen2.5-VL, equal to the HF processor's outputs.
+
+  `tokenizer` is any HF tokenizer with the Qwen special tokens (e.g. `AutoTokenizer.from_pretrained(ckpt_dir)`).
+  """
+
+  def __init__(self, tokenizer: Any, cfg: Qwen25VLConfig,
+               vision_cfg: VisionPreprocessConfig | None = None, fps: float = 2.0):
+    self.tokenizer, self.cfg = tokenizer, cfg
+    self.vision_cfg = vision_cfg or VisionPreprocessConfig(
+        patch_size=cfg.vision.patch_size, temporal_patch_size=cfg.vision.temporal_patch_size,
+        merge_size=cfg.vision.spatial_merge_size)
+    self.fps = fps
+    for token, want in ((IMAGE_PAD, cfg.image_token_id), (VIDEO_PAD, cfg.video_token_id)):
+      got = tokenizer.convert_tokens_to_ids(token)
+      if got != want:
+        raise ValueError(f"tokenizer maps {token} to {got} but the model config expects {want}; "
+                         "load the tokenizer from the same checkpoint directory as the model.")
+
+  @classmethod
+  def from_pretrained(cls, directory, cfg: Qwen25VLConfig | None = None, **kw) -> "Processor":
+    from transformers import AutoTokenizer
+    from jaxcap.checkpoint.hf import read_config
+    return cls(AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), **kw)
+
+  def __call__(self, conversations: Sequence[Sequence[dict]], padding_side: str = "left",
+               pad_to_multiple_of: int = 1, add_generation_prompt: bool = True) -> ModelInputs:
+    """Builds a batch from B conversations (HF message format; image items carry 'image': path/PIL/array,
+    video items 'video': list of frames and optionally 'fps')."""
+    merge = self.vision_cfg.merge_size**2
+    texts, images, videos, seconds = [], [], [], []
+    for messages in conversations:
+      text = render_chat(messages, add_generation_prompt)
+      for msg in messages:
+        for item in msg["content"] if not isinstance(msg["content"], str) else ():
+          if item.get("type") == "image":
+            images.append(preprocess_image(item["image"], self.vision_cfg))
+          elif item.get("type") == "video":
+            videos.append(preprocess_video(item["video"], self.vision_cfg))
+            seconds.append(self.vision_cfg.temporal_patch_size / float(item.get("fps", self.fps)))
+      texts.append(text)
+    # Expand each placeholder to one token per merged patch, in order.
+    counters = {IMAGE_PAD: iter(images), VIDEO_PAD: iter(videos)}
+    expanded = []
+    for text in texts:
+      pieces = []
+      for chunk in _split_keep(text, (IMAGE_PAD, VIDEO_PAD)):
+        if chunk in counters:
+          pieces.append(chunk * int(np.prod(next(counters[chunk])[1]) // merge))
+        else:
+          pieces.append(chunk)
+      expanded.append("".join(pieces))
+    ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in expanded]
+    input_ids, mask = pad_batch(ids, self.tokenizer.pad_token_id or 0, padding_side, pad_to_multiple_of)
+    image_grid = np.stack([g for _, g in images]) if images else None
+    video_grid = np.stack([g for _, g in videos]) if videos else None
+    spg = np.array(seconds, np.float32) if videos else None
+    positions, deltas = rope_index(self.cfg, input_ids, mask, image_grid, video_grid, spg)
+    out = ModelInputs(input_ids, mask, positions, deltas, image_grid_thw=image_grid, video_grid_thw=video_grid,
+                      second_per_grid_ts=spg)
+    if images or videos:
+      out.pixel_values = np.concatenate([p for p, _ in images + videos]).astype(np.float32)
+      out.grid_thw = np.stack([g for _, g in images + videos])
+      out.layout = vision_layout(out.grid_thw, self.cfg.vision)
+    return out
+
+
+def _split_keep(text: str, tokens: tuple[str, ...]) -> list[str]:
+  out, i = [], 0
+  while i < len(text):
+    j = min((k for k in (text.find(t, i) for t in tokens) if k >= 0), default=-1)
+    if j < 0:
+      out.append(text[i:])
+      break
+    if j > i:
+      out.append(text[i:j])
+    tok = next(t for t in tokens if text.startswith(t, j))
+    out.append(tok)
+    i = j + len(tok)
+  return out
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left",
+              multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Pads token lists to a common length (rounded up to `multiple`): ids int32 [B, T], mask bool [B, T]."""
+  if side not in ("left", "right"):
+    raise ValueError(f"padding_side={side!r}; use 'left' or 'right'")
+  length = max(len(s) for s in seqs)
+  length = -(-length // multiple) * multiple
+  ids = np.full((len(seqs), length), pad_id, np.int32)
+  mask = np.zeros((len(seqs), length), bool)
+  for i, s in enumerate(seqs):
+    sl = slice(length - len(s), length) if side == "left" else slice(0, len(s))
+    ids[i, sl] = s
+    mask[i, sl] = True
+  return ids, mask

@@ -1,0 +1,108 @@
+"""Device mesh and the one table of logical-axis rules: params, activations and the KV cache are annotated here.
+
+Mesh axes are ('data', 'fsdp', 'tensor'): batch over data x fsdp, weights' model dim over fsdp (ZeRO-3 style,
+gathered per layer by XLA), heads / MLP hidden / vocab over tensor. A mesh axis that does not divide an array
+dimension is dropped for that array (it is replicated instead), so every mesh shape works with every model size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes
+LOGICAL_RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "embed": ("fsdp",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "mlp": ("tensor",),
+    "vocab": ("tensor",),
+}
+
+# parameter path (dot-joined nnx path) -> logical axes of the array; first match wins.
+PARAM_RULES: list[tuple[str, tuple[str | None, ...]]] = [
+    (r"embed_tokens\.embedding$", ("vocab", "embed")),
+    (r"lm_head\.kernel$", ("embed", "vocab")),
+    (r"self_attn\.q_proj\.kernel$", ("embed", "heads")),
+    (r"self_attn\.q_proj\.bias$", ("heads",)),
+    (r"self_attn\.[kv]_proj\.kernel$", ("embed", "kv_heads")),
+    (r"self_attn\.[kv]_proj\.bias$", ("kv_heads",)),
+    (r"self_attn\.o_proj\.kernel$", ("heads", "embed")),
+    (r"attn\.qkv\.kernel$", ("embed", "heads")),
+    (r"attn\.qkv\.bias$", ("heads",)),
+    (r"attn\.proj\.kernel$", ("heads", "embed")),
+    (r"(gate_proj|up_proj|fc1)\.kernel$", ("embed", "mlp")),
+    (r"(gate_proj|up_proj|fc1)\.bias$", ("mlp",)),
+    (r"(down_proj|fc2)\.kernel$", ("mlp", "embed")),
+    (r"patch_embed\.kernel$", (None, "embed")),
+]
+
+
+def make_mesh(shape: dict[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh. `shape` maps axis -> size; -1 (at most one) takes the remaining devices.
+
+  Default: all devices on 'fsdp'.
+  """
+  devices = list(devices if devices is not None else jax.devices())
+  shape = dict(shape or {"fsdp": -1})
+  unknown = set(shape) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(f"unknown mesh axes {sorted(unknown)}; use {MESH_AXES}")
+  sizes = [shape.get(a, 1) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh shape {shape}: at most one axis may be -1")
+  known = math.prod(s for s in sizes if s != -1)
+  sizes = [len(devices) // known if s == -1 else s for s in sizes]
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f"mesh shape {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+                     f"have {len(devices)}")
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh | Any) -> P:
+  """PartitionSpec for an array of `shape` with the given logical axes on `mesh` (drops non-dividing axes)."""
+  spec, used = [], set()
+  for name, dim in zip(logical, shape):
+    axes = []
+    for ax in LOGICAL_RULES.get(name, ()) if name else ():
+      size = mesh.shape[ax]
+      if ax in used or size == 1 or dim % (math.prod(mesh.shape[a] for a in axes) * size):
+        continue
+      axes.append(ax)
+    used.update(axes)
+    spec.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
+  return P(*spec)
+
+
+def param_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+  for pattern, axes in PARAM_RULES:
+    if re.search(pattern, path):
+      return axes
+  return (None,) * ndim
+
+
+def param_shardings(abstract_params: Any, mesh: Mesh) -> Any:
+  """NamedSharding for every leaf of an nnx param state (or pure dict) with the same tree structure."""
+
+  def one(path, leaf):
+    name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    spec = logical_to_spec(param_logical_axes(name, len(leaf.shape)), leaf.shape, mesh)
+    return NamedSharding(mesh, spec)
+
+  return jax.tree_util.tree_map_with_path(one, abstract_params)
+
+
+def shard(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+  """Constrains an activation to its logical layout under the ambient mesh (`jax.set_mesh`); no-op without one."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+    return x
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(logical, x.shape, mesh))
