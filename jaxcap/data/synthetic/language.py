@@ -104,6 +104,7 @@ _COUNT_RE = re.compile(
 _BACKGROUND_RE = re.compile(rf"\b(?P<bg>{_BACKGROUND})\s+background\b|\bbackground\s+is\s+(?P<bg2>{_BACKGROUND})\b")
 # Negated sentences are not parsed into facts: "there is no red circle" must not count as mentioning one.
 _NEGATION_RE = re.compile(r"\b(?:no|not|never|without|nor|neither)\b|n't\b")
+_PRONOUN_RE = re.compile(r"^\s*it\b", re.I)
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
 
 
@@ -125,7 +126,17 @@ def parse_caption(caption: str) -> list[Claim]:
 @functools.lru_cache(maxsize=65536)
 def _parse_cached(caption: str) -> tuple[Claim, ...]:
     # Judges re-read the same caption for every question and criterion; parsing is pure, so memoise it.
-    return tuple(c for sentence in split_sentences(caption) for c in parse_sentence(sentence))
+    claims: list[Claim] = []
+    last_subject = None
+    for sentence in split_sentences(caption):
+        # Minimal coreference: a sentence opening with "It" that names no object is about the last one named.
+        if last_subject and _PRONOUN_RE.match(sentence) and not ENTITY_RE.search(sentence.lower()):
+            sentence = _PRONOUN_RE.sub(f"The {last_subject}", sentence, count=1)
+        parsed = parse_sentence(sentence)
+        claims.extend(parsed)
+        named = [c.subject for c in parsed if c.kind == "exists"]
+        last_subject = named[-1] if named else last_subject
+    return tuple(claims)
 
 
 def unique_claims(claims: list[Claim]) -> list[Claim]:
