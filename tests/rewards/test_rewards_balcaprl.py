@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from jaxcap.judges.protocol import ClaimSplit, ClaimVerdicts, Coverage, LanguageRatings
-from jaxcap.rewards.balcaprl import NAMES, BalCapRLConfig, BalCapRLReward
+from jaxcap.rewards.balcaprl import NAMES, BalCapRLReward
 from jaxcap.rewards.record import ImageRecord
 import rewards_world as W
 
