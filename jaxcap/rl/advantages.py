@@ -34,7 +34,12 @@ DEFAULT_EPS = 1e-6
 
 
 class Advantages(NamedTuple):
-    """Output of every estimator; a pytree, so it passes through jit and vmap."""
+    """Output of every estimator; a pytree, so it passes through jit and vmap.
+
+    metrics: reward_mean float [R] (mean of each dimension over its valid entries), frac_valid_samples,
+    frac_degenerate_groups (groups with zero advantage; for c-GDPO the fraction of (group, dimension) pairs
+    with zero variance), advantage_mean (over valid rollouts), advantage_abs_max.
+    """
 
     advantages: jax.Array  # float32 [B, G]
     sample_valid: jax.Array  # bool [B, G]
@@ -185,7 +190,8 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
 def group_advantages(rewards, weights, valid=None, *, estimator: Estimator = "grpo", **kwargs) -> Advantages:
     """Dispatch to one estimator by name ("grpo", "dr_grpo", "rloo", "c_gdpo"); `estimator` is static under jit.
 
-    Extra keyword arguments (eps, normalize_batch) go to the estimator.
+    Extra keyword arguments go to the estimator: eps (grpo, c_gdpo) and normalize_batch (c_gdpo, a Python
+    bool, static under jit).
     """
     try:
         fn = ESTIMATORS[estimator]
