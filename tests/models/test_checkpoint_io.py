@@ -1,0 +1,119 @@
+"""HF checkpoint round trip (transformers -> jaxcap -> transformers) and clear errors for bad directories."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+import jax
+import jax.numpy as jnp
+from safetensors.numpy import load_file, save_file
+
+import jaxcap.models as M
+from jaxcap.checkpoint import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
+from jaxcap.processing import Processor
+from hf_reference import hf_inputs, save_tiny_checkpoint
+
+
+def _batch(proc):
+  img = (np.random.RandomState(0).rand(84, 112, 3) * 255).astype(np.uint8)
+  return proc([[{"role": "user", "content": [{"type": "image", "image": img},
+                                             {"type": "text", "text": "describe the image ."}]}]])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("src")
+  ref = save_tiny_checkpoint(M.tiny(), 3, directory)
+  return directory, ref
+
+
+@pytest.mark.parametrize("shard_bytes", [2**30, 40_000], ids=["single_file", "sharded"])
+def test_round_trip_gives_identical_tensors_and_logits(checkpoint, tmp_path, shard_bytes):
+  src, ref = checkpoint
+  model = load_hf_checkpoint(src)
+  out = save_hf_checkpoint(model, tmp_path / "out", tokenizer_dir=src, max_shard_bytes=shard_bytes)
+  assert (out / "model.safetensors.index.json").exists() == (shard_bytes < 2**30)
+  back = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out, attn_implementation="eager").float().eval()
+  want_sd = {k: v for k, v in ref.state_dict().items()}
+  got_sd = back.state_dict()
+  assert set(got_sd) == set(want_sd)
+  for name, tensor in want_sd.items():
+    torch.testing.assert_close(got_sd[name], tensor, rtol=0, atol=0, msg=name)
+  proc = Processor.from_pretrained(out)  # tokenizer files were copied
+  batch = _batch(proc)
+  with torch.no_grad():
+    np.testing.assert_array_equal(back(**hf_inputs(batch, proc.cfg)).logits.numpy(),
+                                  ref(**hf_inputs(batch, proc.cfg)).logits.numpy())
+  # and the re-exported checkpoint loads back into jaxcap with the same params
+  again = load_hf_checkpoint(out)
+  for a, b in zip(jax.tree.leaves(nnx_params(model)), jax.tree.leaves(nnx_params(again))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def nnx_params(model):
+  from flax import nnx
+  return nnx.to_pure_dict(nnx.split(model, nnx.Param)[1])
+
+
+def test_loads_bf16_and_new_style_key_names(checkpoint, tmp_path):
+  """Checkpoints written with `model.language_model.` / `model.visual.` keys in bf16 load too."""
+  src, _ = checkpoint
+  tensors = load_file(src / "model.safetensors")
+  renamed = {}
+  for k, v in tensors.items():
+    k = ("model." + k) if k.startswith("visual.") else k.replace("model.", "model.language_model.", 1)
+    renamed[k] = v.astype(jnp.bfloat16)
+  dst = tmp_path / "newstyle"
+  shutil.copytree(src, dst)
+  save_file(renamed, dst / "model.safetensors")
+  model = load_hf_checkpoint(dst, param_dtype=jnp.bfloat16)
+  ref = load_hf_checkpoint(src)
+  got = nnx_params(model)["layers"][0]["self_attn"]["q_proj"]["kernel"]
+  want = nnx_params(ref)["layers"][0]["self_attn"]["q_proj"]["kernel"]
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(jnp.bfloat16))
+
+
+def test_bf16_forward_close_to_f32(checkpoint):
+  src, _ = checkpoint
+  proc = Processor.from_pretrained(src)
+  batch = _batch(proc)
+  args = (jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
+          batch.vision())
+  f32, _ = load_hf_checkpoint(src)(*args)
+  bf16, _ = load_hf_checkpoint(src, param_dtype=jnp.bfloat16)(*args)
+  assert bf16.dtype == jnp.float32  # logits are always f32
+  assert np.abs(np.asarray(bf16) - np.asarray(f32)).max() < 0.05 * np.abs(np.asarray(f32)).max()
+
+
+def test_not_a_checkpoint_directory(tmp_path):
+  with pytest.raises(CheckpointError, match="config.json"):
+    load_hf_checkpoint(tmp_path)
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
+  with pytest.raises(CheckpointError, match="qwen2_5_vl"):
+    load_hf_checkpoint(tmp_path)
+
+
+def test_missing_tensor_is_named(checkpoint, tmp_path):
+  src, _ = checkpoint
+  dst = tmp_path / "missing"
+  shutil.copytree(src, dst)
+  tensors = load_file(dst / "model.safetensors")
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  save_file(tensors, dst / "model.safetensors")
+  with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+    load_hf_checkpoint(dst)
+
+
+def test_misshaped_tensor_is_named(checkpoint, tmp_path):
+  src, _ = checkpoint
+  dst = tmp_path / "misshaped"
+  shutil.copytree(src, dst)
+  tensors = load_file(dst / "model.safetensors")
+  tensors["visual.blocks.2.attn.qkv.weight"] = tensors["visual.blocks.2.attn.qkv.weight"][:-1]
+  save_file(tensors, dst / "model.safetensors")
+  with pytest.raises(CheckpointError, match=r"visual\.blocks\.2\.attn\.qkv\.weight.*shape"):
+    load_hf_checkpoint(dst)
