@@ -1,0 +1,26 @@
+"""The README's Python example runs as written (on a tiny local checkpoint instead of the 3B one)."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+import jaxcap.models as M
+from hf_reference import save_tiny_checkpoint
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+  code = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+  ckpt = tmp_path / "ckpt"
+  save_tiny_checkpoint(M.tiny(), 0, ckpt)
+  Image.fromarray((np.random.RandomState(0).rand(120, 90, 3) * 255).astype(np.uint8)).save(tmp_path / "photo.jpg")
+  monkeypatch.chdir(tmp_path)
+  code = code.replace('"/models/Qwen2.5-VL-3B-Instruct"', repr(str(ckpt))).replace('"/tmp/exported"',
+                                                                                   repr(str(tmp_path / "exp")))
+  namespace = {}
+  exec(compile(code, "README.md", "exec"), namespace)
+  assert 0 <= namespace["next_token"] < M.tiny().text.vocab_size
+  assert (tmp_path / "exp" / "model.safetensors").exists() and (tmp_path / "exp" / "tokenizer.json").exists()
