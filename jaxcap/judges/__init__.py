@@ -1,4 +1,5 @@
-"""Judges: the batched judge protocol and its deterministic rule-based implementation."""
+"""Judges: the batched judge protocol, its deterministic rule-based implementation, and LLM judges over any
+OpenAI-compatible server (HttpJudge on a JudgeFleet)."""
 
 from jaxcap.judges.protocol import Judge, JudgeResult
 from jaxcap.judges.rule_based import RuleBasedJudge

@@ -3,7 +3,8 @@
 Every primitive takes a sequence of requests and returns one result per request, in order. Any result
 may come back with `failed=True` (timeout, unparseable judge output, unknown image, ...); reward code masks
 such results and counts them, and never reads the other fields of a failed result. Implementations: the
-deterministic rule-based judge over the synthetic world (`rule_based.py`) and, later, HTTP LLM judges.
+deterministic rule-based judge over the synthetic world (`rule_based.py`) and LLM judges over HTTP
+(`http_judge.py`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ class CriteriaWritingRequest:
     missing: tuple[str, ...]  # consensus elements the student does not state
     incorrect: tuple[str, ...]  # student claims that are wrong
     unpointable: tuple[str, ...] = ()  # student sentences with no visual content (wording problems)
+
+
+@dataclasses.dataclass(frozen=True)
+class VisualQuestionRequest:
+    """QA curation: a VLM answers `question` with the image attached (`with_image`) or from the text alone.
+
+    Not part of `Judge` (HTTP judges implement it as `answer_visual_questions`); the rule-based stand-in is
+    `jaxcap.curate_qa.DescriptionAnswerer`."""
+
+    image_id: str
+    question: str
+    options: tuple[str, ...]
+    with_image: bool = True
 
 
 # ---- results --------------------------------------------------------------------------------------------
