@@ -1,0 +1,227 @@
+"""Bulk annotator: captions a folder (or manifest) of images with a Qwen2.5-VL checkpoint, resumably.
+
+    python -m jaxcap.caption --checkpoint DIR --images DIR_OR_MANIFEST --out captions.jsonl
+
+Output: one JSON line per image, {"id", "image", "caption", "tokens" (caption tokens, the stop token not counted),
+"truncated" (hit --max_new_tokens before a stop token)}; an image that cannot be read
+gets {"id", "image", "error"} in the errors file (default: <out stem>.errors.jsonl) and the run goes on.
+Resumable: ids already in either file are skipped, finished lines are never rewritten (a torn last line from a
+killed run is cut off and its image redone). Images are grouped by their resized shape so each batch compiles
+once per shape. Work is sharded over processes: process i of n takes every n-th image (sorted by id) and writes
+`<out stem>-0000i-of-0000n.jsonl`; concatenate the shards afterwards.
+
+--images is a directory (searched recursively; id = path relative to it), a .jsonl manifest with "id" and
+"image" (path relative to the manifest's folder; the synthetic-world manifest works as is), or a .txt list of
+paths (id = the path as written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import zlib
+from typing import Iterable, Sequence
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+DEFAULT_PROMPT = "Describe this image in detail."
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageItem:
+  id: str
+  path: str
+
+
+def list_images(source: str | os.PathLike) -> list[ImageItem]:
+  """Every image of a directory / .jsonl manifest / .txt list, sorted by id; duplicate ids are an error."""
+  source = pathlib.Path(source)
+  if source.is_dir():
+    items = [ImageItem(p.relative_to(source).as_posix(), str(p)) for p in source.rglob("*")
+             if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+  elif source.suffix == ".jsonl":
+    items = []
+    for n, line in enumerate(source.read_text().splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        path = pathlib.Path(row.get("image") or row["path"])
+        items.append(ImageItem(str(row.get("id", path.as_posix())), str(source.parent / path)))
+      except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{source}:{n}: expected a JSON object with 'image' (or 'path') and optionally 'id' "
+                         f"({e!r})") from None
+  elif source.is_file():
+    items = [ImageItem(line.strip(), line.strip()) for line in source.read_text().splitlines() if line.strip()]
+  else:
+    raise FileNotFoundError(f"--images {source} does not exist; pass a folder of images, a .jsonl manifest or a "
+                            ".txt list of paths")
+  items.sort(key=lambda it: it.id)
+  for a, b in zip(items, items[1:]):
+    if a.id == b.id:
+      raise ValueError(f"image id {a.id!r} appears twice in {source}; ids must be unique")
+  return items
+
+
+def shard_paths(out: str | os.PathLike, errors: str | os.PathLike | None, index: int, count: int
+                ) -> tuple[pathlib.Path, pathlib.Path]:
+  """This process's captions and errors files."""
+  out = pathlib.Path(out)
+  if count > 1:
+    out = out.with_name(f"{out.stem}-{index:05d}-of-{count:05d}{out.suffix}")
+  return out, pathlib.Path(errors) if errors else out.with_name(f"{out.stem}.errors.jsonl")
+
+
+def finished_ids(path: pathlib.Path) -> set[str]:
+  """Ids already written to a JSONL file; a torn final line (no newline: the writer was killed) is cut off."""
+  if not path.exists():
+    return set()
+  data = path.read_bytes()
+  if data and not data.endswith(b"\n"):
+    keep = data.rfind(b"\n") + 1
+    with open(path, "r+b") as f:
+      f.truncate(keep)
+    data = data[:keep]
+  ids = set()
+  for n, line in enumerate(data.decode().splitlines(), 1):
+    if line.strip():
+      try:
+        ids.add(json.loads(line)["id"])
+      except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"{path}:{n} is not a jaxcap.caption line ({e!r}); move the file away or fix the line")
+  return ids
+
+
+def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
+  """Appends rows in one write and syncs, so a kill leaves at most one torn final line."""
+  if rows:
+    with open(path, "a") as f:
+      f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+      f.flush()
+      os.fsync(f.fileno())
+
+
+def group_by_shape(items: Iterable[ImageItem], vision_cfg) -> tuple[dict[tuple[int, int], list[ImageItem]],
+                                                                       list[dict]]:
+  """Buckets images by their resized (height, width), reading only file headers. Returns (groups, error rows)."""
+  from PIL import Image
+  from jaxcap.processing.vision import smart_resize
+  groups, errors = {}, []
+  for item in items:
+    try:
+      with Image.open(item.path) as im:
+        width, height = im.size
+      shape = smart_resize(height, width, vision_cfg.factor, vision_cfg.min_pixels, vision_cfg.max_pixels)
+    except Exception as e:  # any unreadable file is reported, never fatal
+      errors.append({"id": item.id, "image": item.path, "error": f"cannot read image: {e}"})
+      continue
+    groups.setdefault(shape, []).append(item)
+  return groups, errors
+
+
+def load_images(items: Sequence[ImageItem]) -> tuple[list[tuple[ImageItem, object]], list[dict]]:
+  """Fully decodes each image (a truncated file fails here, not inside the batch)."""
+  from jaxcap.processing.vision import load_image
+  ok, errors = [], []
+  for item in items:
+    try:
+      image = load_image(item.path)
+      image.load()
+      ok.append((item, image))
+    except Exception as e:
+      errors.append({"id": item.id, "image": item.path, "error": str(e)})
+  return ok, errors
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="python -m jaxcap.caption", description=__doc__.split("\n\n")[0],
+                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  ap.add_argument("--checkpoint", required=True, help="local HF Qwen2.5-VL checkpoint directory (with tokenizer)")
+  ap.add_argument("--images", required=True, help="image folder, .jsonl manifest or .txt list of paths")
+  ap.add_argument("--out", required=True, help="captions JSONL (appended to; resumable)")
+  ap.add_argument("--errors", default=None, help="errors JSONL (default: <out stem>.errors.jsonl)")
+  ap.add_argument("--prompt", default=DEFAULT_PROMPT)
+  ap.add_argument("--batch_size", type=int, default=16, help="images per batch (same resized shape)")
+  ap.add_argument("--max_new_tokens", type=int, default=512)
+  ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  ap.add_argument("--top_p", type=float, default=1.0)
+  ap.add_argument("--top_k", type=int, default=0)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--min_pixels", type=int, default=56 * 56)
+  ap.add_argument("--max_pixels", type=int, default=28 * 28 * 1280)
+  ap.add_argument("--process_index", type=int, default=None, help="default: jax.process_index()")
+  ap.add_argument("--process_count", type=int, default=None, help="default: jax.process_count()")
+  ap.add_argument("--no_progress", action="store_true", help="no progress bar")
+  args = ap.parse_args(argv)
+  if args.batch_size < 1:
+    ap.error(f"--batch_size={args.batch_size}; use at least 1")
+  return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  import jax
+  from tqdm import tqdm
+  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.processing import Processor, VisionPreprocessConfig
+  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sharding import make_mesh
+
+  index = jax.process_index() if args.process_index is None else args.process_index
+  count = jax.process_count() if args.process_count is None else args.process_count
+  if not 0 <= index < count:
+    raise SystemExit(f"--process_index={index} is outside [0, --process_count={count})")
+  out_path, err_path = shard_paths(args.out, args.errors, index, count)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  done = finished_ids(out_path) | finished_ids(err_path)
+  mine = list_images(args.images)[index::count]
+  pending = [it for it in mine if it.id not in done]
+  print(f"jaxcap.caption: process {index}/{count}: {len(mine)} images, {len(mine) - len(pending)} already done, "
+        f"{len(pending)} to caption -> {out_path}", file=sys.stderr)
+  if not pending:
+    return 0
+
+  # Data parallel over this process's devices; other processes work on other images, no collectives needed.
+  mesh = make_mesh({"data": -1}, devices=jax.local_devices())
+  vision_cfg = VisionPreprocessConfig(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+  processor = Processor.from_pretrained(args.checkpoint, vision_cfg=vision_cfg)
+  sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_new_tokens=args.max_new_tokens)
+  groups, errors = group_by_shape(pending, vision_cfg)
+  append_lines(err_path, errors)
+  bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
+  bar.update(len(errors))
+  n_errors = len(errors)
+  with jax.set_mesh(mesh):
+    sampler = Sampler(load_hf_checkpoint(args.checkpoint, mesh=mesh), processor=processor, sampling=sampling)
+    for shape in sorted(groups):
+      items = groups[shape]
+      for start in range(0, len(items), args.batch_size):
+        loaded, bad = load_images(items[start:start + args.batch_size])
+        append_lines(err_path, bad)
+        rows = []
+        if loaded:
+          conversations = [[{"role": "user", "content": [{"type": "image", "image": image},
+                                                         {"type": "text", "text": args.prompt}]}]
+                           for _, image in loaded]
+          key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
+          result = sampler(conversations, key)
+          tokens, lengths = jax.device_get((result.tokens, result.lengths))
+          stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
+          for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
+            stopped = int(row_tokens[n - 1]) in stops
+            rows.append({"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped,
+                         "truncated": not stopped})
+          append_lines(out_path, rows)
+        n_errors += len(bad)
+        bar.update(len(loaded) + len(bad))
+        bar.set_postfix(shape=f"{shape[0]}x{shape[1]}", errors=n_errors, refresh=False)
+  bar.close()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

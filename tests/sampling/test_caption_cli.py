@@ -1,0 +1,97 @@
+"""`python -m jaxcap.caption`: killed mid-run and restarted, every image is captioned exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import jaxcap.models as M
+from jaxcap import caption
+from hf_reference import save_tiny_checkpoint
+
+SIZES = [(56, 56), (56, 84), (84, 56)]  # three resized shapes -> three compiled buckets
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("annotate")
+  save_tiny_checkpoint(M.tiny(), 0, root / "ckpt")
+  images = root / "images"
+  (images / "sub").mkdir(parents=True)
+  rng = np.random.RandomState(0)
+  ids = []
+  for i in range(12):
+    h, w = SIZES[i % 3]
+    rel = f"{'sub/' if i % 4 == 0 else ''}img{i:02d}.png"
+    Image.fromarray((rng.rand(h, w, 3) * 255).astype(np.uint8)).save(images / rel)
+    ids.append(rel)
+  (images / "garbage.png").write_bytes(b"not an image at all")
+  good = (images / "img01.png").read_bytes()
+  (images / "truncated.png").write_bytes(good[:len(good) // 2])  # header readable, pixels not
+  return root, sorted(ids)
+
+
+def _args(root, out, *extra):
+  return ["--checkpoint", str(root / "ckpt"), "--images", str(root / "images"), "--out", str(out),
+          "--batch_size", "2", "--max_new_tokens", "4", "--prompt", "describe the image .", *extra]
+
+
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_killed_and_restarted_run_writes_each_image_once(setup):
+  root, ids = setup
+  out = root / "run" / "captions.jsonl"
+  errors = out.with_name("captions.errors.jsonl")
+  proc = subprocess.Popen([sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+  deadline = time.time() + 120
+  while len(_rows(out)) < 2 and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  partial = _rows(out)
+  assert 2 <= len(partial) < len(ids), "the first run should be killed mid-way"
+  with open(out, "a") as f:  # a line torn by the kill
+    f.write('{"id": "img11.png", "capt')
+
+  assert caption.main(_args(root, out, "--no_progress")) == 0
+  rows = _rows(out)
+  assert [r["id"] for r in rows[:len(partial)]] == [r["id"] for r in partial]  # finished lines untouched
+  assert sorted(r["id"] for r in rows) == ids  # each image exactly once
+  assert all(isinstance(r["caption"], str) and 0 <= r["tokens"] <= 4 for r in rows)
+  errs = {r["id"]: r["error"] for r in _rows(errors)}
+  assert sorted(errs) == ["garbage.png", "truncated.png"] and all("image" in e for e in errs.values())
+
+  assert caption.main(_args(root, out, "--no_progress")) == 0  # a finished run is a no-op
+  assert len(_rows(out)) == len(ids) and len(_rows(errors)) == 2
+
+
+def test_process_shards_split_the_work(setup):
+  root, ids = setup
+  out = root / "sharded" / "captions.jsonl"
+  for i in range(2):
+    assert caption.main(_args(root, out, "--no_progress", "--process_index", str(i), "--process_count", "2")) == 0
+  shards = [_rows(out.with_name(f"captions-{i:05d}-of-00002.jsonl")) for i in range(2)]
+  got = [r["id"] for shard in shards for r in shard]
+  assert sorted(got) == ids and all(shards)
+
+
+def test_listing_sources(setup, tmp_path):
+  root, ids = setup
+  manifest = tmp_path / "m.jsonl"
+  manifest.write_text("".join(json.dumps({"id": f"x{i}", "image": str(root / "images" / rel)}) + "\n"
+                              for i, rel in enumerate(ids[:3])))
+  assert [it.id for it in caption.list_images(manifest)] == ["x0", "x1", "x2"]
+  manifest.write_text(manifest.read_text() + json.dumps({"id": "x0", "image": "a.png"}) + "\n")
+  with pytest.raises(ValueError, match="x0"):
+    caption.list_images(manifest)
+  with pytest.raises(FileNotFoundError, match="--images"):
+    caption.list_images(tmp_path / "missing")
