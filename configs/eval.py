@@ -46,5 +46,6 @@ def get_config():
         },
         length_masked_rewards=("balcaprl/linguistic",),
         tau_low=0.5, tau_high=2.0, hallucinated_objects=3, filler_min_words=250)
+    c.compare_to = ""  # report paired differences against this captioner; "" = the first listed, "none" = skip
     c.bootstrap = dict(resamples=1000, confidence=0.95, seed=0)
     return c

@@ -60,7 +60,7 @@ def eval_config(config: Mapping[str, Any]) -> EvalConfig:
         dcscore=DCScoreConfig(**config.get("dcscore", {})),
         caparena=CapArenaConfig(**config.get("caparena", {})),
         bcapscore_captionqa_metric=config.get("bcapscore_captionqa_metric", "captionqa/full"),
-        redteam=redteam,
+        redteam=redteam, compare_to=str(config.get("compare_to", "")),
         bootstrap_resamples=int(config["bootstrap"]["resamples"]),
         confidence=float(config["bootstrap"]["confidence"]), seed=int(config["bootstrap"]["seed"]))
 

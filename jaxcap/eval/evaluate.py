@@ -12,7 +12,8 @@ from jaxcap.eval.captionqa import CaptionQAConfig, metric_name, run_captionqa
 from jaxcap.eval.caparena import CapArenaConfig, run_caparena
 from jaxcap.eval.captioners import CaptionSet
 from jaxcap.eval.dcscore import DCScoreConfig, run_dcscore
-from jaxcap.eval.metrics import RatioMetric, SuiteResult, bootstrap_estimates, evaluate_composites
+from jaxcap.eval.metrics import (RatioMetric, SuiteResult, bootstrap_differences, bootstrap_estimates,
+                                 evaluate_composites)
 from jaxcap.eval.prism import PrismConfig, run_prism
 from jaxcap.eval.redteam import RedTeamConfig, run_redteam
 from jaxcap.eval.report import EvalReport, ModelEvaluation
@@ -31,6 +32,7 @@ class EvalConfig:
     caparena: CapArenaConfig = CapArenaConfig()
     bcapscore_captionqa_metric: str = "captionqa/full"  # which CaptionQA word limit b-CapScore uses
     redteam: RedTeamConfig | None = RedTeamConfig()  # None: skip the red team
+    compare_to: str = ""  # captioner the others are differenced against (paired); "" = the first, "none" = skip
     bootstrap_resamples: int = 1000
     confidence: float = 0.95
     seed: int = 0
@@ -88,9 +90,12 @@ def evaluate(judge: Judge, records: Sequence[ImageRecord], captioners: Sequence[
         raise ValueError(f"Captioner names {names} repeat; give each captioner a distinct name.")
     for baseline in baselines.values():
         baseline.check_covers(records)
-    models = []
+    compare_to = names[0] if config.compare_to == "" else config.compare_to
+    if compare_to != "none" and compare_to not in names:
+        raise ValueError(f"compare_to={compare_to!r} is not a captioner ({names}); name one, or 'none' to skip.")
+    models, results = [], {}
     for captions in captioners:
-        result = evaluate_captioner(judge, records, captions, baselines, config)
+        result = results[captions.name] = evaluate_captioner(judge, records, captions, baselines, config)
         estimates = bootstrap_estimates(result.metrics, result.composites, num_resamples=config.bootstrap_resamples,
                                         confidence=config.confidence, seed=config.seed)
         per_image = evaluate_composites({k: m.image_values for k, m in result.metrics.items()}, result.composites)
@@ -102,6 +107,13 @@ def evaluate(judge: Judge, records: Sequence[ImageRecord], captioners: Sequence[
             composite_values={k: tuple(None if not np.isfinite(v) else float(v) for v in per_image[k])
                               for k in result.composites},
             estimates=estimates, failures=result.failures))
+    differences = {}
+    if compare_to != "none":
+        base = results[compare_to]
+        differences = {name: bootstrap_differences(result.metrics, base.metrics, result.composites,
+                                                   num_resamples=config.bootstrap_resamples,
+                                                   confidence=config.confidence, seed=config.seed)
+                       for name, result in results.items() if name != compare_to}
     redteam, redteam_failures = ((), {})
     if honest is not None and config.redteam is not None:
         rows, redteam_failures = run_redteam(judge, records, honest, config.redteam)
@@ -110,5 +122,6 @@ def evaluate(judge: Judge, records: Sequence[ImageRecord], captioners: Sequence[
                     "seed": config.seed, "suites": list(config.suites),
                     "baselines": sorted(baselines), "honest": honest.name if honest else None} | dict(settings or {})
     return EvalReport(image_ids=tuple(r.id for r in records), judge=judge_name or type(judge).__name__,
-                      models=tuple(models), headline=headline_metrics(config), redteam=redteam,
+                      models=tuple(models), headline=headline_metrics(config),
+                      compared_to=compare_to if differences else "", differences=differences, redteam=redteam,
                       redteam_failures=redteam_failures, settings=run_settings)

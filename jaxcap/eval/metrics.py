@@ -87,44 +87,82 @@ def evaluate_composites(atomic: Mapping[str, np.ndarray], composites: Mapping[st
     return values
 
 
+def _ratio_values(metrics: Mapping[str, RatioMetric], composites: Mapping[str, Composite],
+                  index: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Atomic ratios over the images in `index` ([B, N] resamples; None = all images) plus composites."""
+    out = {}
+    for k, m in metrics.items():
+        num, den = np.asarray(m.num, float), np.asarray(m.den, float)
+        if index is not None:
+            num, den = num[index], den[index]
+        s_num, s_den = num.sum(-1), den.sum(-1)
+        out[k] = np.divide(s_num, s_den, out=np.full(np.shape(s_den), np.nan), where=s_den > 0)
+    return evaluate_composites(out, composites)
+
+
+def _num_images(*metric_sets: Mapping[str, RatioMetric]) -> int:
+    lengths = {len(m.num) for metrics in metric_sets for m in metrics.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"Metrics cover different numbers of images {sorted(lengths)}; evaluate them on the same images.")
+    return lengths.pop() if lengths else 0
+
+
+def _resample_index(n: int, num_resamples: int, seed: int) -> np.ndarray | None:
+    """[num_resamples, n] image indices; the same for every captioner given (n, seed), so replicates pair up."""
+    return np.random.default_rng(seed).integers(0, n, size=(num_resamples, n)) if num_resamples > 0 and n > 0 else None
+
+
+def _interval(replicates: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
+    reps = replicates[np.isfinite(replicates)]
+    if not len(reps):
+        return None, None
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(reps, [alpha, 1 - alpha])
+    return _finite(lo), _finite(hi)
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}: must be in (0, 1), e.g. 0.95.")
+
+
 def bootstrap_estimates(metrics: Mapping[str, RatioMetric], composites: Mapping[str, Composite] = {}, *,
                         num_resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, Estimate]:
     """Estimates of every atomic and composite metric; images resampled jointly across metrics (paired).
 
     num_resamples = 0 gives point estimates without intervals.
     """
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence={confidence}: must be in (0, 1), e.g. 0.95.")
-    lengths = {len(m.num) for m in metrics.values()}
-    if len(lengths) > 1:
-        raise ValueError(f"Metrics cover different numbers of images {sorted(lengths)}; evaluate them on the same images.")
-    n = lengths.pop() if lengths else 0
-    nums = {k: np.asarray(m.num, float) for k, m in metrics.items()}
-    dens = {k: np.asarray(m.den, float) for k, m in metrics.items()}
-
-    def ratios(index: np.ndarray | None) -> dict[str, np.ndarray]:
-        out = {}
-        for k in metrics:
-            num, den = (nums[k], dens[k]) if index is None else (nums[k][index], dens[k][index])
-            s_num, s_den = num.sum(-1), den.sum(-1)
-            out[k] = np.divide(s_num, s_den, out=np.full(np.shape(s_den), np.nan), where=s_den > 0)
-        return evaluate_composites(out, composites)
-
-    point = ratios(None)
-    counts = {k: int((dens[k] > 0).sum()) for k in metrics}
+    _check_confidence(confidence)
+    n = _num_images(metrics)
+    point = _ratio_values(metrics, composites, None)
     per_image = evaluate_composites({k: m.image_values for k, m in metrics.items()}, composites)
-    counts.update({k: int(np.isfinite(per_image[k]).sum()) for k in composites})
-    intervals: dict[str, tuple[float | None, float | None]] = {k: (None, None) for k in point}
-    if num_resamples > 0 and n > 0:
-        index = np.random.default_rng(seed).integers(0, n, size=(num_resamples, n))
-        replicates = ratios(index)
-        alpha = (1 - confidence) / 2
-        for k, reps in replicates.items():
-            reps = reps[np.isfinite(reps)]
-            if len(reps):
-                lo, hi = np.quantile(reps, [alpha, 1 - alpha])
-                intervals[k] = (_finite(lo), _finite(hi))
-    return {k: Estimate(_finite(point[k]), *intervals[k], count=counts[k]) for k in point}
+    counts = {k: int(np.isfinite(v).sum()) for k, v in per_image.items()}
+    index = _resample_index(n, num_resamples, seed)
+    replicates = _ratio_values(metrics, composites, index) if index is not None else {}
+    return {k: Estimate(_finite(point[k]), *(_interval(replicates[k], confidence) if replicates else (None, None)),
+                        count=counts[k]) for k in point}
+
+
+def bootstrap_differences(metrics: Mapping[str, RatioMetric], baseline: Mapping[str, RatioMetric],
+                          composites: Mapping[str, Composite] = {}, *, num_resamples: int = 1000,
+                          confidence: float = 0.95, seed: int = 0) -> dict[str, Estimate]:
+    """`metrics` minus `baseline` (two captioners on the same images), with a paired bootstrap interval."""
+    _check_confidence(confidence)
+    n = _num_images(metrics, baseline)
+    shared = [k for k in metrics if k in baseline]
+    mine = {k: metrics[k] for k in shared}
+    theirs = {k: baseline[k] for k in shared}
+    point_a, point_b = _ratio_values(mine, composites, None), _ratio_values(theirs, composites, None)
+    valid_a = evaluate_composites({k: m.image_values for k, m in mine.items()}, composites)
+    valid_b = evaluate_composites({k: m.image_values for k, m in theirs.items()}, composites)
+    index = _resample_index(n, num_resamples, seed)
+    reps = {}
+    if index is not None:
+        reps_a, reps_b = _ratio_values(mine, composites, index), _ratio_values(theirs, composites, index)
+        reps = {k: reps_a[k] - reps_b[k] for k in reps_a}
+    return {k: Estimate(_finite(point_a[k] - point_b[k]),
+                        *(_interval(reps[k], confidence) if reps else (None, None)),
+                        count=int((np.isfinite(valid_a[k]) & np.isfinite(valid_b[k])).sum())) for k in point_a}
 
 
 def harmonic_mean(*axes: np.ndarray) -> np.ndarray:

@@ -78,6 +78,9 @@ class EvalReport:
     judge: str
     models: tuple[ModelEvaluation, ...]
     headline: tuple[str, ...]  # metric columns of the main table, in order
+    compared_to: str = ""  # the captioner `differences` are taken against ("" = none)
+    differences: Mapping[str, Mapping[str, Estimate]] = dataclasses.field(default_factory=dict)  # model -> metric ->
+    # (model - compared_to), paired bootstrap over images
     redteam: tuple[RedTeamRow, ...] = ()
     redteam_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # JSON-able run settings
@@ -91,6 +94,8 @@ class EvalReport:
     def to_json(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "image_ids": list(self.image_ids), "judge": self.judge,
                 "models": [m.to_json() for m in self.models], "headline": list(self.headline),
+                "compared_to": self.compared_to,
+                "differences": {m: {k: dataclasses.asdict(e) for k, e in d.items()} for m, d in self.differences.items()},
                 "redteam": [dataclasses.asdict(r) for r in self.redteam],
                 "redteam_failures": dict(self.redteam_failures), "settings": dict(self.settings)}
 
@@ -101,7 +106,9 @@ class EvalReport:
                              f"{FORMAT_VERSION}. Re-run `python -m jaxcap.eval` to regenerate it.")
         return cls(image_ids=tuple(doc["image_ids"]), judge=doc["judge"],
                    models=tuple(ModelEvaluation.from_json(m) for m in doc["models"]),
-                   headline=tuple(doc["headline"]), redteam=tuple(RedTeamRow(**r) for r in doc["redteam"]),
+                   headline=tuple(doc["headline"]), compared_to=doc["compared_to"],
+                   differences={m: {k: Estimate(**e) for k, e in d.items()} for m, d in doc["differences"].items()},
+                   redteam=tuple(RedTeamRow(**r) for r in doc["redteam"]),
                    redteam_failures={k: int(v) for k, v in doc["redteam_failures"].items()},
                    settings=dict(doc["settings"]))
 
@@ -149,6 +156,13 @@ def render_markdown(report: EvalReport, plots: Mapping[str, str] = {}) -> str:
            "All metrics in percent; CapArena score in [-100, 100]. Failed judgments are masked and counted, "
            "never scored as 0.", "", "## Summary", ""]
     out += _metric_table(report, [k for k in report.headline if any(k in m.estimates for m in report.models)])
+    if report.differences:
+        columns = [k for k in report.headline if any(k in d for d in report.differences.values())]
+        rows = [[f"{name} - {report.compared_to}", *(d[k].format() if k in d else "n/a" for k in columns)]
+                for name, d in report.differences.items()]
+        out += ["", f"## Difference from {report.compared_to}", "",
+                "Paired over images (the same bootstrap resamples for both captioners); an interval that excludes 0 "
+                "is a difference the images support.", ""] + _table(["captioners", *map(_title, columns)], rows)
     for heading, prefix, suffix, note in (
             ("Prism by benchmark (mean over the n captions)", "prism/", "/mean@n", ""),
             ("Prism by benchmark (best of n captions)", "prism/", "/best@n", ""),

@@ -11,7 +11,7 @@ from jaxcap.eval.bcapscore import b_capscore, bcapscore_composite
 from jaxcap.eval.caparena import battle_outcome, run_caparena
 from jaxcap.eval.captionqa import CANNOT_ANSWER, CaptionQAConfig, question_score, run_captionqa
 from jaxcap.eval.captioners import CaptionSet
-from jaxcap.eval.metrics import RatioMetric, bootstrap_estimates
+from jaxcap.eval.metrics import RatioMetric, bootstrap_differences, bootstrap_estimates
 from jaxcap.eval.prism import run_prism
 from jaxcap.rewards.record import ImageRecord, MultipleChoiceQuestion
 
@@ -150,3 +150,12 @@ def test_bootstrap_ratio_estimates_mask_and_interval():
     assert empty.mean is None and empty.format() == "n/a"
     with pytest.raises(ValueError, match="different numbers of images"):
         bootstrap_estimates({"a": metric, "b": RatioMetric.from_arrays([1.0], [1.0])})
+
+
+def test_paired_bootstrap_difference():
+    a = RatioMetric.from_arrays([1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
+    b = RatioMetric.from_arrays([0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0])
+    same = bootstrap_differences({"m": a}, {"m": a}, num_resamples=200)["m"]
+    assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)  # paired resamples: no spurious spread
+    diff = bootstrap_differences({"m": a}, {"m": b}, num_resamples=500)["m"]
+    assert diff.mean == pytest.approx(0.5) and diff.low >= 0.0 and diff.count == 4

@@ -108,4 +108,10 @@ def test_cli_compares_jsonl_captioners(tmp_path):
     report = EvalReport.load(out / "report.json")
     assert [m.name for m in report.models] == ["sft", "rl"] and report.redteam == ()
     assert report.model("rl").estimates["bcapscore"].mean > report.model("sft").estimates["bcapscore"].mean
+    # The gain of the second captioner over the first, with a paired interval that excludes 0.
+    assert report.compared_to == "sft" and set(report.differences) == {"rl"}
+    gain = report.differences["rl"]["dcscore/f1"]
+    assert gain.low > 0 and gain.mean == pytest.approx(
+        report.model("rl").estimates["dcscore/f1"].mean - report.model("sft").estimates["dcscore/f1"].mean)
+    assert "## Difference from sft" in (out / "report.md").read_text()
     assert (out / "report.md").exists() and (out / "plots" / "metric_vs_length.png").exists()
