@@ -50,8 +50,8 @@ def eval_config(config: Mapping[str, Any]) -> EvalConfig:
     if unknown:
         raise ValueError(f"config.suites has unknown suites {sorted(unknown)}; use any of {SUITES + ('redteam',)}.")
     rt = config.get("redteam", {})
-    redteam = RedTeamConfig(**(rt | {"length_masked_rewards": tuple(rt.get("length_masked_rewards", ("balcaprl/linguistic",)))})) \
-        if "redteam" in suites else None
+    masked = tuple(rt.get("length_masked_rewards", ("balcaprl/linguistic",)))
+    redteam = RedTeamConfig(**(rt | {"length_masked_rewards": masked})) if "redteam" in suites else None
     qa = config.get("captionqa", {})
     return EvalConfig(
         suites=tuple(s for s in suites if s != "redteam"),
@@ -92,12 +92,14 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
     from jaxcap.data.synthetic.manifest import generate_dataset, read_manifest
 
     config = _plain(config)
+    settings = eval_config(config)  # validate before any work
     out_dir = pathlib.Path(config["out_dir"])
     manifest = config.get("manifest") or ""
     if not manifest:
         syn = config.get("synthetic", {})
         manifest = generate_dataset(out_dir / "synthetic_world", int(syn.get("num_scenes", 24)),
-                                    seed=int(syn.get("seed", 0)), questions_per_scene=int(syn.get("questions_per_scene", 5)))
+                                    seed=int(syn.get("seed", 0)),
+                                    questions_per_scene=int(syn.get("questions_per_scene", 5)))
     records, scenes = read_manifest(manifest)
     judge, judge_name = build_judge(config.get("judge", {}), scenes)
     specs = dict(captioner_overrides) if captioner_overrides else parse_captioner_flags(config["captioners"])
@@ -107,6 +109,6 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
     captioners = [load_captioner(name, spec, records, num_samples=samples) for name, spec in specs.items()]
     baselines = {name: load_captioner(name, spec, records) for name, spec in config.get("baselines", {}).items()}
     honest = load_captioner("honest", config["honest"], records) if config.get("honest") else None
-    report = evaluate(judge, records, captioners, baselines=baselines, honest=honest, config=eval_config(config),
+    report = evaluate(judge, records, captioners, baselines=baselines, honest=honest, config=settings,
                       judge_name=judge_name, settings={"manifest": str(manifest), "captioners": specs})
     return write_report(report, out_dir)

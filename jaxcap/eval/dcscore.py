@@ -31,7 +31,8 @@ class DCScoreConfig:
 def reference_units(judge: Judge, records: Sequence[ImageRecord], result: SuiteResult) -> list[tuple[str, ...] | None]:
     """Units per record: stored ones, else the judge's split of the reference caption; None if unavailable."""
     todo = [i for i, r in enumerate(records) if not r.reference_units and r.reference_caption]
-    splits = judge.split_claims([CaptionRequest(records[i].id, records[i].reference_caption) for i in todo]) if todo else []
+    requests = [CaptionRequest(records[i].id, records[i].reference_caption) for i in todo]
+    splits = judge.split_claims(requests) if requests else []
     units: list[tuple[str, ...] | None] = [tuple(r.reference_units) or None for r in records]
     for i, split in zip(todo, splits):
         if split.failed:

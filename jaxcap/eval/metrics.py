@@ -103,7 +103,8 @@ def _ratio_values(metrics: Mapping[str, RatioMetric], composites: Mapping[str, C
 def _num_images(*metric_sets: Mapping[str, RatioMetric]) -> int:
     lengths = {len(m.num) for metrics in metric_sets for m in metrics.values()}
     if len(lengths) > 1:
-        raise ValueError(f"Metrics cover different numbers of images {sorted(lengths)}; evaluate them on the same images.")
+        raise ValueError(f"Metrics cover different numbers of images {sorted(lengths)}; "
+                         "evaluate them on the same images.")
     return lengths.pop() if lengths else 0
 
 

@@ -123,8 +123,9 @@ def invented_objects(record_id: str, honest: str, count: int) -> list[str]:
     rng = np.random.default_rng(_seed("hallucinate", record_id))
     picks = [absent[int(i)] for i in rng.permutation(len(absent))[:count]]
     sizes = list(V.SIZES)
-    return [f"A {sizes[k % len(sizes)]} {name} is {V.position_phrase(V.POSITIONS[int(rng.integers(len(V.POSITIONS)))])}."
-            for k, name in enumerate(picks)]
+    positions = [V.POSITIONS[int(rng.integers(len(V.POSITIONS)))] for _ in picks]
+    return [f"A {sizes[k % len(sizes)]} {name} is {V.position_phrase(where)}."
+            for k, (name, where) in enumerate(zip(picks, positions))]
 
 
 def make_attacks(record: ImageRecord, honest: str, config: RedTeamConfig = RedTeamConfig()) -> dict[str, str]:

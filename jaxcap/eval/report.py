@@ -95,7 +95,8 @@ class EvalReport:
         return {"format_version": FORMAT_VERSION, "image_ids": list(self.image_ids), "judge": self.judge,
                 "models": [m.to_json() for m in self.models], "headline": list(self.headline),
                 "compared_to": self.compared_to,
-                "differences": {m: {k: dataclasses.asdict(e) for k, e in d.items()} for m, d in self.differences.items()},
+                "differences": {m: {k: dataclasses.asdict(e) for k, e in d.items()}
+                                for m, d in self.differences.items()},
                 "redteam": [dataclasses.asdict(r) for r in self.redteam],
                 "redteam_failures": dict(self.redteam_failures), "settings": dict(self.settings)}
 
@@ -150,7 +151,8 @@ def _grouped(report: EvalReport, prefix: str, suffix: str = "") -> list[str]:
 def render_markdown(report: EvalReport, plots: Mapping[str, str] = {}) -> str:
     """The report as Markdown; `plots` maps a caption to an image path relative to the Markdown file."""
     s = report.settings
-    ci = f"{100 * s.get('confidence', 0.95):.0f}% percentile bootstrap over images ({s.get('bootstrap_resamples', 0)} resamples)"
+    ci = (f"{100 * s.get('confidence', 0.95):.0f}% percentile bootstrap over images "
+          f"({s.get('bootstrap_resamples', 0)} resamples)")
     out = ["# jaxcap caption evaluation", "",
            f"Judge: `{report.judge}` · images: {len(report.image_ids)} · intervals: {ci}.",
            "All metrics in percent; CapArena score in [-100, 100]. Failed judgments are masked and counted, "
@@ -243,7 +245,8 @@ def plot_length_distribution(report: EvalReport, path: str | os.PathLike) -> Non
 def plot_metric_vs_length(report: EvalReport, metrics: Sequence[str], path: str | os.PathLike) -> None:
     """Per-image metric value against caption length, one panel per metric, one colour per captioner."""
     plt = _pyplot()
-    metrics = [k for k in metrics if any(k in m.estimates and k != "length/words" for m in report.models)] or ["length/words"]
+    metrics = [k for k in metrics if k != "length/words" and any(k in m.estimates for m in report.models)]
+    metrics = metrics or ["length/words"]
     cols = min(3, len(metrics))
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)

@@ -59,3 +59,13 @@ class ScriptedAnswerJudge:
             out.append(MultipleChoiceReply(failed=True, error="scripted failure") if reply is None
                        else MultipleChoiceReply(reply=reply))
         return out
+
+
+def make_world_judge(failure_rate: float = 0.0):
+    """A judge factory as `judge.factory` names one ("eval_world:make_world_judge")."""
+    from jaxcap.judges.rule_based import RuleBasedJudge
+    return RuleBasedJudge(world()[2].scenes, failure_rate=failure_rate)
+
+
+def make_not_a_judge():
+    return object()

@@ -42,7 +42,8 @@ def test_caparena_score_with_position_swap_ties_and_failures():
     judge = ScriptedPairwiseJudge(_arena_script({"img0": ("a", "b"), "img1": ("a", "a"), "img2": ("tie", None)}))
     result = run_caparena(judge, RECORDS, CANDIDATE, {"base": BASE})
     # Every image judged in both orders: candidate in slot a, then in slot b.
-    assert [(r.caption_a.split()[0], r.caption_b.split()[0]) for r in judge.calls[:2]] == [("cand", "base"), ("base", "cand")]
+    slots = [(r.caption_a.split()[0], r.caption_b.split()[0]) for r in judge.calls[:2]]
+    assert slots == [("cand", "base"), ("base", "cand")]
     score, wins = result.metrics["caparena/base/score"], result.metrics["caparena/base/win_rate"]
     # 5 valid battles: W = 3, L = 1, T = 1 -> score 100 * (3 - 1) / 5 = 40, win rate 100 * 3 / 5 = 60.
     assert score.value == pytest.approx(40.0) and wins.value == pytest.approx(60.0)

@@ -115,3 +115,16 @@ def test_cli_compares_jsonl_captioners(tmp_path):
         report.model("rl").estimates["dcscore/f1"].mean - report.model("sft").estimates["dcscore/f1"].mean)
     assert "## Difference from sft" in (out / "report.md").read_text()
     assert (out / "report.md").exists() and (out / "plots" / "metric_vs_length.png").exists()
+
+
+def test_judge_factory_from_config():
+    from jaxcap.eval.cli import build_judge
+    from jaxcap.judges.rule_based import RuleBasedJudge
+
+    judge, name = build_judge({"kind": "factory", "factory": "eval_world:make_world_judge",
+                               "options": {"failure_rate": 0.25}}, {})
+    assert isinstance(judge, RuleBasedJudge) and judge.failure_rate == 0.25 and name == "eval_world:make_world_judge"
+    with pytest.raises(TypeError, match="lacks the jaxcap.judges.protocol.Judge methods"):
+        build_judge({"kind": "factory", "factory": "eval_world:make_not_a_judge"}, {})
+    with pytest.raises(ValueError, match="needs ground-truth scenes"):
+        build_judge({"kind": "rule_based"}, {})
