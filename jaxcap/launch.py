@@ -1,0 +1,46 @@
+"""`python -m jaxcap.launch --config=configs/caprl.py [--config.rl.steps=100 ...]`: train a captioner.
+
+Every config field can be overridden on the command line; the config is validated before any compute.
+Multi-host: set --config.distributed.* or run under a cluster that jax.distributed detects (SLURM, TPU pods).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/caprl.py",
+                                          lock_config=True)
+
+
+def init_distributed(d) -> None:
+  """jax.distributed from explicit flags, or auto-detected from the cluster environment (SLURM, TPU, ...)."""
+  import jax
+  if d.coordinator_address:
+    jax.distributed.initialize(d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id)
+  elif any(k in os.environ for k in ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
+                                     "JAX_COORDINATOR_ADDRESS")) and int(os.environ.get("SLURM_NTASKS", "2")) > 1:
+    jax.distributed.initialize()
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
+  from jaxcap.train.config import validate
+  validate(config)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax and JAX are chatty at INFO
+  init_distributed(config.distributed)
+  from jaxcap.train.loop import Trainer
+  summary = Trainer(config).run()
+  import json
+  keys = [k for k in summary if not k.endswith("_samples")]
+  print(json.dumps({k: summary[k] for k in keys}, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,91 @@
+"""The embedded default: everything the main job needs when no checkpoint or data is given, built locally.
+
+The synthetic world (images with known scene graphs, curated questions, references, teacher captions), a BPE
+tokenizer trained on the world's text with Qwen2.5-VL's special tokens, a tiny Qwen2.5-VL-shaped student, and
+deliberately incomplete SFT captions (the warm start mentions only some of the objects, so RL has room to teach
+the student to say more, which is what the QA reward pays for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from jaxcap.data.synthetic import vocabulary as V
+from jaxcap.data.synthetic.manifest import MANIFEST_NAME, generate_dataset
+from jaxcap.data.synthetic.scene import Scene, WorldConfig
+from jaxcap.data.synthetic.tokenizer import train_world_tokenizer
+from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig
+
+
+def build_world(workdir: Path, *, train_scenes: int, eval_scenes: int, image_size: int, min_objects: int,
+                max_objects: int, clip_fraction: float, seed: int) -> tuple[Path, Path]:
+  """Writes (or reuses) train and held-out manifests under `workdir/world`; returns their paths."""
+  world = WorldConfig(image_size=image_size, min_objects=min_objects, max_objects=max_objects,
+                      label_probability=0.0, clip_fraction=clip_fraction)
+  out = []
+  for split, n, split_seed in (("train", train_scenes, seed), ("heldout", eval_scenes, seed + 10_000)):
+    d = workdir / "world" / split
+    stamp = d / "world.json"
+    want = {"scenes": n, "seed": split_seed, **dataclasses.asdict(world)}
+    if not (stamp.exists() and json.loads(stamp.read_text()) == want):
+      generate_dataset(d, n, seed=split_seed, config=world, id_prefix=f"{split}_")
+      stamp.write_text(json.dumps(want))
+    out.append(d / MANIFEST_NAME)
+  return out[0], out[1]
+
+
+def build_tokenizer(workdir: Path, vocab_size: int, seed: int):
+  """The world's BPE tokenizer as a `PreTrainedTokenizerFast`, saved under `workdir/tokenizer`."""
+  from transformers import PreTrainedTokenizerFast
+  d = workdir / "tokenizer"
+  if not (d / "tokenizer_config.json").exists():
+    path = train_world_tokenizer(d, vocab_size=vocab_size, seed=seed)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                  unk_token=None)
+    tok.save_pretrained(d)
+  return PreTrainedTokenizerFast.from_pretrained(d)
+
+
+def student_config(tokenizer, *, vision_width: int, vision_depth: int, text_width: int, text_layers: int,
+                   text_heads: int, window_size: int = 112) -> Qwen25VLConfig:
+  """A tiny Qwen2.5-VL whose special token ids are the world tokenizer's."""
+  ids = lambda t: tokenizer.convert_tokens_to_ids(t)
+  head_dim = text_width // text_heads
+  half = head_dim // 2
+  t = half // 4
+  mrope = (half - 2 * (3 * t // 2), 3 * t // 2, 3 * t // 2)
+  return Qwen25VLConfig(
+      vision=VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width,
+                          num_heads=max(1, vision_width // 32), out_hidden_size=text_width,
+                          fullatt_block_indexes=(vision_depth - 1,), window_size=window_size),
+      text=TextConfig(vocab_size=len(tokenizer), hidden_size=text_width, intermediate_size=3 * text_width,
+                      num_hidden_layers=text_layers, num_attention_heads=text_heads,
+                      num_key_value_heads=max(1, text_heads // 2), mrope_section=mrope,
+                      max_position_embeddings=4096, tie_word_embeddings=True),
+      image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+      vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+      bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"))
+
+
+def object_sentence(obj) -> str:
+  return f"A {obj.size} {obj.name} is {V.position_phrase(obj.position)}."
+
+
+def incomplete_caption(scene: Scene, rng: np.random.Generator, max_fraction: float = 0.5) -> str:
+  """The SFT target: the object count and a random, at most `max_fraction`, subset of the objects."""
+  n = len(scene.objects)
+  k = int(rng.integers(1, max(1, int(np.floor(max_fraction * n))) + 1))
+  chosen = [scene.objects[int(i)] for i in sorted(rng.choice(n, size=k, replace=False))]
+  head = f"The image shows {V.number_word(n)} object{'s' if n != 1 else ''} on a {scene.background} background."
+  return " ".join([head] + [object_sentence(o) for o in chosen])
+
+
+def complete_caption(scene: Scene) -> str:
+  """Every object, same phrasing: what an ideal student would say (used by the SFT-on-full-captions baseline)."""
+  n = len(scene.objects)
+  head = f"The image shows {V.number_word(n)} object{'s' if n != 1 else ''} on a {scene.background} background."
+  return " ".join([head] + [object_sentence(o) for o in scene.objects])

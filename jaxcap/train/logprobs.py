@@ -1,0 +1,49 @@
+"""Teacher-forced log-probs of completions given their prompts: the quantity every loss in jaxcap needs.
+
+Shapes: B prompts, G completions per prompt, N = B * G sequences, P prompt length, C completion length,
+D hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxcap.models.qwen25vl import Qwen25VL, VisionInput
+
+
+def completion_positions(prompt_positions: jax.Array, prompt_mask: jax.Array, length: int) -> jax.Array:
+  """mRoPE ids of the completion tokens: all three ids continue from the prompt's largest id.
+
+  prompt_positions int [3, B, P], prompt_mask [B, P] -> int [3, B, length].
+  """
+  start = jnp.max(jnp.where(prompt_mask[None], prompt_positions, -1), axis=(0, 2)) + 1  # [B]
+  pos = start[:, None] + jnp.arange(length)[None, :]
+  return jnp.broadcast_to(pos[None], (3, *pos.shape)).astype(prompt_positions.dtype)
+
+
+def completion_logprobs(model: Qwen25VL, prompt_ids: jax.Array, prompt_positions: jax.Array,
+                        prompt_mask: jax.Array, vision: VisionInput | None, completions: jax.Array,
+                        *, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """log pi(completion token | prompt, earlier tokens) for G completions of each of B prompts.
+
+  prompt_ids int [B, P] (left-padded), prompt_positions int [3, B, P], prompt_mask bool [B, P],
+  completions int [N, C] with N a multiple of B (rows b*G .. b*G+G-1 belong to prompt b).
+  The prompt (and its images) is embedded once and shared by its G completions.
+  Returns float32 log-probs [N, C] and, if asked, per-token entropies [N, C] (nats).
+  """
+  b, p = prompt_ids.shape
+  n, c = completions.shape
+  g = n // b
+  x_prompt = jnp.repeat(model.embed(prompt_ids, vision), g, axis=0)
+  x = jnp.concatenate([x_prompt, model.embed_tokens(completions)], axis=1)
+  positions = jnp.concatenate(
+      [prompt_positions, completion_positions(prompt_positions, prompt_mask, c)], axis=2)
+  positions = jnp.repeat(positions, g, axis=1)
+  mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
+  hidden, _ = model.decode(x, positions, mask)
+  logits = model.logits(hidden[:, p - 1:p + c - 1])  # position t predicts token t + 1
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  token_logp = jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else None
+  return token_logp, entropy

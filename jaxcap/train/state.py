@@ -1,0 +1,69 @@
+"""Train state and optimizer: a pytree of (step, params, optimizer state, frozen reference params, PRNG key)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+  """Everything a run needs to continue bit-for-bit: `step` int32 scalar, `params` (nnx.State of the policy),
+  `opt_state`, `ref_params` (frozen copy for the KL term, or None) and the run's PRNG `key`."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  ref_params: Any
+  key: jax.Array
+
+  def replace(self, **changes) -> "TrainState":
+    return dataclasses.replace(self, **changes)
+
+
+def learning_rate_schedule(lr: float, total_steps: int, warmup_ratio: float = 0.0, warmup_steps: int = 0,
+                           schedule: str = "cosine", end_lr_ratio: float = 0.0) -> optax.Schedule:
+  """Linear warm-up (`warmup_steps`, or `warmup_ratio` of `total_steps`) then cosine / linear / constant."""
+  warmup = warmup_steps or int(round(warmup_ratio * total_steps))
+  decay_steps = max(total_steps - warmup, 1)
+  if schedule == "cosine":
+    after = optax.cosine_decay_schedule(lr, decay_steps, alpha=end_lr_ratio)
+  elif schedule == "linear":
+    after = optax.linear_schedule(lr, lr * end_lr_ratio, decay_steps)
+  elif schedule == "constant":
+    after = optax.constant_schedule(lr)
+  else:
+    raise ValueError(f"optim.schedule={schedule!r}; choose 'cosine', 'linear' or 'constant'.")
+  if warmup == 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only (not on norms, biases)."""
+  return jax.tree.map(lambda x: x.ndim >= 2, params)
+
+
+def make_optimizer(lr: float, total_steps: int, *, warmup_ratio: float = 0.0, warmup_steps: int = 0,
+                   schedule: str = "cosine", weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8, grad_clip: float = 1.0) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping and a warm-up + decay schedule."""
+  sched = learning_rate_schedule(lr, total_steps, warmup_ratio, warmup_steps, schedule)
+  return optax.chain(
+      optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+      optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask),
+  )
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation, key: jax.Array,
+                     with_reference: bool = False) -> TrainState:
+  """A fresh state; the optimizer state is created under jit so it inherits the params' shardings."""
+  opt_state = jax.jit(optimizer.init)(params)
+  ref = jax.tree.map(jnp.copy, params) if with_reference else None
+  return TrainState(jnp.zeros((), jnp.int32), params, opt_state, ref, key)

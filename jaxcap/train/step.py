@@ -1,0 +1,157 @@
+"""The update steps: pure functions (state, batch) -> (state, metrics), jit-compiled with donated state.
+
+Batches carry a leading micro-batch axis M; gradients are accumulated over it with `lax.scan`, so memory is
+bounded by one micro-batch. Every micro-batch of a step shares one vision layout (same image sizes), which
+keeps the scan shape-static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxcap.models.qwen25vl import VisionInput
+from jaxcap.models.vision import VisionLayout
+from jaxcap.rl import PolicyLossConfig, group_advantages, policy_loss
+from jaxcap.train.logprobs import completion_logprobs
+from jaxcap.train.state import TrainState
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PromptBatch:
+  """M micro-batches of b prompts. ids int [M, b, P]; positions int [M, 3, b, P]; mask bool [M, b, P];
+  pixel_values float [M, L, patch_dim] or None (layout shared, passed separately)."""
+
+  ids: jax.Array
+  positions: jax.Array
+  mask: jax.Array
+  pixel_values: jax.Array | None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+  """G completions per prompt, in prompt order. tokens int [M, b*G, C]; mask bool [M, b*G, C];
+  old_logprobs float [M, b*G, C] (the sampling policy's); rewards float [M, b, G, R]; reward_valid bool
+  [M, b, G, R]; weights float [R] (reward weights); ref_logprobs float [M, b*G, C] under the frozen
+  reference, or None without a KL term."""
+
+  tokens: jax.Array
+  mask: jax.Array
+  old_logprobs: jax.Array
+  rewards: jax.Array
+  reward_valid: jax.Array
+  weights: jax.Array
+  ref_logprobs: jax.Array | None = None
+
+
+def _micro(tree, i):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def _vision(pixel_values, layout):
+  return None if pixel_values is None else VisionInput(pixel_values, layout)
+
+
+def _accumulate(loss_fn: Callable, params, batches, num_micro: int):
+  """Mean loss, grads and metrics of `loss_fn(params, micro_batch)` over the leading axis, via lax.scan."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  (loss0, metrics0), grads0 = grad_fn(params, _micro(batches, 0))
+
+  def body(carry, mb):
+    loss, metrics, grads = carry
+    (l, m), g = grad_fn(params, mb)
+    return (loss + l, jax.tree.map(jnp.add, metrics, m), jax.tree.map(jnp.add, grads, g)), None
+
+  rest = jax.tree.map(lambda x: x[1:], batches)
+  (loss, metrics, grads), _ = jax.lax.scan(body, (loss0, metrics0, grads0), rest) if num_micro > 1 else (
+      (loss0, metrics0, grads0), None)
+  scale = 1.0 / num_micro
+  return loss * scale, jax.tree.map(lambda m: m * scale, metrics), jax.tree.map(lambda g: g * scale, grads)
+
+
+def _apply(state: TrainState, grads, optimizer: optax.GradientTransformation) -> tuple[TrainState, dict]:
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {"grad_norm": optax.global_norm(grads), "update_norm": optax.global_norm(updates)}
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def sequence_logprobs(graphdef, params, prompts: PromptBatch, layout: VisionLayout | None,
+                      tokens: jax.Array) -> jax.Array:
+  """Teacher-forced log-probs [M, b*G, C] of `tokens` under `params`, one micro-batch at a time (no grad)."""
+
+  def one(_, xs):
+    pb, tk = xs
+    model = nnx.merge(graphdef, params)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tk)
+    return None, lp
+
+  _, out = jax.lax.scan(one, None, (prompts, tokens))
+  return out
+
+
+def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str,
+                  estimator_kwargs: dict | None = None):
+  """Advantages over the whole step's batch (c-GDPO whitens across it): [M, b*G] and validity [M, b*G]."""
+  m, b, g, r = rollouts.rewards.shape
+  adv = group_advantages(rollouts.rewards.reshape(m * b, g, r), weights,
+                         rollouts.reward_valid.reshape(m * b, g, r), estimator=estimator,
+                         **(estimator_kwargs or {}))
+  return adv.advantages.reshape(m, b * g), adv.sample_valid.reshape(m, b * g), adv.metrics
+
+
+def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, layout: VisionLayout | None, *,
+            graphdef, optimizer: optax.GradientTransformation, loss_config: PolicyLossConfig,
+            estimator: str = "grpo") -> tuple[TrainState, dict[str, jax.Array]]:
+  """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
+  over micro-batches, one optimizer step. Old / reference log-probs come precomputed in `rollouts`, so the
+  caller can overlap computing them with judging."""
+  num_micro = prompts.ids.shape[0]
+  advantages, sample_valid, adv_metrics = rl_advantages(rollouts, rollouts.weights, estimator)
+  old = jax.lax.stop_gradient(rollouts.old_logprobs)
+  ref = None if rollouts.ref_logprobs is None else jax.lax.stop_gradient(rollouts.ref_logprobs)
+  if loss_config.kl_coef > 0 and ref is None:
+    raise ValueError("loss_config.kl_coef > 0 needs rollouts.ref_logprobs")
+
+  def loss_fn(params, mb):
+    pb, tokens, mask, old_lp, ref_lp, adv, valid = mb
+    model = nnx.merge(graphdef, params)
+    lp, ent = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout),
+                                  tokens, with_entropy=True)
+    loss, metrics = policy_loss(lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid,
+                                entropy=ent)
+    return loss, metrics
+
+  batches = (prompts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
+  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, num_micro)
+  state, opt_metrics = _apply(state, grads, optimizer)
+  return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
+
+
+def sft_step(state: TrainState, prompts: PromptBatch, targets: jax.Array, target_mask: jax.Array,
+             layout: VisionLayout | None, *, graphdef, optimizer: optax.GradientTransformation
+             ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """Supervised fine-tuning on target captions: token-mean negative log-likelihood.
+
+  targets int [M, b, C], target_mask bool [M, b, C] (the caption and its end-of-turn token)."""
+  num_micro = prompts.ids.shape[0]
+
+  def loss_fn(params, mb):
+    pb, tokens, mask = mb
+    model = nnx.merge(graphdef, params)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tokens)
+    mask = mask.astype(jnp.float32)
+    nll = -jnp.sum(lp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return nll, {"nll": nll}
+
+  loss, metrics, grads = _accumulate(loss_fn, state.params, (prompts, targets, target_mask), num_micro)
+  state, opt_metrics = _apply(state, grads, optimizer)
+  return state, {"loss": loss, **metrics, **opt_metrics}
