@@ -12,7 +12,6 @@ from typing import Any, Mapping, Sequence
 
 LETTERS = "ABCDEFGHI"
 _FENCE_RE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
-_LETTER_RE = re.compile(r"(?<![A-Za-z])([A-I])(?![A-Za-z])")
 _PREFIX_RE = re.compile(r"^\s*(?:the\s+)?(?:correct\s+)?(?:answer|option)\s*(?:is)?\s*[:\-]?\s*", re.I)
 
 
@@ -28,8 +27,9 @@ def parse_letter(reply: str, options: Sequence[str]) -> str:
     """The option letter a reply picks: a standalone letter A.. (first one), or the exact text of an option."""
     valid = LETTERS[:len(options)]
     stripped = _PREFIX_RE.sub("", reply.strip())
-    match = _LETTER_RE.search(stripped)
-    if match and match.group(1) in valid:
+    # Only letters of this question's options count, so the pronoun "I" is not read as option I of four.
+    match = re.search(rf"(?<![A-Za-z])([{valid}])(?![A-Za-z])", stripped)
+    if match:
         return match.group(1)
     text = stripped.strip().strip(".:)(\"' ").lower()
     for letter, option in zip(valid, options):
