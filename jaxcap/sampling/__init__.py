@@ -1,6 +1,6 @@
 """Rollouts: batched caption sampling with a static-shape KV cache (prefill once per image, G samples each)."""
 
-from jaxcap.sampling.distribution import SamplingConfig, filtered_logits, sample_tokens
+from jaxcap.sampling.distribution import SamplingConfig, categorical, filtered_logits, sample_tokens
 from jaxcap.sampling.generate import TRACE_COUNTS, DecodeState, decode, prefill
 from jaxcap.sampling.prompts import Prompts, batch_bucket, bucket_prompts
 from jaxcap.sampling.sampler import Rollouts, Sampler

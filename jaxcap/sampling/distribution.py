@@ -84,11 +84,32 @@ def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig
     sample_lp = jnp.zeros(tokens.shape, jnp.float32)
   else:
     z, ids = filtered_logits(logits, cfg)
-    choice = jax.random.categorical(key, z, axis=-1)
+    choice = categorical(key, z)
     sample_lp = _take(z, choice) - jax.nn.logsumexp(z, axis=-1)
     tokens = (choice if ids is None else _take(ids, choice)).astype(jnp.int32)
   policy_lp = _take(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
   return tokens, sample_lp, policy_lp
+
+
+def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Array:
+  """One draw per row from softmax(logits) float32 [B, C] (-inf = excluded), by two-level inverse CDF.
+
+  Why not `jax.random.categorical`: its Gumbel trick needs C random numbers per row (~25 ms per step for
+  32 x 32k on a 2-core CPU); this needs one uniform per row and a cumulative sum over C / block block totals
+  plus one block (~0.5 ms). Returns int32 [B].
+  """
+  b, c = logits.shape
+  p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  p = jnp.pad(p, ((0, 0), (0, -c % block))).reshape(b, -1, block)
+  block_mass = p.sum(-1)                                   # [B, C / block]
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  target = (1.0 - jax.random.uniform(key, (b, 1))) * block_cdf[:, -1:]  # u in (0, 1]: never picks mass 0
+  j = jnp.minimum(jnp.sum(block_cdf < target, axis=-1), block_cdf.shape[1] - 1)  # first block reaching it
+  inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [B, block]
+  cdf = jnp.cumsum(inner, axis=-1) + _take(block_cdf - block_mass, j)[:, None]
+  last_real = block - 1 - jnp.argmax(inner[:, ::-1] > 0, axis=-1)  # rounding must not land on a mass-0 slot
+  i = jnp.minimum(jnp.sum(cdf < target, axis=-1), last_real)
+  return (j * block + i).astype(jnp.int32)
 
 
 def is_stop(tokens: jax.Array, stop_ids: Sequence[int]) -> jax.Array:

@@ -43,7 +43,7 @@ def batch_bucket(rows: int) -> int:
   return 1 << max(0, int(rows) - 1).bit_length()
 
 
-def bucket_prompts(inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 64,
+def bucket_prompts(inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 16,
                    pad_id: int = 0) -> tuple[Prompts, int]:
   """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first).
 

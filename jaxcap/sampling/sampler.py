@@ -50,7 +50,7 @@ class Sampler:
   """
 
   def __init__(self, model: Qwen25VL, tokenizer: Any = None, *, processor: Any = None,
-               sampling: SamplingConfig = SamplingConfig(), length_multiple: int = 64):
+               sampling: SamplingConfig = SamplingConfig(), length_multiple: int = 16):
     self.cfg = model.cfg
     self.graphdef, self.params = nnx.split(model)
     self.processor = processor

@@ -50,15 +50,17 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
   root, ids = setup
   out = root / "run" / "captions.jsonl"
   errors = out.with_name("captions.errors.jsonl")
-  proc = subprocess.Popen([sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+  log = root / "first_run.log"
+  with open(log, "wb") as stderr:
+    proc = subprocess.Popen([sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
+                            stdout=subprocess.DEVNULL, stderr=stderr, env=os.environ.copy())
   deadline = time.time() + 120
   while len(_rows(out)) < 2 and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   partial = _rows(out)
-  assert 2 <= len(partial) < len(ids), "the first run should be killed mid-way"
+  assert 2 <= len(partial) < len(ids), f"the first run should be killed mid-way:\n{log.read_text()[-3000:]}"
   with open(out, "a") as f:  # a line torn by the kill
     f.write('{"id": "img11.png", "capt')
 

@@ -21,13 +21,15 @@ def _teacher_forced_logits(model, proc, conversations, out):
   batch = proc([c for c in conversations for _ in range(G)], padding_side="left")
   tokens, mask = np.asarray(out.tokens), np.asarray(out.completion_mask)
   t = batch.input_ids.shape[1]
-  ids = np.concatenate([batch.input_ids, tokens], 1)
   attn = np.concatenate([batch.attention_mask, mask], 1)
   start = batch.positions.max(axis=(0, 2)) + 1  # the k-th new token sits at max prompt position + 1 + k
   new_pos = np.broadcast_to(start[:, None] + np.arange(NEW), (3, *tokens.shape))
   positions = np.concatenate([batch.positions, new_pos], 2)
-  logits, _ = model(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attn), batch.vision())
-  return np.asarray(logits)[:, t - 1:t - 1 + NEW]
+  # Completion tokens are embedded without vision, as when they were decoded: a random model may sample
+  # <|image_pad|>, which must not pick up image features here.
+  x = jnp.concatenate([model.embed(jnp.asarray(batch.input_ids), batch.vision()), model.embed(jnp.asarray(tokens))], 1)
+  hidden, _ = model.decode(x, jnp.asarray(positions), jnp.asarray(attn))
+  return np.asarray(model.logits(hidden))[:, t - 1:t - 1 + NEW]
 
 
 def _log_softmax(z):
