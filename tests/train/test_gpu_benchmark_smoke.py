@@ -1,0 +1,46 @@
+"""benchmarks/gpu.py does not rot: its --smoke mode (tiny shapes) runs on CPU and reports both figures."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu.py"
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_peak_table():
+  peak = _module().peak_tflops
+  assert peak("NVIDIA H100 80GB HBM3") == 989 and peak("NVIDIA H200") == 989
+  assert peak("NVIDIA A100-SXM4-80GB") == 312
+  assert peak("TPU v5 lite") == 197 and peak("TPU v5p") == 459 and peak("TPU v5") == 459
+  assert peak("TPU v4") == 275 and peak("cpu") is None
+
+
+def test_smoke_runs_on_cpu(tmp_path):
+  out = tmp_path / "gpu.json"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--peak_tflops", "1", "--out", str(out)], env=env,
+                        cwd=ROOT, capture_output=True, text=True, timeout=170)
+  elapsed = time.perf_counter() - t0
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  summary = json.loads(out.read_text())
+  assert summary["model"] == "tiny" and summary["params"]["total"] > 0
+  roll = summary["rollout"]
+  assert roll["generated_tokens"] == roll["sequences"] * roll["new_tokens"] and roll["tokens_per_s"] > 0
+  upd = summary["update"]
+  assert upd["tokens_per_step"] == upd["prompts"] * upd["group"] * (upd["prompt_tokens"] + upd["completion_tokens"])
+  assert upd["model_tflop_per_step"] > 0 and upd["model_tflop_split"]["vision"] > 0
+  assert 0 < upd["mfu"] < 1 and upd["peak_tflops"] == 1.0
+  print(f"gpu.py --smoke: {elapsed:.1f} s")
