@@ -88,8 +88,10 @@ server_cmd() {  # server_cmd PORT -> the command line of one server, in the arra
   cmd+=("${extra[@]}")
 }
 
-mkdir -p "$LOG_DIR"
-: > "$LOG_DIR/pids"
+if [[ "$DRY_RUN" != 1 ]]; then
+  mkdir -p "$LOG_DIR"
+  : > "$LOG_DIR/pids"
+fi
 endpoints=()
 for ((i = 0; i < NUM_SERVERS; i++)); do
   port=$((BASE_PORT + i))

@@ -70,3 +70,4 @@ def test_judge_fleet_dry_run_prints_endpoints(engine, server):
   assert all("Qwen/Qwen2.5-7B-Instruct" in s for s in servers)
   assert "JUDGE_ENDPOINTS=http://judge0:8000/v1,http://judge0:8001/v1" in out
   assert "--config.judge.endpoints=http://judge0:8000/v1,http://judge0:8001/v1" in out
+  assert not (ROOT / "judge-logs").exists(), "a dry run must not create the log directory"
