@@ -74,12 +74,14 @@ class ModelInputs:
 class Processor:
   """Tokenizer + image/video preprocessing for Qwen2.5-VL, equal to the HF processor's outputs.
 
-  `tokenizer` is any HF tokenizer with the Qwen special tokens (e.g. `AutoTokenizer.from_pretrained(ckpt_dir)`).
+  `tokenizer` is any HF tokenizer with the Qwen special tokens (e.g. `AutoTokenizer.from_pretrained(ckpt_dir)`);
+  `system` is the system prompt added when a conversation has none (None: no system turn).
   """
 
   def __init__(self, tokenizer: Any, cfg: Qwen25VLConfig,
-               vision_cfg: VisionPreprocessConfig | None = None, fps: float = 2.0):
-    self.tokenizer, self.cfg = tokenizer, cfg
+               vision_cfg: VisionPreprocessConfig | None = None, fps: float = 2.0,
+               system: str | None = DEFAULT_SYSTEM):
+    self.tokenizer, self.cfg, self.system = tokenizer, cfg, system
     self.vision_cfg = vision_cfg or VisionPreprocessConfig(
         patch_size=cfg.vision.patch_size, temporal_patch_size=cfg.vision.temporal_patch_size,
         merge_size=cfg.vision.spatial_merge_size)
@@ -103,7 +105,7 @@ class Processor:
     merge = self.vision_cfg.merge_size**2
     texts, images, videos, seconds = [], [], [], []
     for messages in conversations:
-      text = render_chat(messages, add_generation_prompt)
+      text = render_chat(messages, add_generation_prompt, system=self.system)
       for msg in messages:
         for item in msg["content"] if not isinstance(msg["content"], str) else ():
           if item.get("type") == "image":

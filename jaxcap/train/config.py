@@ -23,7 +23,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.name = "run"
   c.seed = 0
   c.workdir = "runs/run"
-  c.mesh = ml_collections.ConfigDict({"shape": {"fsdp": -1}})
+  c.mesh = ml_collections.ConfigDict({"shape": {"data": 1, "fsdp": -1, "tensor": 1}})
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1))
 
   c.model = ml_collections.ConfigDict(dict(
@@ -40,7 +40,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.judge = ml_collections.ConfigDict(dict(
       kind="rule_based", failure_rate=0.0,
       # judge.kind='http': an OpenAI-compatible fleet (vLLM, SGLang, llama.cpp, TGI)
-      endpoints="", model="", api_key_env="JUDGE_API_KEY", timeout_s=60.0, max_concurrency=64))
+      endpoints="", model="", api_key_env="JUDGE_API_KEY", timeout_s=60.0, max_concurrency=64,
+      fleet_config="", send_images=False, structured_output="json_schema"))
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64))
   c.sft = ml_collections.ConfigDict(dict(

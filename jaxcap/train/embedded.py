@@ -75,17 +75,24 @@ def object_sentence(obj) -> str:
   return f"A {obj.size} {obj.name} is {V.position_phrase(obj.position)}."
 
 
-def incomplete_caption(scene: Scene, rng: np.random.Generator, max_fraction: float = 0.5) -> str:
-  """The SFT target: the object count and a random, at most `max_fraction`, subset of the objects."""
+def reading_order(scene: Scene) -> list:
+  """Objects sorted by grid cell, top-left to bottom-right: a canonical order, so each target is a function
+  of the image (a random order would make the SFT target noisy)."""
+  return sorted(scene.objects, key=lambda o: V.POSITIONS.index(o.position))
+
+
+def _head(scene: Scene) -> str:
   n = len(scene.objects)
-  k = int(rng.integers(1, max(1, int(np.floor(max_fraction * n))) + 1))
-  chosen = [scene.objects[int(i)] for i in sorted(rng.choice(n, size=k, replace=False))]
-  head = f"The image shows {V.number_word(n)} object{'s' if n != 1 else ''} on a {scene.background} background."
-  return " ".join([head] + [object_sentence(o) for o in chosen])
+  return f"The image shows {V.number_word(n)} object{'s' if n != 1 else ''} on a {scene.background} background."
+
+
+def incomplete_caption(scene: Scene, rng: np.random.Generator, max_fraction: float = 0.5) -> str:
+  """The SFT target: the object count and the first k objects in reading order, 1 <= k <= max_fraction * n."""
+  objects = reading_order(scene)
+  k = int(rng.integers(1, max(1, int(np.floor(max_fraction * len(objects)))) + 1))
+  return " ".join([_head(scene)] + [object_sentence(o) for o in objects[:k]])
 
 
 def complete_caption(scene: Scene) -> str:
-  """Every object, same phrasing: what an ideal student would say (used by the SFT-on-full-captions baseline)."""
-  n = len(scene.objects)
-  head = f"The image shows {V.number_word(n)} object{'s' if n != 1 else ''} on a {scene.background} background."
-  return " ".join([head] + [object_sentence(o) for o in scene.objects])
+  """Every object in reading order, same phrasing: what an ideal student says (the SFT-on-full baseline)."""
+  return " ".join([_head(scene)] + [object_sentence(o) for o in reading_order(scene)])

@@ -69,7 +69,7 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, param_shardings(params, mesh))
     model = nnx.merge(graphdef, params)
-    processor = Processor(tok, cfg)
+    processor = Processor(tok, cfg, system=None)  # the tiny student needs no system turn
 
   if config.data.train_manifest:
     train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
@@ -81,11 +81,11 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   train_records = data_lib.read_manifest(train_path)
   eval_records = data_lib.read_manifest(eval_path) if str(eval_path) not in ("", ".") else train_records[:0]
   data_lib.check_media(train_records + eval_records)
-  judge = build_judge(config, [train_path] + ([eval_path] if eval_records else []))
+  judge = build_judge(config, [train_path] + ([eval_path] if eval_records else []), train_records + eval_records)
   return Setup(model, processor, train_records, eval_records, judge, sft_target_fn(config, train_path), mesh)
 
 
-def build_judge(config, manifests: Sequence[Path]):
+def build_judge(config, manifests: Sequence[Path], records: Sequence[ImageRecord]):
   if config.judge.kind == "rule_based":
     from jaxcap.data.synthetic.manifest import read_manifest as read_world
     from jaxcap.judges.rule_based import RuleBasedJudge
@@ -97,9 +97,27 @@ def build_judge(config, manifests: Sequence[Path]):
                        "for other data use an LLM judge fleet (judge.kind='http').")
     return RuleBasedJudge(scenes, failure_rate=config.judge.failure_rate, seed=int(config.seed))
   if config.judge.kind == "http":
-    from jaxcap.judges import http as judges_http  # the judge-fleet module
-    return judges_http.judge_from_config(config.judge)
+    return http_judge(config.judge, records)
   raise ValueError(f"judge.kind={config.judge.kind!r}; choose 'rule_based' or 'http'.")
+
+
+def http_judge(j, records: Sequence[ImageRecord]):
+  """An `HttpJudge` over an OpenAI-compatible fleet: `judge.fleet_config` (JSON: role -> RoleConfig fields) or
+  the comma-separated `judge.endpoints` serving `judge.model` for every role."""
+  from jaxcap.judges.endpoint import Endpoint
+  from jaxcap.judges.fleet import JudgeFleet, RoleConfig
+  from jaxcap.judges.http_judge import HttpJudge, images_from_records
+  if j.fleet_config:
+    roles = {name: RoleConfig.from_json(row) for name, row in json.loads(Path(j.fleet_config).read_text()).items()}
+  else:
+    urls = [u.strip() for u in j.endpoints.split(",") if u.strip()]
+    if not urls:
+      raise ValueError("judge.kind='http' needs --config.judge.endpoints=http://host:port/v1[,...] or "
+                       "--config.judge.fleet_config=FILE.json (see launch/ for starting a vLLM/SGLang fleet)")
+    roles = {"judge": RoleConfig(endpoints=tuple(Endpoint(u, j.api_key_env) for u in urls), model=j.model or "judge",
+                                 timeout_s=j.timeout_s, max_concurrency=j.max_concurrency,
+                                 send_images=j.send_images, structured_output=j.structured_output)}
+  return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
 
 
 def sft_target_fn(config, train_manifest: Path):
@@ -152,7 +170,9 @@ class Batcher:
     pos = inputs.positions.reshape(3, num_micro, mb, -1).transpose(1, 0, 2, 3)
     batch = PromptBatch(split(inputs.input_ids), pos, split(inputs.attention_mask), pixels)
     return self.place(batch, {"ids": (None, "batch", None), "positions": (None, None, "batch", None),
-                              "mask": (None, "batch", None), "pixel_values": (None, None, None)}), layout
+                              "mask": (None, "batch", None),
+                              # whole images per device when the micro-batch divides the batch axes
+                              "pixel_values": (None, "batch", None)}), layout
 
   def place(self, tree, logical: dict | None = None):
     """Host arrays -> global device arrays sharded over ('data', 'fsdp') on their batch axis."""
@@ -196,8 +216,12 @@ class Trainer:
     self.sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                    max_new_tokens=s.max_new_tokens)
     self.greedy = dataclasses.replace(self.sampling, temperature=0.0)
-    self.sampler = Sampler(self.setup.model, processor=self.setup.processor, sampling=self.sampling,
-                           length_multiple=config.data.pad_to_multiple)
+    # Rollouts never need activation checkpointing (no backward pass), and remat inside the decode loop cannot
+    # trace: sample from the same params through a graph built without it.
+    cfg = self.setup.model.cfg
+    sampling_graph = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg.replace(remat="none"), rngs=nnx.Rngs(0))))[0]
+    self.sampler = Sampler(nnx.merge(sampling_graph, params), processor=self.setup.processor,
+                           sampling=self.sampling, length_multiple=config.data.pad_to_multiple)
     self.reward_fn = build_reward(config.reward.to_dict(), self.setup.judge)
     self.eval_fn = build_reward({"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}},
                                 self.setup.judge)
@@ -222,7 +246,12 @@ class Trainer:
                          eps=optim.eps, grad_clip=optim.grad_clip)
     with_ref = phase == "rl" and self.config.rl.loss.kl_coef > 0
     with jax.set_mesh(self.setup.mesh):
-      return opt, init_train_state(params, opt, key, with_reference=with_ref)
+      state = init_train_state(params, opt, key, with_reference=with_ref)
+    # Commit every leaf to its sharding (scalars replicated) so the jitted steps see the same argument
+    # signature on every call and compile once.
+    replicated = NamedSharding(self.setup.mesh, P())
+    shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
+    return opt, jax.device_put(state, shardings)
 
   def run(self) -> dict:
     c = self.config

@@ -8,7 +8,6 @@ keeps the scan shape-static.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -60,21 +59,27 @@ def _vision(pixel_values, layout):
   return None if pixel_values is None else VisionInput(pixel_values, layout)
 
 
-def _accumulate(loss_fn: Callable, params, batches, num_micro: int):
-  """Mean loss, grads and metrics of `loss_fn(params, micro_batch)` over the leading axis, via lax.scan."""
+def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
+  """Loss, metrics and grads of `loss_fn(params, micro_batch)` over the leading micro-batch axis (lax.scan),
+  each micro-batch weighted by its share of `weights` [M] (e.g. its token count), so the result equals the
+  whole batch's loss whatever M is. Gradients accumulate in float32."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (loss0, metrics0), grads0 = grad_fn(params, _micro(batches, 0))
+  metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, _micro(batches, 0))
+  zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes)
+  zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  total = jnp.maximum(jnp.sum(weights), 1e-9)
 
-  def body(carry, mb):
+  def body(carry, xs):
     loss, metrics, grads = carry
+    mb, w = xs
     (l, m), g = grad_fn(params, mb)
-    return (loss + l, jax.tree.map(jnp.add, metrics, m), jax.tree.map(jnp.add, grads, g)), None
+    f = w / total
+    return (loss + f * l, jax.tree.map(lambda a, b: a + f * b, metrics, m),
+            jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g)), None
 
-  rest = jax.tree.map(lambda x: x[1:], batches)
-  (loss, metrics, grads), _ = jax.lax.scan(body, (loss0, metrics0, grads0), rest) if num_micro > 1 else (
-      (loss0, metrics0, grads0), None)
-  scale = 1.0 / num_micro
-  return loss * scale, jax.tree.map(lambda m: m * scale, metrics), jax.tree.map(lambda g: g * scale, grads)
+  (loss, metrics, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_m, zeros_g),
+                                           (batches, weights.astype(jnp.float32)))
+  return loss, metrics, grads
 
 
 def _apply(state: TrainState, grads, optimizer: optax.GradientTransformation) -> tuple[TrainState, dict]:
@@ -114,7 +119,6 @@ def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, lay
   """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
   over micro-batches, one optimizer step. Old / reference log-probs come precomputed in `rollouts`, so the
   caller can overlap computing them with judging."""
-  num_micro = prompts.ids.shape[0]
   advantages, sample_valid, adv_metrics = rl_advantages(rollouts, rollouts.weights, estimator)
   old = jax.lax.stop_gradient(rollouts.old_logprobs)
   ref = None if rollouts.ref_logprobs is None else jax.lax.stop_gradient(rollouts.ref_logprobs)
@@ -131,7 +135,12 @@ def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, lay
     return loss, metrics
 
   batches = (prompts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
-  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, num_micro)
+  counted = rollouts.mask & sample_valid[..., None]
+  if loss_config.aggregation == "token-mean":
+    weights = jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
+  else:
+    weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
+  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
   state, opt_metrics = _apply(state, grads, optimizer)
   return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
 
@@ -142,7 +151,6 @@ def sft_step(state: TrainState, prompts: PromptBatch, targets: jax.Array, target
   """Supervised fine-tuning on target captions: token-mean negative log-likelihood.
 
   targets int [M, b, C], target_mask bool [M, b, C] (the caption and its end-of-turn token)."""
-  num_micro = prompts.ids.shape[0]
 
   def loss_fn(params, mb):
     pb, tokens, mask = mb
@@ -152,6 +160,7 @@ def sft_step(state: TrainState, prompts: PromptBatch, targets: jax.Array, target
     nll = -jnp.sum(lp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return nll, {"nll": nll}
 
-  loss, metrics, grads = _accumulate(loss_fn, state.params, (prompts, targets, target_mask), num_micro)
+  weights = jnp.sum(target_mask, axis=(1, 2))
+  loss, metrics, grads = _accumulate(loss_fn, state.params, (prompts, targets, target_mask), weights)
   state, opt_metrics = _apply(state, grads, optimizer)
   return state, {"loss": loss, **metrics, **opt_metrics}
