@@ -11,6 +11,7 @@ same bucket) is reported apart; transformers gets one short warm-up call.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -91,7 +92,8 @@ def main():
     theirs = time.perf_counter() - t0
   assert seqs.shape == (n_seq, batch.input_ids.shape[1] + n_new), seqs.shape
   print(f"transformers: {total / theirs:8.1f} tokens/s  ({theirs:.2f} s)")
-  print(f"ratio jaxcap / transformers: {theirs / ours:.2f}x at {n_seq} sequences")
+  print(f"ratio jaxcap / transformers: {theirs / ours:.2f}x at {n_seq} sequences "
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":
