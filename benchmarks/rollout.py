@@ -1,6 +1,9 @@
 """Rollout throughput: jaxcap's compiled sampler vs `transformers` generate, same model, images, G and tokens.
 
-    python benchmarks/rollout.py --images 8 --samples 4 --new_tokens 64
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout.py --images 8 --samples 4 --new_tokens 64
+
+(PASSIVE keeps torch's OpenMP threads from spin-waiting, which collapses its throughput when other work shares
+the cores; on a quiet machine it makes little difference.)
 
 Both sides sample (temperature 1, no top-k / top-p) exactly --new_tokens tokens per sequence from the same
 random-init weights of `jaxcap.models.mid()` (~60M params), on CPU. tokens/s = images * samples * new_tokens /
