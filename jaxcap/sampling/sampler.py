@@ -53,6 +53,11 @@ class Sampler:
                sampling: SamplingConfig = SamplingConfig(), length_multiple: int = 16):
     self.cfg = model.cfg
     self.graphdef, self.params = nnx.split(model)
+    if self.cfg.remat != "none":
+      # Sampling has no backward pass, and nnx.remat inside the decode loop cannot trace: use the same params
+      # through a graph built without activation checkpointing.
+      self.cfg = self.cfg.replace(remat="none")
+      self.graphdef = nnx.split(nnx.eval_shape(lambda: Qwen25VL(self.cfg, rngs=nnx.Rngs(0))))[0]
     self.processor = processor
     self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
     self.sampling = sampling

@@ -3,6 +3,9 @@
 import jax
 import numpy as np
 import pytest
+from flax import nnx
+
+import jaxcap.models as M
 
 from jaxcap.sampling import TRACE_COUNTS, Sampler, SamplingConfig, batch_bucket, bucket_prompts
 from jaxcap.sharding import make_mesh
@@ -76,3 +79,16 @@ def test_sharded_mesh_gives_same_tokens(models, checkpoint_dir):
     assert len(got.tokens.sharding.device_set) == 8
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   np.testing.assert_allclose(np.asarray(got.policy_logprobs), np.asarray(want.policy_logprobs), atol=1e-5)
+
+
+def test_model_with_remat_samples_like_without(models):
+  """Activation checkpointing is for training; the sampler drops it and gives the same tokens."""
+  _, model, proc = models
+  sampling = SamplingConfig(temperature=0.8, max_new_tokens=4)
+  conversations = _batch(2, 60, 0)
+  want = Sampler(model, processor=proc, sampling=sampling)(conversations, jax.random.key(2))
+  params = nnx.state(model)
+  remat_model = nnx.merge(nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(model.cfg.replace(remat="full"),
+                                                                      rngs=nnx.Rngs(0))))[0], params)
+  got = Sampler(remat_model, processor=proc, sampling=sampling)(conversations, jax.random.key(2))
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
