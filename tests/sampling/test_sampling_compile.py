@@ -6,7 +6,6 @@ import pytest
 from flax import nnx
 
 import jaxcap.models as M
-
 from jaxcap.sampling import TRACE_COUNTS, Sampler, SamplingConfig, batch_bucket, bucket_prompts
 from jaxcap.sharding import make_mesh
 from sampling_fixtures import image, tiny_checkpoint, user
