@@ -43,13 +43,13 @@ def base_config() -> ml_collections.ConfigDict:
       endpoints="", model="", api_key_env="JUDGE_API_KEY", timeout_s=60.0, max_concurrency=64,
       fleet_config="", send_images=False, structured_output="json_schema"))
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
-  c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64))
+  c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=48))
   c.sft = ml_collections.ConfigDict(dict(
-      steps=300, batch_size=32, micro_batches=1, max_target_tokens=64,
+      steps=300, batch_size=32, micro_batches=1, max_target_tokens=48,
       targets="incomplete",  # 'incomplete' / 'complete' world captions, or the manifest's 'reference'
-      max_fraction=0.5, optim=optim(2e-3, warmup_steps=20)))
+      max_fraction=0.5, optim=optim(3e-3, warmup_steps=20)))
   c.rl = ml_collections.ConfigDict(dict(
-      steps=150, batch_size=8, num_samples=8, micro_batches=1, estimator="grpo", recompute_old_logprobs=True,
+      steps=100, batch_size=8, num_samples=8, micro_batches=1, estimator="grpo", recompute_old_logprobs=True,
       loss=dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.0,
                 kl_estimator="k3", entropy_coef=0.0),
       length_mask=dict(dims=[], tau_low=0.5, tau_high=2.0),
