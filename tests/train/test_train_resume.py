@@ -57,7 +57,7 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
   ckpts = workdir / "checkpoints"
   deadline = time.time() + 600
   while time.time() < deadline:  # kill once an RL-phase checkpoint (global step > 4) is on disk
-    steps = [int(p.name) for p in ckpts.glob("[0-9]*")] if ckpts.exists() else []
+    steps = [int(p.name) for p in ckpts.glob("[0-9]*") if p.name.isdigit()] if ckpts.exists() else []
     if any(s >= 6 for s in steps) or proc.poll() is not None:
       break
     time.sleep(0.2)

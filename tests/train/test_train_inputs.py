@@ -1,0 +1,72 @@
+"""Bad input to the main job fails early with a message that names the thing and the fix."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxcap.train.config import base_config, validate
+from jaxcap.train.data import ManifestError, check_media, read_manifest, record_loader
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _manifest(tmp_path, rows):
+  path = tmp_path / "m.jsonl"
+  path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+  return path
+
+
+def test_corrupt_manifest_line_is_named(tmp_path):
+  path = _manifest(tmp_path, [{"id": "a", "image": "a.png"}, "{not json", {"id": "c", "image": "c.png"}])
+  with pytest.raises(ManifestError, match=r"m\.jsonl:2 is not valid JSON"):
+    read_manifest(path)
+
+
+def test_row_without_media_or_id_is_named(tmp_path):
+  with pytest.raises(ManifestError, match=r"m\.jsonl:1 .*'b'.*neither 'image' nor 'frames'"):
+    read_manifest(_manifest(tmp_path, [{"id": "b"}]))
+  with pytest.raises(ManifestError, match=r"m\.jsonl:1: .*without an 'id'"):
+    read_manifest(_manifest(tmp_path, [{"image": "x.png"}]))
+
+
+def test_missing_image_is_named_before_any_compute(tmp_path):
+  records = read_manifest(_manifest(tmp_path, [{"id": "a", "image": "missing.png"}]))
+  assert records[0].image == str(tmp_path / "missing.png")  # relative to the manifest's folder
+  with pytest.raises(ManifestError, match=r"record 'a': image file .*missing\.png does not exist"):
+    check_media(records)
+
+
+def test_loader_is_resumable_and_sharded(tmp_path):
+  from jaxcap.rewards.record import ImageRecord
+  records = [ImageRecord(id=str(i), image="x") for i in range(10)]
+  it = record_loader(records, 3, seed=0, process_index=0, process_count=1)
+  [next(it) for _ in range(2)]
+  state = it.get_state()
+  want = [[r.id for r in next(it)] for _ in range(4)]  # crosses an epoch boundary
+  it2 = record_loader(records, 3, seed=0, process_index=0, process_count=1)
+  it2.set_state(state)
+  assert [[r.id for r in next(it2)] for _ in range(4)] == want
+  p0 = record_loader(records, 2, seed=0, process_index=0, process_count=2)
+  p1 = record_loader(records, 2, seed=0, process_index=1, process_count=2)
+  a, b = {r.id for r in next(p0)}, {r.id for r in next(p1)}
+  assert not a & b  # processes see disjoint rows
+
+
+def test_invalid_values_are_all_reported():
+  c = base_config()
+  c.rl.estimator = "ppo"
+  c.rl.batch_size, c.rl.micro_batches = 6, 4
+  c.reward = {"caprl": {"weight": 1.0, "questions": 3}}
+  with pytest.raises(ValueError) as e:
+    validate(c)
+  msg = str(e.value)
+  assert "rl.estimator='ppo'" in msg and "rl.batch_size=6" in msg and "reward.caprl.questions" in msg
+
+
+def test_unknown_config_key_on_the_command_line_is_rejected():
+  out = subprocess.run([sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}",
+                        "--config.rl.stepz=3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert out.returncode != 0 and "stepz" in out.stderr
