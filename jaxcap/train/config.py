@@ -29,7 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       checkpoint="",  # local HF Qwen2.5-VL directory; empty = the tiny embedded student
       dtype="float32", param_dtype="float32", remat="none",
-      student=dict(vision_width=64, vision_depth=2, text_width=128, text_layers=3, text_heads=4)))
+      student=dict(vision_width=64, vision_depth=2, text_width=128, text_layers=3, text_heads=4,
+                   rope_theta=10000.0)))
   c.world = ml_collections.ConfigDict(dict(train_scenes=512, eval_scenes=64, image_size=84, min_objects=2,
                                            max_objects=4, clip_fraction=0.0, vocab_size=512))
   c.data = ml_collections.ConfigDict(dict(

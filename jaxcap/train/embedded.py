@@ -51,8 +51,12 @@ def build_tokenizer(workdir: Path, vocab_size: int, seed: int):
 
 
 def student_config(tokenizer, *, vision_width: int, vision_depth: int, text_width: int, text_layers: int,
-                   text_heads: int, window_size: int = 112) -> Qwen25VLConfig:
-  """A tiny Qwen2.5-VL whose special token ids are the world tokenizer's."""
+                   text_heads: int, window_size: int = 112, rope_theta: float = 10000.0) -> Qwen25VLConfig:
+  """A tiny Qwen2.5-VL whose special token ids are the world tokenizer's.
+
+  `rope_theta` is lower than Qwen's 1e6: with head_dim 32 and a 3x3 grid of vision tokens, 1e6 leaves the
+  height / width bands of mRoPE rotating by hundredths of a radian between neighbouring cells, so the decoder
+  could hardly tell where a visual token is."""
   ids = lambda t: tokenizer.convert_tokens_to_ids(t)
   head_dim = text_width // text_heads
   half = head_dim // 2
@@ -64,7 +68,7 @@ def student_config(tokenizer, *, vision_width: int, vision_depth: int, text_widt
                           fullatt_block_indexes=(vision_depth - 1,), window_size=window_size),
       text=TextConfig(vocab_size=len(tokenizer), hidden_size=text_width, intermediate_size=3 * text_width,
                       num_hidden_layers=text_layers, num_attention_heads=text_heads,
-                      num_key_value_heads=max(1, text_heads // 2), mrope_section=mrope,
+                      num_key_value_heads=max(1, text_heads // 2), mrope_section=mrope, rope_theta=rope_theta,
                       max_position_embeddings=4096, tie_word_embeddings=True),
       image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
       vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),

@@ -62,7 +62,8 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
     tok = embedded.build_tokenizer(workdir, config.world.vocab_size, key_seed)
     s = config.model.student
     cfg = embedded.student_config(tok, vision_width=s.vision_width, vision_depth=s.vision_depth,
-                                  text_width=s.text_width, text_layers=s.text_layers, text_heads=s.text_heads)
+                                  text_width=s.text_width, text_layers=s.text_layers, text_heads=s.text_heads,
+                                  rope_theta=s.rope_theta)
     cfg = cfg.replace(dtype=_dtype(config.model.dtype), param_dtype=_dtype(config.model.param_dtype),
                       remat=config.model.remat)
     model = Qwen25VL(cfg, rngs=nnx.Rngs(key_seed))

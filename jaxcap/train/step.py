@@ -85,7 +85,7 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
 def _apply(state: TrainState, grads, optimizer: optax.GradientTransformation) -> tuple[TrainState, dict]:
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"grad_norm": optax.global_norm(grads), "update_norm": optax.global_norm(updates)}
+  metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
