@@ -364,12 +364,17 @@ class Trainer:
     ref = logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     rewards = future.result()
     values, valid = rewards.values, rewards.valid
-    if c.rl.length_mask.dims:
-      dims = [rewards.names.index(n) for n in c.rl.length_mask.dims]
-      values, _ = apply_length_mask(values, rewards.caption_lengths, rewards.reference_lengths, dims,
-                                    c.rl.length_mask.tau_low, c.rl.length_mask.tau_high)
-      values = np.asarray(values)
     r = values.shape[1]
+    if c.rl.length_mask.dims:
+      unknown = [n for n in c.rl.length_mask.dims if n not in rewards.names]
+      if unknown:
+        raise ValueError(f"rl.length_mask.dims {unknown} are not rewards of this run ({list(rewards.names)})")
+      dims = [rewards.names.index(n) for n in c.rl.length_mask.dims]
+      masked, in_range = apply_length_mask(
+          values.reshape(-1, g, r).astype(np.float32), rewards.caption_lengths.reshape(-1, g),
+          rewards.reference_lengths.reshape(-1, g), dims, c.rl.length_mask.tau_low, c.rl.length_mask.tau_high)
+      values = np.asarray(masked).reshape(-1, r)
+      length_in_band = float(np.asarray(in_range).mean())
     rb = self.batcher.place({"v": values.reshape(m, -1, g, r).astype(np.float32),
                              "ok": valid.reshape(m, -1, g, r)})
     weights = jnp.asarray(rewards.weights, jnp.float32)
@@ -380,6 +385,8 @@ class Trainer:
     out.update({"reward/mean": _weighted_mean(values, valid, rewards.weights),
                 "length/mean": float(lengths.mean()), "length/words": float(rewards.caption_lengths.mean()),
                 "judge/failed": float(sum(rewards.failed_judgments.values()))})
+    if c.rl.length_mask.dims:
+      out["length/in_band"] = length_in_band
     for k, name in enumerate(rewards.names):
       ok = valid[:, k]
       out[f"reward/{name}"] = float(values[ok, k].mean()) if ok.any() else float("nan")
