@@ -78,16 +78,18 @@ def record_loader(records: Sequence[ImageRecord], batch_size: int, seed: int,
                   process_index: int | None = None, process_count: int | None = None):
   """An endless, checkpointable iterator over lists of `batch_size` records for this process.
 
-  Shuffled anew each epoch (from `seed`); process p sees rows p, p + P, ...; `get_state()` / `set_state()`
-  save and restore its position.
+  Every process walks the same shuffled order (reshuffled each epoch from `seed`) in global batches of
+  `batch_size * process_count` and takes its contiguous slice, so the global batch of a step is the same
+  whatever the number of processes. `get_state()` / `set_state()` save and restore the position.
   """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if len(records) < batch_size * process_count:
     raise ManifestError(f"{len(records)} records cannot fill one global batch of {batch_size} x "
                         f"{process_count} processes; lower the batch size or add data.")
+  lo, hi = process_index * batch_size, (process_index + 1) * batch_size
   ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
-  ds = ds[process_index::process_count].batch(batch_size, batch_fn=list)
+  ds = ds.batch(batch_size * process_count, batch_fn=list).map(lambda batch: batch[lo:hi])
   return iter(ds.to_iter_dataset())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxcap.models.qwen25vl import Qwen25VL, VisionInput
 
@@ -22,9 +23,43 @@ def completion_positions(prompt_positions: jax.Array, prompt_mask: jax.Array, le
   return jnp.broadcast_to(pos[None], (3, *pos.shape)).astype(prompt_positions.dtype)
 
 
+def _token_stats(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, with_entropy: bool):
+  logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)
+  token_logp = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else jnp.zeros_like(token_logp)
+  return token_logp, entropy
+
+
+def token_logprobs(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, *, with_entropy: bool = False,
+                   chunk: int | None = 256) -> tuple[jax.Array, jax.Array]:
+  """log pi(token) and entropy [N, C] from final hidden states [N, C, D] that predict `tokens` [N, C].
+
+  Sequences longer than `chunk` are processed `chunk` positions at a time, each chunk rematerialised in the
+  backward pass, so the float32 [N, C, V] logits never exist at once (at 1024 tokens and a 152k vocabulary they
+  would be gigabytes per sequence).
+  """
+  n, c, d = hidden.shape
+  if chunk is None or c <= chunk:
+    return _token_stats(model, hidden, tokens, with_entropy)
+  pad = -c % chunk
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(n, -1, chunk, d).swapaxes(0, 1)
+  t = jnp.pad(tokens, ((0, 0), (0, pad))).reshape(n, -1, chunk).swapaxes(0, 1)
+  graphdef, state = nnx.split(model)
+
+  @jax.checkpoint
+  def one(args):
+    hh, tt = args
+    return _token_stats(nnx.merge(graphdef, state), hh, tt, with_entropy)
+
+  lp, ent = jax.lax.map(one, (h, t))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(n, -1)[:, :c]
+  return unchunk(lp), unchunk(ent)
+
+
 def completion_logprobs(model: Qwen25VL, prompt_ids: jax.Array, prompt_positions: jax.Array,
                         prompt_mask: jax.Array, vision: VisionInput | None, completions: jax.Array,
-                        *, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                        *, with_entropy: bool = False, chunk: int | None = 256
+                        ) -> tuple[jax.Array, jax.Array | None]:
   """log pi(completion token | prompt, earlier tokens) for G completions of each of B prompts.
 
   prompt_ids int [B, P] (left-padded), prompt_positions int [3, B, P], prompt_mask bool [B, P],
@@ -42,8 +77,7 @@ def completion_logprobs(model: Qwen25VL, prompt_ids: jax.Array, prompt_positions
   positions = jnp.repeat(positions, g, axis=1)
   mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
   hidden, _ = model.decode(x, positions, mask)
-  logits = model.logits(hidden[:, p - 1:p + c - 1])  # position t predicts token t + 1
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  token_logp = jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else None
-  return token_logp, entropy
+  # position t predicts token t + 1
+  token_logp, entropy = token_logprobs(model, hidden[:, p - 1:p + c - 1], completions,
+                                       with_entropy=with_entropy, chunk=chunk)
+  return token_logp, entropy if with_entropy else None

@@ -51,8 +51,9 @@ def test_loader_is_resumable_and_sharded(tmp_path):
   assert [[r.id for r in next(it2)] for _ in range(4)] == want
   p0 = record_loader(records, 2, seed=0, process_index=0, process_count=2)
   p1 = record_loader(records, 2, seed=0, process_index=1, process_count=2)
-  a, b = {r.id for r in next(p0)}, {r.id for r in next(p1)}
-  assert not a & b  # processes see disjoint rows
+  one = record_loader(records, 4, seed=0, process_index=0, process_count=1)
+  for _ in range(4):  # two processes together see exactly the one-process global batch
+    assert [r.id for r in next(p0)] + [r.id for r in next(p1)] == [r.id for r in next(one)]
 
 
 def test_invalid_values_are_all_reported():
