@@ -106,3 +106,21 @@ def shard(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_spec(logical, x.shape, mesh))
+
+
+def put_replicated_value(tree: Any, shardings: Any) -> Any:
+  """Places host-identical values (same seed / same state on every process) onto global shardings.
+
+  Unlike `jax.device_put`, this also works when the sharding spans devices of other processes: each process
+  fills only its own shards from its copy of the value.
+  """
+
+  def put(x, sharding):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys travel as their raw key data
+      impl = jax.random.key_impl(x)
+      data = put(jax.random.key_data(x), NamedSharding(sharding.mesh, P()))
+      return jax.random.wrap_key_data(data, impl=impl)
+    host = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+  return jax.tree.map(put, tree, shardings)

@@ -46,7 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=48))
   c.sft = ml_collections.ConfigDict(dict(
-      steps=300, batch_size=32, micro_batches=1, max_target_tokens=48,
+      steps=300, batch_size=32, micro_batches=1, max_target_tokens=48,  # batch sizes are per process
       targets="incomplete",  # 'incomplete' / 'complete' world captions, or the manifest's 'reference'
       max_fraction=0.5, optim=optim(3e-3, warmup_steps=20)))
   c.rl = ml_collections.ConfigDict(dict(

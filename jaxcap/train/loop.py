@@ -26,7 +26,7 @@ from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.record import ImageRecord
 from jaxcap.rl import PolicyLossConfig, apply_length_mask
 from jaxcap.sampling import Sampler, SamplingConfig
-from jaxcap.sharding import logical_to_spec, make_mesh, param_shardings
+from jaxcap.sharding import logical_to_spec, make_mesh, param_shardings, put_replicated_value
 from jaxcap.train import data as data_lib
 from jaxcap.train import embedded
 from jaxcap.train.checkpointing import RunCheckpointer
@@ -59,7 +59,8 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
                                param_dtype=_dtype(config.model.param_dtype), remat=config.model.remat)
     processor = Processor.from_pretrained(config.model.checkpoint, cfg=model.cfg)
   else:
-    tok = embedded.build_tokenizer(workdir, config.world.vocab_size, key_seed)
+    tok = _first_process_then_others(lambda: embedded.build_tokenizer(workdir, config.world.vocab_size, key_seed),
+                                     "jaxcap-tokenizer")
     s = config.model.student
     cfg = embedded.student_config(tok, vision_width=s.vision_width, vision_depth=s.vision_depth,
                                   text_width=s.text_width, text_layers=s.text_layers, text_heads=s.text_heads,
@@ -68,7 +69,7 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
                       remat=config.model.remat)
     model = Qwen25VL(cfg, rngs=nnx.Rngs(key_seed))
     graphdef, params = nnx.split(model)
-    params = jax.device_put(params, param_shardings(params, mesh))
+    params = put_replicated_value(params, param_shardings(params, mesh))
     model = nnx.merge(graphdef, params)
     processor = Processor(tok, cfg, system=None)  # the tiny student needs no system turn
 
@@ -76,14 +77,25 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
     train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
   else:
     w = config.world
-    train_path, eval_path = embedded.build_world(
+    train_path, eval_path = _first_process_then_others(lambda: embedded.build_world(
         workdir, train_scenes=w.train_scenes, eval_scenes=w.eval_scenes, image_size=w.image_size,
-        min_objects=w.min_objects, max_objects=w.max_objects, clip_fraction=w.clip_fraction, seed=key_seed)
+        min_objects=w.min_objects, max_objects=w.max_objects, clip_fraction=w.clip_fraction, seed=key_seed),
+        "jaxcap-world")
   train_records = data_lib.read_manifest(train_path)
   eval_records = data_lib.read_manifest(eval_path) if str(eval_path) not in ("", ".") else train_records[:0]
   data_lib.check_media(train_records + eval_records)
   judge = build_judge(config, [train_path] + ([eval_path] if eval_records else []), train_records + eval_records)
   return Setup(model, processor, train_records, eval_records, judge, sft_target_fn(config, train_path), mesh)
+
+
+def _first_process_then_others(fn, name: str):
+  """Runs a step that writes shared files on process 0 first; the others then find them and reuse them."""
+  if jax.process_count() == 1:
+    return fn()
+  from jax.experimental import multihost_utils
+  out = fn() if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices(name)
+  return out if out is not None else fn()
 
 
 def build_judge(config, manifests: Sequence[Path], records: Sequence[ImageRecord]):
@@ -166,7 +178,8 @@ class Batcher:
       per_item = int(np.prod(grids[0]))
       pixels = inputs.pixel_values.reshape(num_micro, mb * per_item, -1)
       from jaxcap.models.vision import vision_layout
-      layout = vision_layout(grids[:mb], self.processor.cfg.vision)
+      # The step sees the global micro-batch (every process's images, all of one size).
+      layout = vision_layout(np.repeat(grids[:1], mb * jax.process_count(), axis=0), self.processor.cfg.vision)
     split = lambda x: x.reshape(num_micro, mb, *x.shape[1:])
     pos = inputs.positions.reshape(3, num_micro, mb, -1).transpose(1, 0, 2, 3)
     batch = PromptBatch(split(inputs.input_ids), pos, split(inputs.attention_mask), pixels)
@@ -252,7 +265,7 @@ class Trainer:
     # signature on every call and compile once.
     replicated = NamedSharding(self.setup.mesh, P())
     shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
-    return opt, jax.device_put(state, shardings)
+    return opt, put_replicated_value(state, shardings)
 
   def run(self) -> dict:
     c = self.config

@@ -1,0 +1,50 @@
+"""A 2-process jax.distributed run (CPU, gloo collectives) gives the same losses as a 1-process run with the
+same global batch."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["--config.sft.steps=4", "--config.rl.steps=0", "--config.world.train_scenes=16",
+          "--config.world.eval_scenes=4", "--config.eval.num_images=0", "--config.model.student.text_layers=1",
+          "--config.model.student.vision_depth=1", "--config.sft.max_target_tokens=16", "--config.checkpoint.every=2",
+          "--config.export.hf=False"]
+
+
+def _cmd(workdir, *extra):
+  return [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}",
+          f"--config.workdir={workdir}", *COMMON, *extra]
+
+
+def _env(devices):
+  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+
+
+def _losses(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return [(r["step"], r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
+
+
+def test_two_processes_match_one(tmp_path):
+  one = subprocess.run(_cmd(tmp_path / "one", "--config.sft.batch_size=4"), env=_env(2), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+  assert one.returncode == 0, one.stderr[-3000:]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(_cmd(tmp_path / "two", "--config.sft.batch_size=2",  # per process: global 4
+                                 f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                                 "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"),
+                            env=_env(1), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=600)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outs[0][-2000:] + outs[1][-2000:]
+  got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
+  assert [s for s, *_ in got] == [1, 2, 3, 4]
+  for (_, l2, g2), (_, l1, g1) in zip(got, want):
+    assert abs(l2 - l1) <= 1e-5 * abs(l1) and abs(g2 - g1) <= 1e-4 * abs(g1)
