@@ -44,6 +44,7 @@ class VisionLayout:
   reverse_index: np.ndarray   # int32 [L / merge^2]  its inverse
   windows: AttentionBlocks    # window-attention segments (in permuted order)
   frames: AttentionBlocks     # full-attention segments: one per temporal patch of each image/video
+  grid_thw: np.ndarray        # int [N, 3]  the grids this layout was made from
 
 
 def _blocks(seqlens: Sequence[int]) -> AttentionBlocks:
@@ -97,7 +98,7 @@ def vision_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> VisionLayout:
   return VisionLayout(
       rotary_pos=rot, window_index=window_index,
       reverse_index=np.argsort(window_index).astype(np.int32),
-      windows=_blocks(window_lens), frames=_blocks(frame_lens))
+      windows=_blocks(window_lens), frames=_blocks(frame_lens), grid_thw=np.asarray(grid_thw, np.int32))
 
 
 def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Array:

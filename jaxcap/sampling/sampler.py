@@ -89,10 +89,14 @@ class Sampler:
     padded, rows = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
     static = dict(graphdef=self.graphdef, sampling=sampling, pad_id=self.pad_id,
                   stop_ids=sampling.resolve_stop_ids(self.cfg.eos_token_id))
-    state = prefill_jit(self.params if params is None else params, _to_device(padded), key,
+    multi = jax.process_count() > 1
+    state = prefill_jit(self.params if params is None else params,
+                        _to_global(padded, self.cfg) if multi else _to_device(padded), key,
                         num_samples=num_samples, **static)
     state = decode_jit(self.params if params is None else params, state, **static)
     real = rows * num_samples
+    if multi:  # this process's rows of the global batch, as host arrays
+      state = _local_rows(state, padded.batch * num_samples)
     tokens, lengths = state.tokens[:real], state.lengths[:real]
     mask = jnp.arange(sampling.max_new_tokens)[None, :] < lengths[:, None]
     text = None
@@ -103,6 +107,50 @@ class Sampler:
     return Rollouts(tokens=tokens, sample_logprobs=state.sample_logprobs[:real],
                     policy_logprobs=state.policy_logprobs[:real], completion_mask=mask, lengths=lengths,
                     prompt_index=jnp.repeat(jnp.arange(rows, dtype=jnp.int32), num_samples), text=text)
+
+
+def _to_global(prompts: Prompts, cfg) -> Prompts:
+  """Multi-process: every process's host batch becomes its slice of one global batch (process order).
+
+  Every process must hold the same number of prompts with images of the same sizes (as the trainer's fixed
+  image size and per-process batch give), so the global vision layout is the local one repeated."""
+  from jaxcap.models.vision import vision_layout
+  mesh = jax.sharding.get_mesh()
+  if mesh is None or mesh.empty:
+    raise ValueError("multi-process sampling needs an ambient mesh: call it under `with jax.set_mesh(mesh):`")
+  n = jax.process_count()
+
+  def place(x, logical):
+    global_shape = list(np.shape(x))
+    axis = list(logical).index("batch")
+    global_shape[axis] *= n
+    spec = logical_to_spec(logical, global_shape, mesh)
+    if spec[axis] is None:
+      raise ValueError(f"a global batch of {global_shape[axis]} does not split over the mesh's batch axes "
+                       f"{dict(mesh.shape)}; use a per-process batch that divides evenly")
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), np.asarray(x), tuple(global_shape))
+
+  vision = prompts.vision
+  if vision is not None:
+    local_grids = np.asarray(vision.layout.grid_thw)
+    vision = type(vision)(place(vision.pixel_values, ("batch", None)),
+                          vision_layout(np.concatenate([local_grids] * n), cfg.vision))
+  return Prompts(place(prompts.input_ids, ("batch", None)), place(prompts.attention_mask, ("batch", None)),
+                 place(prompts.positions, (None, "batch", None)), place(prompts.rope_deltas, ("batch",)), vision)
+
+
+def _local_rows(state, rows_per_process: int):
+  """Host copies of this process's block of rows of every batch-major array in `state`."""
+  from jax.experimental import multihost_utils
+  lo = jax.process_index() * rows_per_process
+
+  def local(x):
+    if not isinstance(x, jax.Array) or x.ndim == 0:
+      return x
+    full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return full[lo:lo + rows_per_process] if full.shape[0] == rows_per_process * jax.process_count() else full
+
+  return jax.tree.map(local, state)
 
 
 def _to_device(prompts: Prompts) -> Prompts:
