@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags
+from absl import app
 from absl import logging as absl_logging
 from ml_collections import config_flags
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp

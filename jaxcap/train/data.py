@@ -10,11 +10,10 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import grain
 import jax
-import numpy as np
 from PIL import Image
 
 from jaxcap.rewards.record import ImageRecord

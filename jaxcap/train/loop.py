@@ -7,7 +7,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,10 +30,9 @@ from jaxcap.train import data as data_lib
 from jaxcap.train import embedded
 from jaxcap.train.checkpointing import RunCheckpointer
 from jaxcap.train.metrics import MetricsWriter, plot_curves, to_scalars
-from jaxcap.train.state import TrainState, init_train_state, make_optimizer
+from jaxcap.train.state import init_train_state, make_optimizer
 from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 
-log = logging.getLogger("jaxcap")
 
 
 @dataclasses.dataclass

@@ -8,7 +8,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 
 @jax.tree_util.register_dataclass
