@@ -289,6 +289,10 @@ class Trainer:
         if jax.process_index() == 0:
           print(f"resumed {phase} at step {meta['step']} from {self.ckpt.manager.directory}", flush=True)
         resume = None
+      elif phase == "rl" and "sft_end" in self.summary:  # same params as the SFT phase's end: reuse its eval
+        self.summary["rl_start"] = self.summary["sft_end"]
+        self.summary["rl_start_samples"] = self.summary.get("sft_end_samples", [])
+        self.metrics.write(phase, 0, self.summary["rl_start"])
       elif phase == "rl" or (phase == "sft" and int(state.step) == 0 and c.eval.at_start):
         self.evaluate(state.params, phase, 0, tag="start")
       state = self.run_phase(phase, i, steps, state, opt, loader)
