@@ -5,7 +5,7 @@ Default: the embedded synthetic world with the rule-based judge. `configs/balcap
 cosine, batch 256, no KL, dual-clip PPO (c = 3), "token-sum, sequence-mean" aggregation, weights 0.1/0.3/0.3.
 """
 
-from jaxcap.train.config import base_config, optim
+from jaxcap.train.config import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):
@@ -17,14 +17,10 @@ def get_config(variant: str = "default"):
   c.rl.loss.aggregation = "seq-mean-token-sum"
   c.rl.length_mask.dims = ["balcaprl/linguistic"]
   if variant == "paper":
-    c.sft.steps = 0
+    real_model_run(c, max_new_tokens=1024, image_size=448)
     c.rl.update(dict(steps=400, batch_size=256, num_samples=8, micro_batches=64))
     c.rl.optim = optim(5e-6, schedule="cosine")
     c.rl.loss.kl_coef = 0.0
-    c.sampling.max_new_tokens = 1024
-    c.data.image_size = 448
-    c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
-    c.judge.kind = "http"
   elif variant != "default":
     raise ValueError(f"configs/balcaprl.py variant {variant!r}: use 'default' or 'paper'")
   return c

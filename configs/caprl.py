@@ -6,7 +6,7 @@ Qwen2.5-VL-3B: G = 8, RLOO with KL 0 as released (the paper says GRPO + KL), act
 temperature 1.0, 8 questions drawn with replacement, options shuffled with a "cannot answer" option, reward x2.
 """
 
-from jaxcap.train.config import base_config, optim
+from jaxcap.train.config import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):
@@ -16,13 +16,10 @@ def get_config(variant: str = "default"):
   c.reward = {"caprl": {"weight": 1.0, "preset": "paper"}}
   if variant == "paper":
     c.reward = {"caprl": {"weight": 1.0, "preset": "released_code"}}
-    c.sft.steps = 0
+    real_model_run(c, max_new_tokens=1024, image_size=448)
     c.rl.update(dict(steps=600, batch_size=16, num_samples=8, micro_batches=4, estimator="rloo"))
     c.rl.optim = optim(1e-6, warmup_steps=20, schedule="constant")
-    c.sampling.update(dict(temperature=1.0, max_new_tokens=1024))
-    c.data.image_size = 448
-    c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
-    c.judge.kind = "http"
+    c.sampling.temperature = 1.0
   elif variant != "default":
     raise ValueError(f"configs/caprl.py variant {variant!r}: use 'default' or 'paper'")
   return c

@@ -4,7 +4,7 @@ Default: synthetic clips of moving objects (frames at 2 fps, temporal patch 2). 
 configs/caprl.py:paper with video inputs.
 """
 
-from jaxcap.train.config import base_config, optim
+from jaxcap.train.config import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):
@@ -17,13 +17,9 @@ def get_config(variant: str = "default"):
   c.sft.max_target_tokens = 96
   if variant == "paper":
     c.reward = {"caprl": {"weight": 1.0, "preset": "released_code"}}
-    c.sft.steps = 0
+    real_model_run(c, max_new_tokens=2048, image_size=336)
     c.rl.update(dict(steps=600, batch_size=16, num_samples=8, micro_batches=8, estimator="rloo"))
     c.rl.optim = optim(1e-6, warmup_steps=20, schedule="constant")
-    c.sampling.max_new_tokens = 2048
-    c.data.image_size = 336
-    c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
-    c.judge.kind = "http"
   elif variant != "default":
     raise ValueError(f"configs/caprl_video.py variant {variant!r}: use 'default' or 'paper'")
   return c

@@ -5,7 +5,7 @@ checked by the rule-based judge). `configs/rubicap.py:paper`: lr 1e-5 cosine wit
 per image, max generation 1024, one epoch (50k images at batch 64 ~ 780 steps), judge Qwen2.5-7B-Instruct.
 """
 
-from jaxcap.train.config import base_config, optim
+from jaxcap.train.config import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):
@@ -14,13 +14,9 @@ def get_config(variant: str = "default"):
   c.workdir = "runs/rubicap"
   c.reward = {"rubicap": {"weight": 1.0}}
   if variant == "paper":
-    c.sft.steps = 0
+    real_model_run(c, max_new_tokens=1024, image_size=448)
     c.rl.update(dict(steps=780, batch_size=64, num_samples=4, micro_batches=16, estimator="grpo"))
     c.rl.optim = optim(1e-5, warmup_ratio=0.01, schedule="cosine")
-    c.sampling.max_new_tokens = 1024
-    c.data.image_size = 448
-    c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
-    c.judge.kind = "http"
   elif variant != "default":
     raise ValueError(f"configs/rubicap.py variant {variant!r}: use 'default' or 'paper'")
   return c

@@ -4,7 +4,7 @@ Default: the synthetic world's dense reference captions. `:paper`: lr 1e-5 cosin
 epoch, on the manifest's `reference_caption` field of a real model's data.
 """
 
-from jaxcap.train.config import base_config, optim
+from jaxcap.train.config import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):
@@ -19,9 +19,7 @@ def get_config(variant: str = "default"):
   if variant == "paper":
     c.sft.update(dict(steps=800, batch_size=64, micro_batches=16, max_target_tokens=1024))
     c.sft.optim = optim(1e-5, warmup_ratio=0.03, schedule="cosine")
-    c.sampling.max_new_tokens = 1024
-    c.data.image_size = 448
-    c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
+    real_model_run(c, max_new_tokens=1024, image_size=448, rl=False)
   elif variant != "default":
     raise ValueError(f"configs/sft.py variant {variant!r}: use 'default' or 'paper'")
   return c

@@ -61,6 +61,18 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def real_model_run(c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448,
+                   rl: bool = True) -> None:
+  """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
+  bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP."""
+  if rl:
+    c.sft.steps = 0
+    c.judge.kind = "http"
+  c.sampling.max_new_tokens = max_new_tokens
+  c.data.image_size = image_size
+  c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Fails before any compute with a message naming the field and the fix."""
   errors = []
