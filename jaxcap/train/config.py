@@ -53,7 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
       max_fraction=0.5, optim=optim(3e-3, warmup_steps=20)))
   c.rl = ml_collections.ConfigDict(dict(
       steps=100, batch_size=8, num_samples=8, micro_batches=1, estimator="grpo", recompute_old_logprobs=True,
-      loss=dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.0,
+      # KL to the SFT policy (k3, as CapRL's paper): without it the tiny student learns to pad captions with
+      # broken text that the answerer mines for facts (held-out QA still rose, 9.1% -> 24.7%, but captions
+      # degenerated); with it QA rose 9.1% -> 25.9% at 28 tokens.
+      loss=dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.05,
                 kl_estimator="k3", entropy_coef=0.0),
       length_mask=dict(dims=[], tau_low=0.5, tau_high=2.0),
       optim=optim(3e-4, warmup_steps=5, schedule="constant")))
@@ -66,10 +69,12 @@ def base_config() -> ml_collections.ConfigDict:
 def real_model_run(c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448,
                    rl: bool = True) -> None:
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
-  bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP."""
+  bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL
+  term (BalCapRL states none, CapRL's released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
   if rl:
     c.sft.steps = 0
     c.judge.kind = "http"
+    c.rl.loss.kl_coef = 0.0
   c.sampling.max_new_tokens = max_new_tokens
   c.data.image_size = image_size
   c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
