@@ -435,6 +435,12 @@ class Trainer:
     if tag:
       self.summary[f"{phase}_{tag}"] = metrics
       self.summary[f"{phase}_{tag}_samples"] = captions[:3]
+      if jax.process_index() == 0:  # for `python -m jaxcap.eval --captioner NAME=jsonl:PATH`
+        out = self.workdir / "captions"
+        out.mkdir(exist_ok=True)
+        with open(out / f"{phase}_{tag}.jsonl", "w") as f:
+          for rec, cap in zip(records, captions):
+            f.write(json.dumps({"id": rec.id, "caption": cap}) + "\n")
     if jax.process_index() == 0:
       from tqdm.auto import tqdm
       tqdm.write(f"eval {phase} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))

@@ -46,6 +46,9 @@ def test_run_writes_everything(uninterrupted):
   assert (w / "export" / "model.safetensors").exists() and (w / "export" / "tokenizer.json").exists()
   summary = json.loads((w / "summary.json").read_text())
   assert {"sft_end", "rl_start", "rl_end"} <= set(summary)
+  from jaxcap.eval.captioners import read_caption_jsonl  # held-out captions the evaluator reads
+  for name in ("sft_end", "rl_end"):
+    assert len(read_caption_jsonl(w / "captions" / f"{name}.jsonl").captions) == 8
   rows = _metrics(w)
   assert [r["step"] for r in rows if r["phase"] == "rl" and "loss" in r] == [1, 2, 3, 4, 5, 6]
   assert any((w / "tensorboard").iterdir())
