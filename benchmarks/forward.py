@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -33,22 +32,14 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
-  from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.processing import Processor
-  from hf_reference import hf_inputs, save_tiny_checkpoint
+  from hf_reference import hf_inputs, image_conversations, paired_models
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()
-  with tempfile.TemporaryDirectory() as d:
-    ref = save_tiny_checkpoint(cfg, 0, d)
-    ref.set_attn_implementation("sdpa")  # the fastest CPU path transformers offers
-    ours = load_hf_checkpoint(d)
-    proc = Processor.from_pretrained(d)
+  ref, ours, proc = paired_models(cfg)
   n_params = sum(p.numel() for p in ref.parameters())
   rng = np.random.RandomState(0)
-  convs = [[{"role": "user", "content": [
-      {"type": "image", "image": (rng.rand(args.image, args.image, 3) * 255).astype(np.uint8)},
-      {"type": "text", "text": "describe the image in detail ."}]}] for _ in range(args.batch)]
+  convs = image_conversations(args.batch, args.image, rng)
   batch = proc(convs)
   tokens = int(batch.attention_mask.sum())
 

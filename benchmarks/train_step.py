@@ -19,7 +19,6 @@ import argparse
 import functools
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -43,26 +42,17 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
-  from jaxcap.checkpoint import load_hf_checkpoint
   from jaxcap.models.vision import vision_layout
-  from jaxcap.processing import Processor
   from jaxcap.train.state import init_train_state, make_optimizer
   from jaxcap.train.step import PromptBatch, sft_step
-  from hf_reference import hf_inputs, save_tiny_checkpoint
+  from hf_reference import hf_inputs, image_conversations, paired_models
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()
-  with tempfile.TemporaryDirectory() as d:
-    ref = save_tiny_checkpoint(cfg, 0, d)
-    ref.set_attn_implementation("sdpa")  # the fastest CPU path transformers offers
-    ours = load_hf_checkpoint(d)
-    proc = Processor.from_pretrained(d)
+  ref, ours, proc = paired_models(cfg)
   n_params = sum(p.numel() for p in ref.parameters())
-
   rng = np.random.RandomState(0)
-  convs = [[{"role": "user", "content": [
-      {"type": "image", "image": (rng.rand(args.image, args.image, 3) * 255).astype(np.uint8)},
-      {"type": "text", "text": "describe the image in detail ."}]}] for _ in range(args.batch)]
+  convs = image_conversations(args.batch, args.image, rng)
   batch = proc(convs, padding_side="left")
   b, p = batch.input_ids.shape
   c = args.targets

@@ -53,3 +53,23 @@ def hf_inputs(batch, cfg: Qwen25VLConfig) -> dict:
     kw["video_grid_thw"] = torch.as_tensor(batch.video_grid_thw)
     kw["second_per_grid_ts"] = torch.as_tensor(batch.second_per_grid_ts)
   return kw
+
+
+def paired_models(cfg: Qwen25VLConfig, seed: int = 0):
+  """(transformers model with SDPA attention, the same weights loaded by jaxcap, the processor) for benchmarks:
+  the HF model is saved to a temporary checkpoint and read back through `load_hf_checkpoint`."""
+  import tempfile
+
+  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.processing import Processor
+  with tempfile.TemporaryDirectory() as d:
+    ref = save_tiny_checkpoint(cfg, seed, d)
+    ref.set_attn_implementation("sdpa")  # the fastest CPU path transformers offers
+    return ref, load_hf_checkpoint(d), Processor.from_pretrained(d)
+
+
+def image_conversations(count: int, side: int, rng: np.random.RandomState) -> list:
+  """`count` one-image prompts with random `side` x `side` images."""
+  return [[{"role": "user", "content": [
+      {"type": "image", "image": (rng.rand(side, side, 3) * 255).astype(np.uint8)},
+      {"type": "text", "text": "describe the image in detail ."}]}] for _ in range(count)]
