@@ -46,6 +46,12 @@ def base_config() -> ml_collections.ConfigDict:
       endpoints="", model="", api_key_env="JUDGE_API_KEY", timeout_s=60.0, max_concurrency=64,
       fleet_config="", send_images=False, structured_output="json_schema"))
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
+  # RubiCap rubrics (used only when reward.rubicap is set). 'policy': RubiCap's stage 1 run at the start of RL,
+  # against the captions of the policy being trained (the student whose failures the criteria must name):
+  # committee consensus (>= min_agreement of the manifest's teacher_captions) minus what the student's greedy
+  # caption gets right, one criterion per failure; stored under workdir/rubrics, reused on resume.
+  # 'manifest': the rubrics the manifest rows carry (e.g. from `python -m jaxcap.synthesize_rubrics`).
+  c.rubrics = ml_collections.ConfigDict(dict(source="policy", min_agreement=3, batch_size=64))
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=48))
   c.sft = ml_collections.ConfigDict(dict(
       steps=1200, batch_size=16, micro_batches=1, max_target_tokens=48,  # batch sizes are per process
@@ -110,6 +116,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.judge.kind in ("rule_based", "http"), f"judge.kind={c.judge.kind!r}: use rule_based or http")
   need(c.sft.targets in ("incomplete", "complete", "reference"),
        f"sft.targets={c.sft.targets!r}: use incomplete, complete or reference")
+  need(c.rubrics.source in ("policy", "manifest"),
+       f"rubrics.source={c.rubrics.source!r}: use 'policy' (synthesise against the policy) or 'manifest'")
+  need(c.rubrics.min_agreement >= 1, f"rubrics.min_agreement={c.rubrics.min_agreement}: must be >= 1")
   need(c.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
   need(bool(c.data.eval_manifest) or not c.data.train_manifest or c.eval.num_images == 0,
        "data.eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation")

@@ -235,6 +235,12 @@ class Trainer:
     self.sampler = Sampler(nnx.merge(sampling_graph, params), processor=self.setup.processor,
                            sampling=self.sampling, length_multiple=config.data.pad_to_multiple)
     self.reward_fn = build_reward(config.reward.to_dict(), self.setup.judge)
+    # Rubrics written against this run's policy replace the manifest's (see config.rubrics).
+    self.policy_rubrics = "rubicap" in config.reward and config.rubrics.source == "policy"
+    if self.policy_rubrics:
+      strip = lambda rs: [dataclasses.replace(r, rubric=None) for r in rs]
+      self.setup.train_records, self.setup.eval_records = strip(self.setup.train_records), strip(
+          self.setup.eval_records)
     self.eval_fn = build_reward({"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}},
                                 self.setup.judge)
     self.metrics = MetricsWriter(self.workdir)
@@ -280,16 +286,21 @@ class Trainer:
       if i < start_phase:
         continue
       opt, state = self.new_state(phase, steps, optim, params, jax.random.fold_in(key, i))
-      loader = data_lib.record_loader(self.setup.train_records, batch_size, seed=int(c.seed) + i)
+      meta = None
       if resume is not None and i == start_phase:
         state, meta = self.ckpt.restore(resume["global_step"], state)
-        loader.set_state(meta["loader"])
         self.summary.update(meta.get("summary", {}))
         self.metrics.truncate_after(phase, int(meta["step"]))
         if jax.process_index() == 0:
           print(f"resumed {phase} at step {meta['step']} from {self.ckpt.manager.directory}", flush=True)
         resume = None
-      elif phase == "rl" and "sft_end" in self.summary:  # same params as the SFT phase's end: reuse its eval
+      if phase == "rl" and self.policy_rubrics:
+        self.prepare_rubrics(state.params, int(state.step))
+      loader = data_lib.record_loader(self.setup.train_records, batch_size, seed=int(c.seed) + i)
+      if meta is not None:
+        loader.set_state(meta["loader"])
+      elif phase == "rl" and "sft_end" in self.summary and not self.policy_rubrics:
+        # same params as the SFT phase's end: reuse its eval
         self.summary["rl_start"] = self.summary["sft_end"]
         self.summary["rl_start_samples"] = self.summary.get("sft_end_samples", [])
         self.metrics.write(phase, 0, self.summary["rl_start"])
@@ -408,26 +419,62 @@ class Trainer:
     return state, out
 
   # -------------------------------------------------------------- evaluation and the end
+  def greedy_captions(self, params, records, batch_size: int) -> tuple[list[str], list[int]]:
+    """Greedy captions of `records` (every process passes the same records) and their lengths in tokens."""
+    captions, lengths = [], []
+    with jax.set_mesh(self.setup.mesh):
+      for i in range(0, len(records), batch_size):
+        out = self.sampler(self.batcher.inputs(records[i:i + batch_size]), jax.random.key(0), num_samples=1,
+                           sampling=self.greedy, params=params)
+        captions += out.text
+        lengths += np.asarray(out.lengths).tolist()
+    return captions, lengths
+
+  def prepare_rubrics(self, params, step: int) -> None:
+    """RubiCap stage 1 against the policy entering RL: for every train and held-out image without a stored
+    rubric, its greedy caption is checked against the committee consensus and each failure becomes a weighted
+    criterion. Rubrics are saved under workdir/rubrics as they are made, so a resumed run reuses them."""
+    from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
+    store = RubricStore(self.workdir / "rubrics")
+    records = self.setup.train_records + self.setup.eval_records
+    todo = [r for r in records if r.id not in store]
+    if todo:
+      bare = [r.id for r in todo if not r.teacher_captions]
+      if bare:
+        raise ValueError(f"rubrics.source='policy' needs teacher_captions (the committee) in every manifest row; "
+                         f"{len(bare)} rows have none, e.g. {bare[:3]}. Add them, or use rubrics.source='manifest' "
+                         "with rubrics from `python -m jaxcap.synthesize_rubrics`.")
+      if step > 0 and jax.process_index() == 0:
+        print(f"warning: {len(todo)} rubrics missing from {store.directory} at RL step {step}; writing them "
+              "against the current policy, not the one RL started from", flush=True)
+      t0 = time.perf_counter()
+      captions, _ = self.greedy_captions(params, todo, self.config.rubrics.batch_size)
+      jobs = [RubricJob(r.id, tuple(r.teacher_captions.values()), cap) for r, cap in zip(todo, captions)]
+      cfg = RubricSynthesisConfig(min_agreement=self.config.rubrics.min_agreement)
+      outcomes = _first_process_then_others(
+          lambda: store.synthesize(self.setup.judge, jobs, config=cfg), "jaxcap-rubrics") or []
+      failed = [o for o in outcomes if o.rubric is None]
+      if jax.process_index() == 0:
+        print(f"rubrics: {len(jobs) - len(failed)} written against the policy's captions in "
+              f"{time.perf_counter() - t0:.1f}s, {len(failed)} failed (their captions get no RubiCap reward)"
+              + (f", e.g. {failed[0].image_id}: {failed[0].error}" if failed else ""), flush=True)
+    attach = lambda rs: [dataclasses.replace(r, rubric=store.load(r.id)) for r in rs]
+    self.setup.train_records = attach(self.setup.train_records)
+    self.setup.eval_records = attach(self.setup.eval_records)
+
   def evaluate(self, params, phase, step, tag=""):
     """Held-out QA accuracy (every question of each image, caption-only), the run's own reward, and length,
     on greedy captions."""
     records = self.setup.eval_records[:self.config.eval.num_images]
     if not records:
       return {}
-    captions, lengths = [], []
-    bs = self.config.eval.batch_size
-    with jax.set_mesh(self.setup.mesh):
-      for i in range(0, len(records), bs):
-        chunk = records[i:i + bs]
-        out = self.sampler(self.batcher.inputs(chunk), jax.random.key(0), num_samples=1, sampling=self.greedy,
-                           params=params)
-        captions += out.text
-        lengths += np.asarray(out.lengths).tolist()
+    captions, lengths = self.greedy_captions(params, records, self.config.eval.batch_size)
     qa = self.eval_fn(captions, records, step=0)
     own = self.reward_fn(captions, records, step=0)
-    own_mean = _weighted_mean(own.values, own.valid, own.weights)
-    metrics = {"eval/qa_accuracy": float(qa.values[qa.valid[:, 0], 0].mean()), "eval/reward": own_mean,
-               "eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())}
+    metrics = {"eval/qa_accuracy": float(qa.values[qa.valid[:, 0], 0].mean())}
+    if own.valid.any(axis=0).all():  # not, e.g. no RubiCap reward before rubrics are written against the policy
+      metrics["eval/reward"] = _weighted_mean(own.values, own.valid, own.weights)
+    metrics.update({"eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())})
     for k, name in enumerate(own.names):
       if own.valid[:, k].any():
         metrics[f"eval/{name}"] = float(own.values[own.valid[:, k], k].mean())

@@ -42,3 +42,38 @@ def test_sft_config_runs_without_rl(tmp_path):
   assert {r["phase"] for r in rows} == {"sft"}
   assert [r["step"] for r in rows if "loss" in r] == [1, 2]
   assert "eval/qa_accuracy" in json.loads((tmp_path / "summary.json").read_text())["sft_end"]
+
+
+def test_rubicap_rubrics_are_written_against_the_policy_entering_rl(tmp_path):
+  """RubiCap stage 1 runs on the policy's own greedy captions: each held-out rubric's student caption is the
+  caption the policy wrote at the start of RL, and that caption fails every criterion of its rubric (they name
+  exactly its failures) unless it had none, when the rubric lists the whole consensus and it passes them all."""
+  from jaxcap.data.synthetic.manifest import judge_for_manifest
+  from jaxcap.rewards.rubicap import RubiCapReward
+  from jaxcap.rewards.rubric import RubricStore
+
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'rubicap.py'}",
+         f"--config.workdir={tmp_path}", *TINY]
+  out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "rubrics: 12 written against the policy's captions" in out.stdout + out.stderr
+  start = {r["id"]: r["caption"] for r in map(json.loads, open(tmp_path / "captions" / "rl_start.jsonl"))}
+  records, judge = judge_for_manifest(tmp_path / "world" / "heldout" / "manifest.jsonl")
+  store = RubricStore(tmp_path / "rubrics")
+  rubrics = [store.load(r.id) for r in records]
+  assert [r.student_caption for r in rubrics] == [start[r.id] for r in records]
+  manifest_rubrics = {r.id: r.rubric for r in records}
+  assert any(manifest_rubrics[r.image_id].criteria != r.criteria for r in rubrics)  # not the manifest's
+  reward = RubiCapReward(judge, store=store)
+  rates = reward([start[r.id] for r in records], [r.__class__(id=r.id) for r in records]).values[:, 0]
+  from jaxcap.judges.protocol import CoverageRequest
+  coverage = judge.match_reference_units([CoverageRequest(r.image_id, r.student_caption, r.consensus)
+                                          for r in rubrics])
+  for rubric, rate, cov in zip(rubrics, rates, coverage):
+    only_states = all(c.text.startswith("The caption states: ") for c in rubric.criteria)
+    no_failures = all(cov.covered) and only_states
+    assert rate == (1.0 if no_failures else 0.0), (rubric, rate)
+  # A rerun in the same workdir finds every step done and every rubric stored: nothing is rewritten.
+  again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0 and "rubrics:" not in again.stdout + again.stderr
