@@ -26,6 +26,7 @@ from jaxcap.judges.protocol import (
 from jaxcap.rewards.record import Criterion
 
 LETTERS = "ABCDEFGHI"
+_STUTTER_RE = re.compile(r"\b(\w+)(?:\s+\1\b)+", re.I)
 _CANNOT_ANSWER_RE = re.compile(r"\bcan\s*not answer\b|\bcannot answer\b|\bnot answerable\b", re.I)
 # Criterion texts written by this judge's rubric writer; parsed back when checking.
 STATES_PREFIX = "The caption states: "
@@ -347,6 +348,9 @@ def language_ratings(caption: str) -> dict[str, float]:
     duplicate = 1 - len(set(squashed)) / len(squashed)
     malformed = sum(not (s[0].isupper() or s[0] in '"\'') or s[-1] not in ".!?" for s in sentences) / len(sentences)
     rambling = sum(len(s.split()) > 40 for s in sentences) / len(sentences)
+    # A word repeated back to back ("is in the the left") is the garbling an LLM judge marks down at once, and
+    # the cheapest way for a policy to turn a wrong claim into no claim at all.
+    stutter = sum(bool(_STUTTER_RE.search(s)) for s in sentences) / len(sentences)
     claims = parse_caption(caption)
     meta = sum(c.kind == "meta" for c in claims) / max(1, len(claims))
     values: dict[tuple, set] = {}
@@ -356,8 +360,8 @@ def language_ratings(caption: str) -> dict[str, float]:
     contradiction = sum(len(v) > 1 for v in values.values()) / max(1, len(values))
     clamp = lambda x: float(min(10, max(1, round(x))))  # noqa: E731  LLM judges answer in integers
     return {
-        "clarity": clamp(10 - 9 * meta - 3 * rambling),
-        "fluency": clamp(10 - 9 * duplicate - 4 * malformed - 3 * rambling),
+        "clarity": clamp(10 - 9 * meta - 3 * rambling - 4 * stutter),
+        "fluency": clamp(10 - 9 * duplicate - 4 * malformed - 3 * rambling - 8 * stutter),
         "coherence": clamp(10 - 12 * contradiction - 6 * duplicate - 3 * meta),
     }
 

@@ -73,3 +73,16 @@ def test_ranking_and_hacks():
     assert repeated[1] == partial[1]  # repeating a true fact gains no recall
     assert repeated[2] < partial[2]  # ... and costs fluency
     assert empty[2] == 0.0
+
+
+def test_garbled_words_cost_linguistic_quality():
+    """Stuttering a phrase ("in the the the left") drops the position claim, and with it a wrong claim's
+    precision penalty; the language rating must make that cost more than it saves."""
+    from jaxcap.judges.rule_based import language_ratings
+    clean = "The image shows one object on a grey background. A large red circle is in the top left."
+    garbled = "The image shows one object on a grey background. A large red circle is in the the the left."
+    assert language_ratings(clean) == {"clarity": 10.0, "fluency": 10.0, "coherence": 10.0}
+    rated = language_ratings(garbled)
+    assert rated["fluency"] == 6.0 and rated["clarity"] == 8.0 and rated["coherence"] == 10.0
+    assert language_ratings("The the circle is red.")["fluency"] < 10.0  # case does not hide it
+    assert language_ratings("There is a large circle. The circle is red.")["fluency"] == 10.0  # no adjacent repeat
