@@ -389,18 +389,9 @@ class Trainer:
            self.batcher.place({"o": np.asarray(rollouts.policy_logprobs).reshape(tokens.shape)})["o"])
     ref = logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     rewards = future.result()
-    values, valid = rewards.values, rewards.valid
-    r = values.shape[1]
-    if c.rl.length_mask.dims:
-      unknown = [n for n in c.rl.length_mask.dims if n not in rewards.names]
-      if unknown:
-        raise ValueError(f"rl.length_mask.dims {unknown} are not rewards of this run ({list(rewards.names)})")
-      dims = [rewards.names.index(n) for n in c.rl.length_mask.dims]
-      masked, in_range = apply_length_mask(
-          values.reshape(-1, g, r).astype(np.float32), rewards.caption_lengths.reshape(-1, g),
-          rewards.reference_lengths.reshape(-1, g), dims, c.rl.length_mask.tau_low, c.rl.length_mask.tau_high)
-      values = np.asarray(masked).reshape(-1, r)
-      length_in_band = float(np.asarray(in_range).mean())
+    valid = rewards.valid
+    r = valid.shape[1]
+    values, length_in_band = self.length_masked(rewards)
     rb = self.batcher.place({"v": values.reshape(m, -1, g, r).astype(np.float32),
                              "ok": valid.reshape(m, -1, g, r)})
     weights = jnp.asarray(rewards.weights, jnp.float32)
@@ -417,6 +408,22 @@ class Trainer:
       ok = valid[:, k]
       out[f"reward/{name}"] = float(values[ok, k].mean()) if ok.any() else float("nan")
     return state, out
+
+  def length_masked(self, rewards) -> tuple[np.ndarray, float | None]:
+    """Reward values [N, R] with the two-sided length-conditional mask applied to `rl.length_mask.dims`
+    (zero outside tau_low <= words / reference words <= tau_high), and the share of captions in the band."""
+    lm = self.config.rl.length_mask
+    if not lm.dims:
+      return rewards.values, None
+    unknown = [n for n in lm.dims if n not in rewards.names]
+    if unknown:
+      raise ValueError(f"rl.length_mask.dims {unknown} are not rewards of this run ({list(rewards.names)})")
+    dims = [rewards.names.index(n) for n in lm.dims]
+    n, r = rewards.values.shape
+    masked, in_range = apply_length_mask(rewards.values.reshape(n, 1, r).astype(np.float32),
+                                         rewards.caption_lengths.reshape(n, 1), rewards.reference_lengths.reshape(n, 1),
+                                         dims, lm.tau_low, lm.tau_high)
+    return np.asarray(masked).reshape(n, r), float(np.asarray(in_range).mean())
 
   # -------------------------------------------------------------- evaluation and the end
   def greedy_captions(self, params, records, batch_size: int) -> tuple[list[str], list[int]]:
@@ -471,13 +478,17 @@ class Trainer:
     captions, lengths = self.greedy_captions(params, records, self.config.eval.batch_size)
     qa = self.eval_fn(captions, records, step=0)
     own = self.reward_fn(captions, records, step=0)
+    # The run's own reward as RL optimises it, length mask included.
+    values, in_band = self.length_masked(own)
     metrics = {"eval/qa_accuracy": float(qa.values[qa.valid[:, 0], 0].mean())}
     if own.valid.any(axis=0).all():  # not, e.g. no RubiCap reward before rubrics are written against the policy
-      metrics["eval/reward"] = _weighted_mean(own.values, own.valid, own.weights)
+      metrics["eval/reward"] = _weighted_mean(values, own.valid, own.weights)
     metrics.update({"eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())})
+    if in_band is not None:
+      metrics["eval/length_in_band"] = in_band
     for k, name in enumerate(own.names):
       if own.valid[:, k].any():
-        metrics[f"eval/{name}"] = float(own.values[own.valid[:, k], k].mean())
+        metrics[f"eval/{name}"] = float(values[own.valid[:, k], k].mean())
     self.metrics.write(phase, step, metrics)
     if tag:
       self.summary[f"{phase}_{tag}"] = metrics
