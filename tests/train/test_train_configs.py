@@ -29,6 +29,10 @@ def test_config_runs_and_logs_its_rewards(tmp_path, config, reward):
   assert len(rl) == 2 and all(reward in r for r in rl)
   if config == "balcaprl":
     assert all(0 <= r["length/in_band"] <= 1 for r in rl)  # the two-sided length mask ran
+    end = json.loads((tmp_path / "summary.json").read_text())["rl_end"]
+    assert 0 <= end["eval/length_in_band"] <= 1  # ... and held-out evaluation scores the masked reward
+    masked = end["eval/balcaprl/linguistic"] <= end["eval/length_in_band"] + 1e-6
+    assert masked, end  # linguistic quality is at most 1 inside the band and 0 outside it
 
 
 def test_sft_config_runs_without_rl(tmp_path):
