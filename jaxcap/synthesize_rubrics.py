@@ -15,19 +15,7 @@ import json
 import sys
 
 from jaxcap.rewards.record import ImageRecord
-from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
-
-
-def jobs_from_records(records, student_captions: dict[str, str]) -> tuple[list[RubricJob], list[str]]:
-    """Jobs for rows with teacher captions; and the ids skipped for having none."""
-    jobs, skipped = [], []
-    for r in records:
-        if not r.teacher_captions:
-            skipped.append(r.id)
-            continue
-        student = student_captions.get(r.id, r.rubric.student_caption if r.rubric else "")
-        jobs.append(RubricJob(r.id, tuple(r.teacher_captions.values()), student))
-    return jobs, skipped
+from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
 
 
 def main(argv: list[str] | None = None) -> int:

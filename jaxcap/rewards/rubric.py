@@ -37,6 +37,19 @@ class RubricJob:
     student_caption: str
 
 
+def jobs_from_records(records, student_captions: dict[str, str]) -> tuple[list[RubricJob], list[str]]:
+    """Jobs for records with teacher captions, the student caption from `student_captions` by id (else the
+    stored rubric's, else ""); and the ids skipped for having no teacher captions."""
+    jobs, skipped = [], []
+    for r in records:
+        if not r.teacher_captions:
+            skipped.append(r.id)
+            continue
+        student = student_captions.get(r.id, r.rubric.student_caption if r.rubric else "")
+        jobs.append(RubricJob(r.id, tuple(r.teacher_captions.values()), student))
+    return jobs, skipped
+
+
 @dataclasses.dataclass(frozen=True)
 class RubricOutcome:
     image_id: str

@@ -441,13 +441,13 @@ class Trainer:
     """RubiCap stage 1 against the policy entering RL: for every train and held-out image without a stored
     rubric, its greedy caption is checked against the committee consensus and each failure becomes a weighted
     criterion. Rubrics are saved under workdir/rubrics as they are made, so a resumed run reuses them."""
-    from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
+    from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
     store = RubricStore(self.workdir / "rubrics")
     records = self.setup.train_records + self.setup.eval_records
     todo = [r for r in records if r.id not in store]
     if todo:
       bare = [r.id for r in todo if not r.teacher_captions]
-      if bare:
+      if bare:  # before captioning anything
         raise ValueError(f"rubrics.source='policy' needs teacher_captions (the committee) in every manifest row; "
                          f"{len(bare)} rows have none, e.g. {bare[:3]}. Add them, or use rubrics.source='manifest' "
                          "with rubrics from `python -m jaxcap.synthesize_rubrics`.")
@@ -456,7 +456,7 @@ class Trainer:
               "against the current policy, not the one RL started from", flush=True)
       t0 = time.perf_counter()
       captions, _ = self.greedy_captions(params, todo, self.config.rubrics.batch_size)
-      jobs = [RubricJob(r.id, tuple(r.teacher_captions.values()), cap) for r, cap in zip(todo, captions)]
+      jobs, _ = jobs_from_records(todo, {r.id: cap for r, cap in zip(todo, captions)})
       cfg = RubricSynthesisConfig(min_agreement=self.config.rubrics.min_agreement)
       outcomes = _first_process_then_others(
           lambda: store.synthesize(self.setup.judge, jobs, config=cfg), "jaxcap-rubrics") or []
