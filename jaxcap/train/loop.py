@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from jaxcap.data.synthetic.scene import WorldConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.mix import build_reward
@@ -27,7 +28,7 @@ from jaxcap.rl import PolicyLossConfig, apply_length_mask
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sharding import logical_to_spec, make_mesh, param_shardings, put_replicated_value
 from jaxcap.train import data as data_lib
-from jaxcap.train import embedded
+from jaxcap.train import embedded, vision_warmup
 from jaxcap.train.checkpointing import RunCheckpointer
 from jaxcap.train.metrics import MetricsWriter, plot_curves, to_scalars
 from jaxcap.train.state import init_train_state, make_optimizer
@@ -44,6 +45,7 @@ class Setup:
   train_records: list[ImageRecord]
   eval_records: list[ImageRecord]
   judge: Any
+  scenes: dict  # scene id -> synthetic-world Scene, for rows that carry one (empty for other data)
   sft_targets: Any  # callable(record, rng) -> caption, for the SFT phase
   mesh: Any
 
@@ -82,8 +84,12 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   train_records = data_lib.read_manifest(train_path)
   eval_records = data_lib.read_manifest(eval_path) if str(eval_path) not in ("", ".") else train_records[:0]
   data_lib.check_media(train_records + eval_records)
-  judge = build_judge(config, [train_path] + ([eval_path] if eval_records else []), train_records + eval_records)
-  return Setup(model, processor, train_records, eval_records, judge, sft_target_fn(config, train_path), mesh)
+  from jaxcap.data.synthetic.manifest import read_manifest as read_world
+  scenes = {}
+  for m in [train_path] + ([eval_path] if eval_records else []):
+    scenes.update(read_world(m)[1])
+  judge = build_judge(config, scenes, train_records + eval_records)
+  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_target_fn(config, scenes), mesh)
 
 
 def _first_process_then_others(fn, name: str):
@@ -96,13 +102,9 @@ def _first_process_then_others(fn, name: str):
   return out if out is not None else fn()
 
 
-def build_judge(config, manifests: Sequence[Path], records: Sequence[ImageRecord]):
+def build_judge(config, scenes: dict, records: Sequence[ImageRecord]):
   if config.judge.kind == "rule_based":
-    from jaxcap.data.synthetic.manifest import read_manifest as read_world
     from jaxcap.judges.rule_based import RuleBasedJudge
-    scenes = {}
-    for m in manifests:
-      scenes.update(read_world(m)[1])
     if not scenes:
       raise ValueError("judge.kind='rule_based' needs a synthetic-world manifest (rows with a 'scene' field); "
                        "for other data use an LLM judge fleet (judge.kind='http').")
@@ -131,13 +133,11 @@ def http_judge(j, records: Sequence[ImageRecord]):
   return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
 
 
-def sft_target_fn(config, train_manifest: Path):
+def sft_target_fn(config, scenes: dict):
   """SFT target per record: the configured source ('incomplete' world captions, 'complete', or 'reference')."""
   source = config.sft.targets
   if source == "reference":
     return lambda rec, rng: rec.reference_caption
-  from jaxcap.data.synthetic.manifest import read_manifest as read_world
-  scenes = read_world(train_manifest)[1]
   if not scenes:
     raise ValueError(f"sft.targets={source!r} needs synthetic-world scenes; use sft.targets='reference'.")
   if source == "incomplete":
@@ -278,6 +278,10 @@ class Trainer:
       raise ValueError("nothing to do: sft.steps and rl.steps are both 0")
     resume = self._restore_point()
     params = self.params0
+    if resume is None:
+      self.metrics.reset()  # records of a run killed before its first checkpoint
+      if c.vision_warmup.steps > 0 and not c.model.checkpoint:
+        params = self.warm_up_vision(params)
     key = jax.random.key(int(c.seed))
     start_phase = 0
     if resume is not None:
@@ -312,6 +316,30 @@ class Trainer:
     self.ckpt.wait()
     self.finish(params)
     return self.summary
+
+  def warm_up_vision(self, params):
+    """The embedded student's ViT trained on per-cell object attributes of freshly drawn synthetic scenes, a
+    new batch each step (train/vision_warmup.py); scored on 256 more scenes from another stream."""
+    c, w = self.config, self.config.vision_warmup
+    world = WorldConfig(image_size=c.world.image_size, min_objects=c.world.min_objects,
+                        max_objects=c.world.max_objects, label_probability=0.0)
+    draw = functools.partial(vision_warmup.fresh_scenes, world, image_size=c.data.image_size,
+                             preprocess=self.setup.processor.vision_cfg)
+    # streams apart from the world's train (seed) and held-out (seed + 10_000) scenes
+    train = lambda step: draw(seed=int(c.seed) + 20_000, start=step * w.batch_size, count=w.batch_size)
+    heldout = draw(seed=int(c.seed) + 30_000, start=0, count=256)
+    model = nnx.merge(self.graphdef, params)
+    tower, metrics = vision_warmup.warm_up_vision(
+        model.visual, train, heldout, steps=w.steps, lr=w.lr, seed=int(c.seed), mesh=self.setup.mesh,
+        log=lambda step, m: self.metrics.write("vision", step, m))
+    nnx.update(model.visual, tower)
+    if metrics:
+      self.metrics.write("vision", w.steps, metrics)
+      self.summary["vision_warmup"] = metrics
+      if jax.process_index() == 0:
+        print("vision warm-up, held-out accuracy on object cells: " +
+              ", ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()), flush=True)
+    return nnx.split(model)[1]
 
   def _restore_point(self):
     step = self.ckpt.latest_step()

@@ -42,10 +42,15 @@ class MetricsWriter:
     """Drops records logged after a checkpoint (phase, step), so a resumed run does not log them twice."""
     if not (self.enabled and self.path.exists()):
       return
-    order = {"sft": 0, "rl": 1}
+    order = {"vision": 0, "sft": 1, "rl": 2}
     keep = [line for line in self.path.read_text().splitlines() if line.strip() and
             (order.get(json.loads(line)["phase"], 0), json.loads(line)["step"]) <= (order.get(phase, 0), step)]
     self.path.write_text("".join(line + "\n" for line in keep))
+
+  def reset(self) -> None:
+    """Drops every record: a run with no checkpoint starts over."""
+    if self.enabled and self.path.exists():
+      self.path.write_text("")
 
   def write(self, phase: str, step: int, metrics: Mapping[str, float]) -> None:
     if not self.enabled:

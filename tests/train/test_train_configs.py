@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--config.sft.steps=2", "--config.sft.batch_size=4", "--config.rl.steps=2", "--config.rl.batch_size=2",
         "--config.rl.num_samples=2", "--config.sampling.max_new_tokens=8", "--config.sft.max_target_tokens=16",
         "--config.world.train_scenes=8", "--config.world.eval_scenes=4", "--config.eval.num_images=4",
-        "--config.model.student.text_layers=1", "--config.model.student.vision_depth=1", "--config.export.hf=False"]
+        "--config.model.student.text_layers=1", "--config.model.student.vision_depth=1", "--config.export.hf=False", "--config.vision_warmup.steps=2",
+        "--config.vision_warmup.batch_size=4"]
 
 
 @pytest.mark.parametrize("config, reward", [("rubicap", "reward/rubicap/pass_rate"),
@@ -43,8 +44,12 @@ def test_sft_config_runs_without_rl(tmp_path):
                        timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert {r["phase"] for r in rows} == {"sft"}
-  assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+  assert {r["phase"] for r in rows} == {"vision", "sft"}  # the embedded student's ViT warm-up, then SFT
+  assert [r["step"] for r in rows if r["phase"] == "sft" and "loss" in r] == [1, 2]
+  assert [r["step"] for r in rows if r["phase"] == "vision" and "loss" in r] == [1, 2]
+  accuracy = json.loads((tmp_path / "summary.json").read_text())["vision_warmup"]
+  assert set(accuracy) == {"vision/colour_acc", "vision/shape_acc", "vision/size_acc"}
+  assert all(0 <= v <= 1 for v in accuracy.values())
   assert "eval/qa_accuracy" in json.loads((tmp_path / "summary.json").read_text())["sft_end"]
 
 

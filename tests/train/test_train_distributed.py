@@ -1,5 +1,5 @@
 """A 2-process jax.distributed run (CPU, gloo collectives) gives the same losses as a 1-process run with the
-same global batch: SFT steps, then RL steps (rollouts sampled across both processes, rewards judged per process,
+same global batch: vision warm-up steps, SFT steps, then RL steps (rollouts sampled across both processes, rewards judged per process,
 advantages and the loss over the global batch; a small entropy bonus keeps the RL loss non-zero while the tiny
 student's rewards are still flat)."""
 
@@ -15,7 +15,8 @@ COMMON = ["--config.sft.steps=3", "--config.rl.steps=2", "--config.rl.num_sample
           "--config.sampling.max_new_tokens=8", "--config.rl.loss.entropy_coef=0.01", "--config.world.train_scenes=16",
           "--config.world.eval_scenes=4", "--config.eval.num_images=0", "--config.model.student.text_layers=1",
           "--config.model.student.vision_depth=1", "--config.sft.max_target_tokens=16", "--config.checkpoint.every=2",
-          "--config.export.hf=False"]
+          "--config.export.hf=False", "--config.vision_warmup.steps=2",
+        "--config.vision_warmup.batch_size=4"]
 
 
 def _cmd(workdir, *extra):
@@ -48,7 +49,8 @@ def test_two_processes_match_one(tmp_path):
   outs = [p.communicate(timeout=600)[0] for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][-2000:] + outs[1][-2000:]
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
-  assert [(p, s) for p, s, *_ in got] == [("sft", 1), ("sft", 2), ("sft", 3), ("rl", 1), ("rl", 2)]
+  assert [(p, s) for p, s, *_ in got] == [("vision", 1), ("vision", 2), ("sft", 1), ("sft", 2), ("sft", 3),
+                                          ("rl", 1), ("rl", 2)]
   assert all(g > 0 for *_, g in got)
   for (_, _, l2, g2), (_, _, l1, g1) in zip(got, want):
     assert abs(l2 - l1) <= 1e-5 * abs(l1) and abs(g2 - g1) <= 1e-4 * abs(g1)

@@ -16,7 +16,8 @@ TINY = ["--config.sft.steps=4", "--config.sft.batch_size=8", "--config.rl.steps=
         "--config.rl.num_samples=4", "--config.sampling.max_new_tokens=16", "--config.sft.max_target_tokens=32",
         "--config.world.train_scenes=32", "--config.world.eval_scenes=8", "--config.eval.num_images=8",
         "--config.eval.every=0", "--config.checkpoint.every=2", "--config.model.student.text_layers=1",
-        "--config.model.student.vision_depth=1"]
+        "--config.model.student.vision_depth=1", "--config.vision_warmup.steps=2",
+        "--config.vision_warmup.batch_size=4"]
 
 
 def _launch(workdir, extra=(), **kw):
