@@ -60,7 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(
       steps=1200, batch_size=16, micro_batches=1, max_target_tokens=48,  # batch sizes are per process
       targets="incomplete",  # 'incomplete' / 'complete' world captions, or the manifest's 'reference'
-      max_fraction=0.5, optim=optim(3e-3, warmup_steps=20)))
+      max_fraction=0.5, optim=optim(3e-3, warmup_steps=20),
+      freeze_vision=False))  # True: the vision tower gets no updates in this phase
   c.rl = ml_collections.ConfigDict(dict(
       steps=100, batch_size=8, num_samples=8, micro_batches=1, estimator="grpo", recompute_old_logprobs=True,
       # KL to the SFT policy (k3, as CapRL's paper): without it the tiny student learns to pad captions with
@@ -69,7 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
       loss=dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.05,
                 kl_estimator="k3", entropy_coef=0.0),
       length_mask=dict(dims=[], tau_low=0.5, tau_high=2.0),
-      optim=optim(3e-4, warmup_steps=5, schedule="constant")))
+      optim=optim(3e-4, warmup_steps=5, schedule="constant"), freeze_vision=False))
   c.eval = ml_collections.ConfigDict(dict(every=25, num_images=64, batch_size=64, at_start=False))
   c.checkpoint = ml_collections.ConfigDict(dict(every=25, max_to_keep=2))
   c.export = ml_collections.ConfigDict(dict(hf=True))

@@ -261,7 +261,8 @@ class Trainer:
   def new_state(self, phase, steps, optim, params, key):
     opt = make_optimizer(optim.lr, steps, warmup_ratio=optim.warmup_ratio, warmup_steps=optim.warmup_steps,
                          schedule=optim.schedule, weight_decay=optim.weight_decay, b1=optim.b1, b2=optim.b2,
-                         eps=optim.eps, grad_clip=optim.grad_clip)
+                         eps=optim.eps, grad_clip=optim.grad_clip,
+                         frozen=("visual",) if self.config[phase].freeze_vision else ())
     with_ref = phase == "rl" and self.config.rl.loss.kl_coef > 0
     with jax.set_mesh(self.setup.mesh):
       state = init_train_state(params, opt, key, with_reference=with_ref)

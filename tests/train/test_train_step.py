@@ -77,6 +77,20 @@ def test_sft_overfits_a_fixed_batch():
   assert losses[-1] < 0.2 * losses[0], losses
 
 
+def test_a_frozen_vision_tower_keeps_its_parameters_while_the_decoder_learns():
+  rng = np.random.default_rng(2)
+  prompts, layout = _prompts(1, rng)
+  t, mask = _targets(rng, 1)
+  graphdef, _, state = _state()
+  opt = make_optimizer(1e-2, 100, frozen=("visual",))
+  state = init_train_state(state.params, opt, jax.random.key(0))
+  new, _ = jax.jit(lambda s: sft_step(s, prompts, t, mask, layout, graphdef=graphdef, optimizer=opt))(state)
+  for name in state.params.keys():
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params[name]),
+                                                      jax.tree.leaves(new.params[name]))]
+    assert (not any(moved)) if name == "visual" else all(moved), name
+
+
 def test_rl_step_raises_the_probability_of_advantaged_completions():
   rng = np.random.default_rng(2)
   prompts, layout = _prompts(2, rng)
