@@ -91,6 +91,7 @@ def real_model_run(c: ml_collections.ConfigDict, *, max_new_tokens: int, image_s
   bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL
   term (BalCapRL states none, CapRL's released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
   c.vision_warmup.steps = 0
+  c.sft.freeze_vision = False  # the embedded student's recipe; the papers state no frozen tower
   if rl:
     c.sft.steps = 0
     c.judge.kind = "http"

@@ -36,6 +36,9 @@ def test_paper_hyper_parameters():
   assert (c.rl.estimator, c.rl.optim.lr, c.rl.loss.kl_coef, c.reward.caprl.preset) == ("rloo", 1e-6, 0.0, "released_code")
   for cfg in (r, b, c):
     assert cfg.sampling.max_new_tokens >= 1024 and cfg.judge.kind == "http" and cfg.sft.steps == 0
+  s = _load("sft", "paper")
+  for cfg in (r, b, c, s):  # the vision warm-up and the frozen tower are the embedded student's recipe
+    assert cfg.vision_warmup.steps == 0 and not cfg.sft.freeze_vision
 
 
 def test_unknown_variant_is_named():
