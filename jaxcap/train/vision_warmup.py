@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from PIL import Image
 from jax.sharding import NamedSharding, PartitionSpec as P
+from PIL import Image
 
 from jaxcap.data.synthetic import vocabulary as V
 from jaxcap.data.synthetic.render import render_frame
