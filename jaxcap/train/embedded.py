@@ -21,11 +21,15 @@ from jaxcap.data.synthetic.tokenizer import train_world_tokenizer
 from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 
 
-def build_world(workdir: Path, *, train_scenes: int, eval_scenes: int, image_size: int, min_objects: int,
-                max_objects: int, clip_fraction: float, seed: int) -> tuple[Path, Path]:
+def world_config(w) -> WorldConfig:
+  """The embedded world's generator settings from the run config's `world` block (no text labels)."""
+  return WorldConfig(image_size=w.image_size, min_objects=w.min_objects, max_objects=w.max_objects,
+                     label_probability=0.0, clip_fraction=w.clip_fraction)
+
+
+def build_world(workdir: Path, *, world: WorldConfig, train_scenes: int, eval_scenes: int,
+                seed: int) -> tuple[Path, Path]:
   """Writes (or reuses) train and held-out manifests under `workdir/world`; returns their paths."""
-  world = WorldConfig(image_size=image_size, min_objects=min_objects, max_objects=max_objects,
-                      label_probability=0.0, clip_fraction=clip_fraction)
   out = []
   for split, n, split_seed in (("train", train_scenes, seed), ("heldout", eval_scenes, seed + 10_000)):
     d = workdir / "world" / split

@@ -19,7 +19,6 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from jaxcap.data.synthetic.scene import WorldConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.mix import build_reward
@@ -78,9 +77,8 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   else:
     w = config.world
     train_path, eval_path = _first_process_then_others(lambda: embedded.build_world(
-        workdir, train_scenes=w.train_scenes, eval_scenes=w.eval_scenes, image_size=w.image_size,
-        min_objects=w.min_objects, max_objects=w.max_objects, clip_fraction=w.clip_fraction, seed=key_seed),
-        "jaxcap-world")
+        workdir, world=embedded.world_config(w), train_scenes=w.train_scenes, eval_scenes=w.eval_scenes,
+        seed=key_seed), "jaxcap-world")
   train_records = data_lib.read_manifest(train_path)
   eval_records = data_lib.read_manifest(eval_path) if str(eval_path) not in ("", ".") else train_records[:0]
   data_lib.check_media(train_records + eval_records)
@@ -322,8 +320,7 @@ class Trainer:
     """The embedded student's ViT trained on per-cell object attributes of freshly drawn synthetic scenes, a
     new batch each step (train/vision_warmup.py); scored on 256 more scenes from another stream."""
     c, w = self.config, self.config.vision_warmup
-    world = WorldConfig(image_size=c.world.image_size, min_objects=c.world.min_objects,
-                        max_objects=c.world.max_objects, label_probability=0.0)
+    world = embedded.world_config(c.world)  # drawn as stills whatever clip_fraction says
     draw = functools.partial(vision_warmup.fresh_scenes, world, image_size=c.data.image_size,
                              preprocess=self.setup.processor.vision_cfg)
     # streams apart from the world's train (seed) and held-out (seed + 10_000) scenes

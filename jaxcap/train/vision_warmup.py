@@ -62,13 +62,13 @@ def fresh_scenes(world: WorldConfig, *, seed: int, start: int, count: int, image
   pixels squared when set, as the run's loader does) and preprocessed as the run's processor does. About
   0.4 ms an image at 84 px, so the warm-up draws a new batch every step: a corpus it cannot memorise."""
   pixels, targets, grid = [], [], None
+  merge = preprocess.merge_size
   for i in range(start, start + count):
     scene = sample_scene(np.random.default_rng([seed, i]), f"vision_{i}", world)
     image = render_frame(scene, 0, world.image_size)
     if image_size:
       image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
     patches, grid = preprocess_image(image, preprocess)
-    merge = preprocess.merge_size
     pixels.append(patches)
     targets.append(cell_targets(scene, int(grid[1]) // merge, int(grid[2]) // merge))
   return CellData(np.stack(pixels), np.stack(targets), np.asarray(grid))
