@@ -50,8 +50,12 @@ def main():
     logits, _ = nnx.merge(graphdef, params)(ids, pos, mask, vision)
     return logits
 
-  jargs = (jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
-           jax.tree.map(jnp.asarray, batch.vision()))
+  jargs = (
+    jnp.asarray(batch.input_ids),
+    jnp.asarray(batch.positions),
+    jnp.asarray(batch.attention_mask),
+    jax.tree.map(jnp.asarray, batch.vision()),
+  )
   t0 = time.perf_counter()
   forward(params, *jargs).block_until_ready()
   compile_s = time.perf_counter() - t0
@@ -70,8 +74,10 @@ def main():
   with torch.inference_mode():
     ref(**kw)  # warm-up
     hf_s = timed(lambda: ref(**kw))
-  print(f"config=mid ({n_params / 1e6:.1f}M params) batch={args.batch} image={args.image}px "
-        f"prompt_tokens={tokens} (vision {int(np.prod(batch.grid_thw, -1).sum()) // 4}) threads={args.threads}")
+  print(
+    f"config=mid ({n_params / 1e6:.1f}M params) batch={args.batch} image={args.image}px "
+    f"prompt_tokens={tokens} (vision {int(np.prod(batch.grid_thw, -1).sum()) // 4}) threads={args.threads}"
+  )
   print(f"transformers: {tokens / hf_s:9.0f} tokens/s  ({hf_s * 1e3:.1f} ms)")
   print(f"jaxcap      : {tokens / jax_s:9.0f} tokens/s  ({jax_s * 1e3:.1f} ms; compile {compile_s:.1f} s once)")
   print(f"ratio jaxcap/transformers: {hf_s / jax_s:.2f}x")

@@ -39,9 +39,15 @@ import numpy as np
 
 # bf16 dense peak TFLOP/s per chip, matched against `device.device_kind` (lower-cased) in order.
 PEAK_TFLOPS = (
-    ("h200", 989.0), ("h100", 989.0), ("a100", 312.0),
-    ("v5 lite", 197.0), ("v5e", 197.0), ("v5litepod", 197.0),
-    ("v5p", 459.0), ("tpu v5", 459.0), ("v4", 275.0),
+  ("h200", 989.0),
+  ("h100", 989.0),
+  ("a100", 312.0),
+  ("v5 lite", 197.0),
+  ("v5e", 197.0),
+  ("v5litepod", 197.0),
+  ("v5p", 459.0),
+  ("tpu v5", 459.0),
+  ("v4", 275.0),
 )
 
 
@@ -56,6 +62,7 @@ def peak_tflops(device_kind: str) -> float | None:
 def _param_counts(params) -> dict[str, int]:
   """Parameter counts by part of the model: vision blocks + patch embed, merger, decoder layers, embedding."""
   import jax
+
   counts = {"vision": 0, "merger": 0, "decoder": 0, "embedding": 0, "lm_head": 0}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     names = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
@@ -72,8 +79,9 @@ def _param_counts(params) -> dict[str, int]:
   return counts
 
 
-def model_flops(cfg, counts: dict, *, sequences: int, prompt: int, completion: int, images: int,
-                patches_per_image: int) -> dict[str, float]:
+def model_flops(
+  cfg, counts: dict, *, sequences: int, prompt: int, completion: int, images: int, patches_per_image: int
+) -> dict[str, float]:
   """Model FLOPs of one update (forward + backward), see the module docstring."""
   t, v = cfg.text, cfg.vision
   tokens = sequences * (prompt + completion)
@@ -84,8 +92,11 @@ def model_flops(cfg, counts: dict, *, sequences: int, prompt: int, completion: i
   window = (v.window_size // v.patch_size) ** 2
   full = len([i for i in v.fullatt_block_indexes if i < v.depth])
   ctx = (v.depth - full) * min(window, patches_per_image) + full * patches_per_image
-  vision = (6 * counts["vision"] * patches + 6 * counts["merger"] * patches / v.spatial_merge_size ** 2
-            + 12 * v.hidden_size * ctx * patches)
+  vision = (
+    6 * counts["vision"] * patches
+    + 6 * counts["merger"] * patches / v.spatial_merge_size**2
+    + 12 * v.hidden_size * ctx * patches
+  )
   return {"decoder": decoder + attention + lm_head, "vision": vision, "total": decoder + attention + lm_head + vision}
 
 
@@ -95,12 +106,22 @@ def _sig(x: float, digits: int = 4) -> float:
 
 def _inputs(cfg, count: int, image: int, seed: int):
   from jaxcap.processing import Processor, word_tokenizer
+
   words = "describe the image in detail . a red square on the left".split()
   proc = Processor(word_tokenizer(words, cfg), cfg)
   rng = np.random.RandomState(seed)
-  convs = [[{"role": "user", "content": [
-      {"type": "image", "image": (rng.rand(image, image, 3) * 255).astype(np.uint8)},
-      {"type": "text", "text": "describe the image in detail ."}]}] for _ in range(count)]
+  convs = [
+    [
+      {
+        "role": "user",
+        "content": [
+          {"type": "image", "image": (rng.rand(image, image, 3) * 255).astype(np.uint8)},
+          {"type": "text", "text": "describe the image in detail ."},
+        ],
+      }
+    ]
+    for _ in range(count)
+  ]
   return proc, proc(convs, padding_side="left")
 
 
@@ -123,22 +144,26 @@ def bench_update(model, args) -> dict:
   p = batch.input_ids.shape[1]
   per_image = int(np.prod(batch.grid_thw[0]))
   split = lambda x: jnp.asarray(x.reshape(m, mb, *x.shape[1:]))
-  prompts = PromptBatch(split(batch.input_ids),
-                        jnp.asarray(batch.positions.reshape(3, m, mb, p).transpose(1, 0, 2, 3)),
-                        split(batch.attention_mask),
-                        jnp.asarray(batch.pixel_values.reshape(m, mb * per_image, -1), cfg.dtype))
+  prompts = PromptBatch(
+    split(batch.input_ids),
+    jnp.asarray(batch.positions.reshape(3, m, mb, p).transpose(1, 0, 2, 3)),
+    split(batch.attention_mask),
+    jnp.asarray(batch.pixel_values.reshape(m, mb * per_image, -1), cfg.dtype),
+  )
   layout = vision_layout(batch.grid_thw[:mb], cfg.vision)
   rng = np.random.RandomState(1)
   rollouts = RolloutBatch(
-      tokens=jnp.asarray(rng.randint(0, min(cfg.text.vocab_size, 100000) - 16, (m, mb * g, c)), jnp.int32),
-      mask=jnp.ones((m, mb * g, c), bool),
-      old_logprobs=jnp.asarray(-rng.exponential(2.0, (m, mb * g, c)), jnp.float32),
-      rewards=jnp.asarray(rng.rand(m, mb, g, 1), jnp.float32),
-      reward_valid=jnp.ones((m, mb, g, 1), bool),
-      weights=jnp.ones((1,), jnp.float32))
+    tokens=jnp.asarray(rng.randint(0, min(cfg.text.vocab_size, 100000) - 16, (m, mb * g, c)), jnp.int32),
+    mask=jnp.ones((m, mb * g, c), bool),
+    old_logprobs=jnp.asarray(-rng.exponential(2.0, (m, mb * g, c)), jnp.float32),
+    rewards=jnp.asarray(rng.rand(m, mb, g, 1), jnp.float32),
+    reward_valid=jnp.ones((m, mb, g, 1), bool),
+    weights=jnp.ones((1,), jnp.float32),
+  )
 
   # The update uses the same weights under a graph with --remat (the rollouts' model is built without remat).
   import jaxcap.models as M
+
   train_cfg = cfg.replace(remat=args.remat)
   graphdef = nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(train_cfg, rngs=nnx.Rngs(0))))[0]
   params = nnx.split(model)[1]
@@ -146,9 +171,12 @@ def bench_update(model, args) -> dict:
   optimizer = make_optimizer(1e-6, 1000, schedule="constant", grad_clip=1.0)
   state = init_train_state(params, optimizer, jax.random.key(0))
   del params
-  step = jax.jit(functools.partial(rl_step, graphdef=graphdef, optimizer=optimizer,
-                                   loss_config=PolicyLossConfig(max_gen_len=c), estimator="grpo"),
-                 donate_argnums=0)
+  step = jax.jit(
+    functools.partial(
+      rl_step, graphdef=graphdef, optimizer=optimizer, loss_config=PolicyLossConfig(max_gen_len=c), estimator="grpo"
+    ),
+    donate_argnums=0,
+  )
   t0 = time.perf_counter()
   state, metrics = step(state, prompts, rollouts, layout)
   jax.block_until_ready(metrics["loss"])
@@ -170,13 +198,22 @@ def bench_update(model, args) -> dict:
   achieved = flops["total"] / step_s / 1e12
   del state
   return {
-      "prompts": b, "group": g, "micro_batches": m, "prompt_tokens": p, "vision_tokens_per_image":
-      per_image // cfg.vision.spatial_merge_size ** 2, "completion_tokens": c, "tokens_per_step": tokens,
-      "compile_s": round(first_s - step_s, 2), "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
-      "model_tflop_per_step": _sig(flops["total"] / 1e12),
-      "model_tflop_split": {k: _sig(v / 1e12) for k, v in flops.items() if k != "total"},
-      "achieved_tflops": _sig(achieved), "peak_tflops": peak,
-      "mfu": None if not peak else round(achieved / peak, 4), "loss": loss,
+    "prompts": b,
+    "group": g,
+    "micro_batches": m,
+    "prompt_tokens": p,
+    "vision_tokens_per_image": per_image // cfg.vision.spatial_merge_size**2,
+    "completion_tokens": c,
+    "tokens_per_step": tokens,
+    "compile_s": round(first_s - step_s, 2),
+    "step_s": round(step_s, 4),
+    "tokens_per_s": round(tokens / step_s, 1),
+    "model_tflop_per_step": _sig(flops["total"] / 1e12),
+    "model_tflop_split": {k: _sig(v / 1e12) for k, v in flops.items() if k != "total"},
+    "achieved_tflops": _sig(achieved),
+    "peak_tflops": peak,
+    "mfu": None if not peak else round(achieved / peak, 4),
+    "loss": loss,
   }
 
 
@@ -196,17 +233,28 @@ def bench_rollouts(model, args) -> dict:
   jax.block_until_ready(out.tokens)
   wall = time.perf_counter() - t0
   generated = int(np.asarray(out.lengths).sum())
-  return {"images": args.rollout_images, "group": args.rollout_group, "sequences": args.rollout_images *
-          args.rollout_group, "prompt_tokens": int(batch.input_ids.shape[1]), "new_tokens": n,
-          "generated_tokens": generated, "wall_s": round(wall, 3), "compile_s": round(first_s - wall, 2),
-          "tokens_per_s": round(generated / wall, 1)}
+  return {
+    "images": args.rollout_images,
+    "group": args.rollout_group,
+    "sequences": args.rollout_images * args.rollout_group,
+    "prompt_tokens": int(batch.input_ids.shape[1]),
+    "new_tokens": n,
+    "generated_tokens": generated,
+    "wall_s": round(wall, 3),
+    "compile_s": round(first_s - wall, 2),
+    "tokens_per_s": round(generated / wall, 1),
+  }
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--smoke", action="store_true", help="tiny() shapes that finish in seconds on a CPU")
-  ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                  help="compute and param dtype (default bfloat16; float32 with --smoke)")
+  ap.add_argument(
+    "--dtype",
+    choices=("bfloat16", "float32"),
+    default=None,
+    help="compute and param dtype (default bfloat16; float32 with --smoke)",
+  )
   ap.add_argument("--remat", choices=("none", "full", "dots"), default=None, help="default full (none with --smoke)")
   ap.add_argument("--image", type=int, default=None, help="square image side, px (default 448; 56 with --smoke)")
   ap.add_argument("--prompts", type=int, default=None, help="prompts (images) per update (default 4)")
@@ -222,10 +270,32 @@ def main(argv=None):
   ap.add_argument("--skip_rollouts", action="store_true")
   ap.add_argument("--out", default=None, help="also write the JSON summary here")
   args = ap.parse_args(argv)
-  full = dict(dtype="bfloat16", remat="full", image=448, prompts=4, group=8, micro=2, completion=512, steps=5,
-              rollout_images=8, rollout_group=8, new_tokens=512)
-  smoke = dict(dtype="float32", remat="none", image=56, prompts=2, group=2, micro=2, completion=8, steps=1,
-               rollout_images=2, rollout_group=2, new_tokens=8)
+  full = dict(
+    dtype="bfloat16",
+    remat="full",
+    image=448,
+    prompts=4,
+    group=8,
+    micro=2,
+    completion=512,
+    steps=5,
+    rollout_images=8,
+    rollout_group=8,
+    new_tokens=512,
+  )
+  smoke = dict(
+    dtype="float32",
+    remat="none",
+    image=56,
+    prompts=2,
+    group=2,
+    micro=2,
+    completion=8,
+    steps=1,
+    rollout_images=2,
+    rollout_group=2,
+    new_tokens=8,
+  )
   for k, v in (smoke if args.smoke else full).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
@@ -247,9 +317,15 @@ def main(argv=None):
   init_s = time.perf_counter() - t0
   counts = _param_counts(nnx.state(model, nnx.Param))
   summary = {
-      "model": "tiny" if args.smoke else "qwen25vl_3b", "dtype": args.dtype, "remat": args.remat,
-      "params": counts, "device": device.device_kind, "platform": device.platform, "devices_used": 1,
-      "jax": jax.__version__, "init_s": round(init_s, 2),
+    "model": "tiny" if args.smoke else "qwen25vl_3b",
+    "dtype": args.dtype,
+    "remat": args.remat,
+    "params": counts,
+    "device": device.device_kind,
+    "platform": device.platform,
+    "devices_used": 1,
+    "jax": jax.__version__,
+    "init_s": round(init_s, 2),
   }
   if not args.skip_rollouts:  # rollouts first: the update donates (and so frees) the model's params
     summary["rollout"] = bench_rollouts(model, args)

@@ -29,10 +29,15 @@ def _images(count: int, size: int):
 def _hf_kwargs(batch, cfg) -> dict:
   """transformers generate kwargs for an image-only jaxcap `ModelInputs` batch."""
   import torch
+
   ids = torch.as_tensor(batch.input_ids, dtype=torch.long)
-  return dict(input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask, dtype=torch.long),
-              mm_token_type_ids=(ids == cfg.image_token_id).int(),
-              pixel_values=torch.as_tensor(batch.pixel_values), image_grid_thw=torch.as_tensor(batch.image_grid_thw))
+  return dict(
+    input_ids=ids,
+    attention_mask=torch.as_tensor(batch.attention_mask, dtype=torch.long),
+    mm_token_type_ids=(ids == cfg.image_token_id).int(),
+    pixel_values=torch.as_tensor(batch.pixel_values),
+    image_grid_thw=torch.as_tensor(batch.image_grid_thw),
+  )
 
 
 def main():
@@ -61,18 +66,27 @@ def main():
     hf.save_pretrained(tmp)
     model = load_hf_checkpoint(tmp)
   processor = Processor(tokenizer, cfg)
-  conversations = [[{"role": "user", "content": [{"type": "image", "image": im},
-                                                 {"type": "text", "text": "describe the image in detail ."}]}]
-                   for im in _images(args.images, args.image_size)]
+  conversations = [
+    [
+      {
+        "role": "user",
+        "content": [{"type": "image", "image": im}, {"type": "text", "text": "describe the image in detail ."}],
+      }
+    ]
+    for im in _images(args.images, args.image_size)
+  ]
   batch = processor(conversations, padding_side="left")
   n_seq, n_new = args.images * args.samples, args.new_tokens
   total = n_seq * n_new
-  print(f"mid(): {sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M params; {args.images} images x "
-        f"{args.samples} samples = {n_seq} sequences, {n_new} new tokens each, prompt {batch.input_ids.shape[1]} "
-        f"tokens; jax {jax.__version__} on {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}")
+  print(
+    f"mid(): {sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M params; {args.images} images x "
+    f"{args.samples} samples = {n_seq} sequences, {n_new} new tokens each, prompt {batch.input_ids.shape[1]} "
+    f"tokens; jax {jax.__version__} on {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}"
+  )
 
-  sampler = Sampler(model, processor=processor,
-                    sampling=SamplingConfig(temperature=1.0, max_new_tokens=n_new, stop_ids=()))
+  sampler = Sampler(
+    model, processor=processor, sampling=SamplingConfig(temperature=1.0, max_new_tokens=n_new, stop_ids=())
+  )
   t0 = time.perf_counter()
   jax.block_until_ready(sampler(batch, jax.random.key(0), num_samples=args.samples).tokens)
   first = time.perf_counter() - t0
@@ -86,8 +100,15 @@ def main():
     return
 
   kw = _hf_kwargs(batch, cfg)
-  gen = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=args.samples,
-             pad_token_id=tokenizer.pad_token_id, eos_token_id=cfg.eos_token_id)
+  gen = dict(
+    do_sample=True,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    num_return_sequences=args.samples,
+    pad_token_id=tokenizer.pad_token_id,
+    eos_token_id=cfg.eos_token_id,
+  )
   with torch.no_grad():
     hf.generate(**kw, max_new_tokens=2, min_new_tokens=2, **gen)  # warm-up
     t0 = time.perf_counter()
@@ -95,8 +116,10 @@ def main():
     theirs = time.perf_counter() - t0
   assert seqs.shape == (n_seq, batch.input_ids.shape[1] + n_new), seqs.shape
   print(f"transformers: {total / theirs:8.1f} tokens/s  ({theirs:.2f} s)")
-  print(f"ratio jaxcap / transformers: {theirs / ours:.2f}x at {n_seq} sequences "
-        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+  print(
+    f"ratio jaxcap / transformers: {theirs / ours:.2f}x at {n_seq} sequences "
+    f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+  )
 
 
 if __name__ == "__main__":

@@ -59,15 +59,19 @@ def main():
   # Ordinary text tokens (below every special id of mid()), the same for both sides.
   targets = rng.randint(10, 30000, size=(b, c)).astype(np.int32)
   tokens = int(batch.attention_mask.sum()) + b * c
-  vision_tokens = int(np.prod(batch.grid_thw, -1).sum()) // cfg.vision.spatial_merge_size ** 2
+  vision_tokens = int(np.prod(batch.grid_thw, -1).sum()) // cfg.vision.spatial_merge_size**2
 
   # ------------------------------------------------------------------ jaxcap
   optimizer = make_optimizer(1e-5, 1000, schedule="constant", weight_decay=0.0, grad_clip=1.0)
   graphdef, params = nnx.split(ours)
   state = init_train_state(params, optimizer, jax.random.key(0))
   layout = vision_layout(batch.grid_thw, cfg.vision)
-  prompts = PromptBatch(jnp.asarray(batch.input_ids)[None], jnp.asarray(batch.positions)[None],
-                        jnp.asarray(batch.attention_mask)[None], jnp.asarray(batch.pixel_values)[None])
+  prompts = PromptBatch(
+    jnp.asarray(batch.input_ids)[None],
+    jnp.asarray(batch.positions)[None],
+    jnp.asarray(batch.attention_mask)[None],
+    jnp.asarray(batch.pixel_values)[None],
+  )
   tgt = jnp.asarray(targets)[None]
   tmask = jnp.ones_like(tgt, dtype=bool)
   step = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=optimizer), donate_argnums=0)
@@ -117,9 +121,11 @@ def main():
     hf_loss0 = hf_update()  # warm-up; same weights and batch as jaxcap's first step
     hf_s = timed(hf_update)
 
-  print(f"config=mid ({n_params / 1e6:.1f}M params) batch={b} image={args.image}px tokens/update={tokens} "
-        f"(vision {vision_tokens}, prompt {p}/seq, targets {c}/seq) f32 threads={args.threads} "
-        f"jax {jax.__version__} torch {torch.__version__}")
+  print(
+    f"config=mid ({n_params / 1e6:.1f}M params) batch={b} image={args.image}px tokens/update={tokens} "
+    f"(vision {vision_tokens}, prompt {p}/seq, targets {c}/seq) f32 threads={args.threads} "
+    f"jax {jax.__version__} torch {torch.__version__}"
+  )
   if hf_s is not None:
     print(f"first-step loss: transformers {hf_loss0:.5f}  jaxcap {jax_loss0:.5f}")
     print(f"transformers: {tokens / hf_s:9.0f} tokens/s  ({hf_s * 1e3:.0f} ms/update)")

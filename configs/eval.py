@@ -10,42 +10,46 @@ import ml_collections
 
 
 def get_config():
-    c = ml_collections.ConfigDict()
-    c.manifest = ""  # manifest.jsonl; empty: generate a synthetic world under out_dir/synthetic_world
-    c.synthetic = dict(num_scenes=24, seed=0, questions_per_scene=5)
-    c.out_dir = "eval_report"
-    c.judge = dict(kind="rule_based", factory="", failure_rate=0.0, seed=0, options={})
-    # NAME=SPEC, compared in this order (specs: builtin:<name>, jsonl:<path>, callable:<module>:<fn>).
-    c.captioners = (
-        "reference=builtin:reference",
-        "teacher_meticulous=builtin:teacher:meticulous",
-        "teacher_terse=builtin:teacher:terse",
-        "teacher_hallucinating=builtin:teacher:hallucinating",
-        "teacher_spatially_confused=builtin:teacher:spatially_confused",
-        "teacher_poetic=builtin:teacher:poetic",
-        "student=builtin:student",
-        "empty=builtin:empty",
-    )
-    c.samples_per_image = 1  # captions per image drawn from callable captioners (Prism best-of-n / mean)
-    c.baselines = {"student": "builtin:student", "meticulous": "builtin:teacher:meticulous"}  # CapArena
-    c.honest = "builtin:reference"  # the red team's honest caption; "" skips the red team
-    c.suites = "prism,captionqa,dcscore,caparena,redteam"
-    c.prism = dict(benchmark_field="kind", shuffle_options=True, max_samples=0, seed=0)
-    c.captionqa = dict(word_limits=(50, 100, 200), include_unlimited=True, seed=0)
-    c.dcscore = dict(require_pointable=True, empty_caption_precision=0.0)
-    c.caparena = dict(with_reference=True)
-    c.bcapscore_captionqa_metric = "captionqa/full"
-    c.redteam = dict(
-        families={
-            "caprl": {"caprl": {"preset": "paper"}},
-            "caprl_released": {"caprl": {"preset": "released_code", "name": "caprl_released/accuracy"}},
-            "rubicap": {"rubicap": {}},
-            "balcaprl": {"balcaprl": {}},
-            "likert_direct": {"likert_direct": {}},
-            "likert_reference": {"likert_reference": {}},
-        },
-        length_masked_rewards=("balcaprl/linguistic",),
-        tau_low=0.5, tau_high=2.0, hallucinated_objects=3, filler_min_words=250)
-    c.compare_to = ""  # report paired differences against this captioner; "" = the first listed, "none" = skip
-    c.bootstrap = dict(resamples=1000, confidence=0.95, seed=0)
-    return c
+  c = ml_collections.ConfigDict()
+  c.manifest = ""  # manifest.jsonl; empty: generate a synthetic world under out_dir/synthetic_world
+  c.synthetic = dict(num_scenes=24, seed=0, questions_per_scene=5)
+  c.out_dir = "eval_report"
+  c.judge = dict(kind="rule_based", factory="", failure_rate=0.0, seed=0, options={})
+  # NAME=SPEC, compared in this order (specs: builtin:<name>, jsonl:<path>, callable:<module>:<fn>).
+  c.captioners = (
+    "reference=builtin:reference",
+    "teacher_meticulous=builtin:teacher:meticulous",
+    "teacher_terse=builtin:teacher:terse",
+    "teacher_hallucinating=builtin:teacher:hallucinating",
+    "teacher_spatially_confused=builtin:teacher:spatially_confused",
+    "teacher_poetic=builtin:teacher:poetic",
+    "student=builtin:student",
+    "empty=builtin:empty",
+  )
+  c.samples_per_image = 1  # captions per image drawn from callable captioners (Prism best-of-n / mean)
+  c.baselines = {"student": "builtin:student", "meticulous": "builtin:teacher:meticulous"}  # CapArena
+  c.honest = "builtin:reference"  # the red team's honest caption; "" skips the red team
+  c.suites = "prism,captionqa,dcscore,caparena,redteam"
+  c.prism = dict(benchmark_field="kind", shuffle_options=True, max_samples=0, seed=0)
+  c.captionqa = dict(word_limits=(50, 100, 200), include_unlimited=True, seed=0)
+  c.dcscore = dict(require_pointable=True, empty_caption_precision=0.0)
+  c.caparena = dict(with_reference=True)
+  c.bcapscore_captionqa_metric = "captionqa/full"
+  c.redteam = dict(
+    families={
+      "caprl": {"caprl": {"preset": "paper"}},
+      "caprl_released": {"caprl": {"preset": "released_code", "name": "caprl_released/accuracy"}},
+      "rubicap": {"rubicap": {}},
+      "balcaprl": {"balcaprl": {}},
+      "likert_direct": {"likert_direct": {}},
+      "likert_reference": {"likert_reference": {}},
+    },
+    length_masked_rewards=("balcaprl/linguistic",),
+    tau_low=0.5,
+    tau_high=2.0,
+    hallucinated_objects=3,
+    filler_min_words=250,
+  )
+  c.compare_to = ""  # report paired differences against this captioner; "" = the first listed, "none" = skip
+  c.bootstrap = dict(resamples=1000, confidence=0.95, seed=0)
+  return c

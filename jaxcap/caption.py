@@ -40,8 +40,11 @@ def list_images(source: str | os.PathLike) -> list[ImageItem]:
   """Every image of a directory / .jsonl manifest / .txt list, sorted by id; duplicate ids are an error."""
   source = pathlib.Path(source)
   if source.is_dir():
-    items = [ImageItem(p.relative_to(source).as_posix(), str(p)) for p in source.rglob("*")
-             if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    items = [
+      ImageItem(p.relative_to(source).as_posix(), str(p))
+      for p in source.rglob("*")
+      if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+    ]
   elif source.suffix == ".jsonl":
     items = []
     for n, line in enumerate(source.read_text().splitlines(), 1):
@@ -52,13 +55,15 @@ def list_images(source: str | os.PathLike) -> list[ImageItem]:
         path = pathlib.Path(row.get("image") or row["path"])
         items.append(ImageItem(str(row.get("id", path.as_posix())), str(source.parent / path)))
       except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{source}:{n}: expected a JSON object with 'image' (or 'path') and optionally 'id' "
-                         f"({e!r})") from None
+        raise ValueError(
+          f"{source}:{n}: expected a JSON object with 'image' (or 'path') and optionally 'id' ({e!r})"
+        ) from None
   elif source.is_file():
     items = [ImageItem(line.strip(), line.strip()) for line in source.read_text().splitlines() if line.strip()]
   else:
-    raise FileNotFoundError(f"--images {source} does not exist; pass a folder of images, a .jsonl manifest or a "
-                            ".txt list of paths")
+    raise FileNotFoundError(
+      f"--images {source} does not exist; pass a folder of images, a .jsonl manifest or a .txt list of paths"
+    )
   items.sort(key=lambda it: it.id)
   for a, b in zip(items, items[1:]):
     if a.id == b.id:
@@ -66,8 +71,9 @@ def list_images(source: str | os.PathLike) -> list[ImageItem]:
   return items
 
 
-def shard_paths(out: str | os.PathLike, errors: str | os.PathLike | None, index: int, count: int
-                ) -> tuple[pathlib.Path, pathlib.Path]:
+def shard_paths(
+  out: str | os.PathLike, errors: str | os.PathLike | None, index: int, count: int
+) -> tuple[pathlib.Path, pathlib.Path]:
   """This process's captions and errors files."""
   out = pathlib.Path(out)
   if count > 1:
@@ -104,11 +110,11 @@ def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
       os.fsync(f.fileno())
 
 
-def group_by_shape(items: Iterable[ImageItem], vision_cfg) -> tuple[dict[tuple[int, int], list[ImageItem]],
-                                                                       list[dict]]:
+def group_by_shape(items: Iterable[ImageItem], vision_cfg) -> tuple[dict[tuple[int, int], list[ImageItem]], list[dict]]:
   """Buckets images by their resized (height, width), reading only file headers. Returns (groups, error rows)."""
   from PIL import Image
   from jaxcap.processing.vision import smart_resize
+
   groups, errors = {}, []
   for item in items:
     try:
@@ -125,6 +131,7 @@ def group_by_shape(items: Iterable[ImageItem], vision_cfg) -> tuple[dict[tuple[i
 def load_images(items: Sequence[ImageItem]) -> tuple[list[tuple[ImageItem, object]], list[dict]]:
   """Fully decodes each image (a truncated file fails here, not inside the batch)."""
   from jaxcap.processing.vision import load_image
+
   ok, errors = [], []
   for item in items:
     try:
@@ -137,8 +144,12 @@ def load_images(items: Sequence[ImageItem]) -> tuple[list[tuple[ImageItem, objec
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(prog="python -m jaxcap.caption", description=__doc__.split("\n\n")[0],
-                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  ap = argparse.ArgumentParser(
+    prog="python -m jaxcap.caption",
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__,
+  )
   ap.add_argument("--checkpoint", required=True, help="local HF Qwen2.5-VL checkpoint directory (with tokenizer)")
   ap.add_argument("--images", required=True, help="image folder, .jsonl manifest or .txt list of paths")
   ap.add_argument("--out", required=True, help="captions JSONL (appended to; resumable)")
@@ -179,8 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   done = finished_ids(out_path) | finished_ids(err_path)
   mine = list_images(args.images)[index::count]
   pending = [it for it in mine if it.id not in done]
-  print(f"jaxcap.caption: process {index}/{count}: {len(mine)} images, {len(mine) - len(pending)} already done, "
-        f"{len(pending)} to caption -> {out_path}", file=sys.stderr)
+  print(
+    f"jaxcap.caption: process {index}/{count}: {len(mine)} images, {len(mine) - len(pending)} already done, "
+    f"{len(pending)} to caption -> {out_path}",
+    file=sys.stderr,
+  )
   if not pending:
     return 0
 
@@ -188,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   mesh = make_mesh({"data": -1}, devices=jax.local_devices())
   vision_cfg = VisionPreprocessConfig(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
   processor = Processor.from_pretrained(args.checkpoint, vision_cfg=vision_cfg)
-  sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens)
+  sampling = SamplingConfig(
+    temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
+  )
   groups, errors = group_by_shape(pending, vision_cfg)
   append_lines(err_path, errors)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
@@ -200,21 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape in sorted(groups):
       items = groups[shape]
       for start in range(0, len(items), args.batch_size):
-        loaded, bad = load_images(items[start:start + args.batch_size])
+        loaded, bad = load_images(items[start : start + args.batch_size])
         append_lines(err_path, bad)
         rows = []
         if loaded:
-          conversations = [[{"role": "user", "content": [{"type": "image", "image": image},
-                                                         {"type": "text", "text": args.prompt}]}]
-                           for _, image in loaded]
+          conversations = [
+            [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": args.prompt}]}]
+            for _, image in loaded
+          ]
           key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
           result = sampler(conversations, key)
           tokens, lengths = jax.device_get((result.tokens, result.lengths))
           stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
           for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
             stopped = int(row_tokens[n - 1]) in stops
-            rows.append({"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped,
-                         "truncated": not stopped})
+            rows.append(
+              {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
+            )
           append_lines(out_path, rows)
         n_errors += len(bad)
         bar.update(len(loaded) + len(bad))

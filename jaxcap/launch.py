@@ -12,17 +12,24 @@ from absl import app
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/caprl.py",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Path to a config file, e.g. configs/caprl.py", lock_config=True
+)
 
 
 def init_distributed(d) -> None:
   """jax.distributed from explicit flags, or auto-detected from the cluster environment (SLURM, TPU, ...)."""
   import jax
+
   if d.coordinator_address:
     jax.distributed.initialize(d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id)
-  elif any(k in os.environ for k in ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
-                                     "JAX_COORDINATOR_ADDRESS")) and int(os.environ.get("SLURM_NTASKS", "2")) > 1:
+  elif (
+    any(
+      k in os.environ
+      for k in ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+    )
+    and int(os.environ.get("SLURM_NTASKS", "2")) > 1
+  ):
     jax.distributed.initialize()
 
 
@@ -32,12 +39,15 @@ def main(argv):
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
   from jaxcap.train.config import validate
+
   validate(config)
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax and JAX are chatty at INFO
   init_distributed(config.distributed)
   from jaxcap.train.loop import Trainer
+
   summary = Trainer(config).run()
   import json
+
   keys = [k for k in summary if not k.endswith("_samples")]
   print(json.dumps({k: summary[k] for k in keys}, indent=2))
 

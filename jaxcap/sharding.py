@@ -19,30 +19,30 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axes
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp"),
-    "embed": ("fsdp",),
-    "heads": ("tensor",),
-    "kv_heads": ("tensor",),
-    "mlp": ("tensor",),
-    "vocab": ("tensor",),
+  "batch": ("data", "fsdp"),
+  "embed": ("fsdp",),
+  "heads": ("tensor",),
+  "kv_heads": ("tensor",),
+  "mlp": ("tensor",),
+  "vocab": ("tensor",),
 }
 
 # parameter path (dot-joined nnx path) -> logical axes of the array; first match wins.
 PARAM_RULES: list[tuple[str, tuple[str | None, ...]]] = [
-    (r"embed_tokens\.embedding$", ("vocab", "embed")),
-    (r"lm_head\.kernel$", ("embed", "vocab")),
-    (r"self_attn\.q_proj\.kernel$", ("embed", "heads")),
-    (r"self_attn\.q_proj\.bias$", ("heads",)),
-    (r"self_attn\.[kv]_proj\.kernel$", ("embed", "kv_heads")),
-    (r"self_attn\.[kv]_proj\.bias$", ("kv_heads",)),
-    (r"self_attn\.o_proj\.kernel$", ("heads", "embed")),
-    (r"attn\.qkv\.kernel$", ("embed", "heads")),
-    (r"attn\.qkv\.bias$", ("heads",)),
-    (r"attn\.proj\.kernel$", ("heads", "embed")),
-    (r"(gate_proj|up_proj|fc1)\.kernel$", ("embed", "mlp")),
-    (r"(gate_proj|up_proj|fc1)\.bias$", ("mlp",)),
-    (r"(down_proj|fc2)\.kernel$", ("mlp", "embed")),
-    (r"patch_embed\.kernel$", (None, "embed")),
+  (r"embed_tokens\.embedding$", ("vocab", "embed")),
+  (r"lm_head\.kernel$", ("embed", "vocab")),
+  (r"self_attn\.q_proj\.kernel$", ("embed", "heads")),
+  (r"self_attn\.q_proj\.bias$", ("heads",)),
+  (r"self_attn\.[kv]_proj\.kernel$", ("embed", "kv_heads")),
+  (r"self_attn\.[kv]_proj\.bias$", ("kv_heads",)),
+  (r"self_attn\.o_proj\.kernel$", ("heads", "embed")),
+  (r"attn\.qkv\.kernel$", ("embed", "heads")),
+  (r"attn\.qkv\.bias$", ("heads",)),
+  (r"attn\.proj\.kernel$", ("heads", "embed")),
+  (r"(gate_proj|up_proj|fc1)\.kernel$", ("embed", "mlp")),
+  (r"(gate_proj|up_proj|fc1)\.bias$", ("mlp",)),
+  (r"(down_proj|fc2)\.kernel$", ("mlp", "embed")),
+  (r"patch_embed\.kernel$", (None, "embed")),
 ]
 
 
@@ -62,8 +62,7 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence[jax.Device]
   known = math.prod(s for s in sizes if s != -1)
   sizes = [len(devices) // known if s == -1 else s for s in sizes]
   if math.prod(sizes) != len(devices):
-    raise ValueError(f"mesh shape {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                     f"have {len(devices)}")
+    raise ValueError(f"mesh shape {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
   return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 

@@ -19,41 +19,53 @@ from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
+  from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m jaxcap.synthesize_rubrics", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--out", required=True, help="rubric directory (one JSON per image)")
-    parser.add_argument("--student-captions", help="JSONL of {'id', 'caption'}")
-    parser.add_argument("--min-agreement", type=int, default=3, help="k: consensus = stated by >= k teachers")
-    parser.add_argument("--chunk", type=int, default=32, help="images per judge batch (and per save)")
-    parser.add_argument("--overwrite", action="store_true")
-    add_judge_arguments(parser)
-    args = parser.parse_args(argv)
+  parser = argparse.ArgumentParser(
+    prog="python -m jaxcap.synthesize_rubrics",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument("--manifest", required=True)
+  parser.add_argument("--out", required=True, help="rubric directory (one JSON per image)")
+  parser.add_argument("--student-captions", help="JSONL of {'id', 'caption'}")
+  parser.add_argument("--min-agreement", type=int, default=3, help="k: consensus = stated by >= k teachers")
+  parser.add_argument("--chunk", type=int, default=32, help="images per judge batch (and per save)")
+  parser.add_argument("--overwrite", action="store_true")
+  add_judge_arguments(parser)
+  args = parser.parse_args(argv)
 
-    records = [ImageRecord.from_json(json.loads(line)) for line in open(args.manifest) if line.strip()]
-    students = {}
-    if args.student_captions:
-        students = {str(row["id"]): row["caption"] for row in map(json.loads, open(args.student_captions))}
-    jobs, skipped = jobs_from_records(records, students)
-    store = RubricStore(args.out)
-    todo = [j for j in jobs if args.overwrite or j.image_id not in store]
-    done = failed = 0
-    errors: dict[str, str] = {}
-    config = RubricSynthesisConfig(min_agreement=args.min_agreement)
-    with judge_from_args(args, args.manifest, records) as judge:
-        for start in range(0, len(todo), args.chunk):
-            for outcome in store.synthesize(judge, todo[start:start + args.chunk], overwrite=True, config=config):
-                if outcome.rubric is None:
-                    failed += 1
-                    errors[outcome.image_id] = outcome.error
-                else:
-                    done += 1
-    print(json.dumps({"written": done, "failed": failed, "already_stored": len(jobs) - len(todo),
-                      "no_teacher_captions": len(skipped), "errors": dict(list(errors.items())[:10])}))
-    return 0 if failed == 0 else 1
+  records = [ImageRecord.from_json(json.loads(line)) for line in open(args.manifest) if line.strip()]
+  students = {}
+  if args.student_captions:
+    students = {str(row["id"]): row["caption"] for row in map(json.loads, open(args.student_captions))}
+  jobs, skipped = jobs_from_records(records, students)
+  store = RubricStore(args.out)
+  todo = [j for j in jobs if args.overwrite or j.image_id not in store]
+  done = failed = 0
+  errors: dict[str, str] = {}
+  config = RubricSynthesisConfig(min_agreement=args.min_agreement)
+  with judge_from_args(args, args.manifest, records) as judge:
+    for start in range(0, len(todo), args.chunk):
+      for outcome in store.synthesize(judge, todo[start : start + args.chunk], overwrite=True, config=config):
+        if outcome.rubric is None:
+          failed += 1
+          errors[outcome.image_id] = outcome.error
+        else:
+          done += 1
+  print(
+    json.dumps(
+      {
+        "written": done,
+        "failed": failed,
+        "already_stored": len(jobs) - len(todo),
+        "no_teacher_captions": len(skipped),
+        "errors": dict(list(errors.items())[:10]),
+      }
+    )
+  )
+  return 0 if failed == 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

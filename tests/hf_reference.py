@@ -9,8 +9,10 @@ import transformers
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.processing import word_tokenizer
 
-WORDS = ("describe the image in detail . a red blue green square circle triangle on left right top bottom of "
-         "and with is there are two three small large what colour shape").split()
+WORDS = (
+  "describe the image in detail . a red blue green square circle triangle on left right top bottom of "
+  "and with is there are two three small large what colour shape"
+).split()
 
 
 def hf_model(cfg: Qwen25VLConfig, seed: int) -> transformers.Qwen2_5_VLForConditionalGeneration:
@@ -41,8 +43,9 @@ def hf_inputs(batch, cfg: Qwen25VLConfig) -> dict:
   types = torch.zeros_like(ids, dtype=torch.int)
   types[ids == cfg.image_token_id] = 1
   types[ids == cfg.video_token_id] = 2
-  kw = dict(input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask, dtype=torch.long),
-            mm_token_type_ids=types)
+  kw = dict(
+    input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask, dtype=torch.long), mm_token_type_ids=types
+  )
   if batch.image_grid_thw is not None:
     n = int(np.prod(batch.image_grid_thw, -1).sum())
     kw["pixel_values"] = torch.as_tensor(batch.pixel_values[:n])
@@ -62,6 +65,7 @@ def paired_models(cfg: Qwen25VLConfig, seed: int = 0):
 
   from jaxcap.checkpoint import load_hf_checkpoint
   from jaxcap.processing import Processor
+
   with tempfile.TemporaryDirectory() as d:
     ref = save_tiny_checkpoint(cfg, seed, d)
     ref.set_attn_implementation("sdpa")  # the fastest CPU path transformers offers
@@ -70,6 +74,15 @@ def paired_models(cfg: Qwen25VLConfig, seed: int = 0):
 
 def image_conversations(count: int, side: int, rng: np.random.RandomState) -> list:
   """`count` one-image prompts with random `side` x `side` images."""
-  return [[{"role": "user", "content": [
-      {"type": "image", "image": (rng.rand(side, side, 3) * 255).astype(np.uint8)},
-      {"type": "text", "text": "describe the image in detail ."}]}] for _ in range(count)]
+  return [
+    [
+      {
+        "role": "user",
+        "content": [
+          {"type": "image", "image": (rng.rand(side, side, 3) * 255).astype(np.uint8)},
+          {"type": "text", "text": "describe the image in detail ."},
+        ],
+      }
+    ]
+    for _ in range(count)
+  ]

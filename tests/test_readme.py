@@ -18,8 +18,9 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
   save_tiny_checkpoint(M.tiny(), 0, ckpt)
   Image.fromarray((np.random.RandomState(0).rand(120, 90, 3) * 255).astype(np.uint8)).save(tmp_path / "photo.jpg")
   monkeypatch.chdir(tmp_path)
-  code = code.replace('"/models/Qwen2.5-VL-3B-Instruct"', repr(str(ckpt))).replace('"/tmp/exported"',
-                                                                                   repr(str(tmp_path / "exp")))
+  code = code.replace('"/models/Qwen2.5-VL-3B-Instruct"', repr(str(ckpt))).replace(
+    '"/tmp/exported"', repr(str(tmp_path / "exp"))
+  )
   namespace = {}
   exec(compile(code, "README.md", "exec"), namespace)
   assert 0 <= namespace["next_token"] < M.tiny().text.vocab_size

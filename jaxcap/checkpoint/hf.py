@@ -24,9 +24,20 @@ from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.sharding import param_shardings
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                   "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
-                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "vocab.json",
+  "merges.txt",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "chat_template.json",
+  "chat_template.jinja",
+  "preprocessor_config.json",
+  "video_preprocessor_config.json",
+  "processor_config.json",
+  "generation_config.json",
+)
 
 
 class CheckpointError(ValueError):
@@ -37,13 +48,13 @@ class CheckpointError(ValueError):
 # Each rule: jaxcap param path regex -> (HF tensor name template, layout). Layouts:
 #   "same": identical array; "t": HF [out, in] <-> kernel [in, out]; "conv": Conv3d [D, C, T, P, P] <-> [CTPP, D].
 _RULES: list[tuple[str, str, str]] = [
-    (r"visual\.patch_embed\.kernel", "visual.patch_embed.proj.weight", "conv"),
-    (r"visual\.merger\.fc1\.(kernel|bias)", r"visual.merger.mlp.0.\1", "lin"),
-    (r"visual\.merger\.fc2\.(kernel|bias)", r"visual.merger.mlp.2.\1", "lin"),
-    (r"visual\.(.*)", r"visual.\1", "lin"),
-    (r"embed_tokens\.embedding", "model.embed_tokens.weight", "same"),
-    (r"lm_head\.kernel", "lm_head.weight", "t"),
-    (r"(layers\..*|norm\.weight)", r"model.\1", "lin"),
+  (r"visual\.patch_embed\.kernel", "visual.patch_embed.proj.weight", "conv"),
+  (r"visual\.merger\.fc1\.(kernel|bias)", r"visual.merger.mlp.0.\1", "lin"),
+  (r"visual\.merger\.fc2\.(kernel|bias)", r"visual.merger.mlp.2.\1", "lin"),
+  (r"visual\.(.*)", r"visual.\1", "lin"),
+  (r"embed_tokens\.embedding", "model.embed_tokens.weight", "same"),
+  (r"lm_head\.kernel", "lm_head.weight", "t"),
+  (r"(layers\..*|norm\.weight)", r"model.\1", "lin"),
 ]
 
 
@@ -92,7 +103,7 @@ def _alt_names(name: str) -> list[str]:
   if name.startswith("visual."):
     alts.append("model." + name)
   elif name.startswith("model."):
-    alts.append("model.language_model." + name[len("model."):])
+    alts.append("model.language_model." + name[len("model.") :])
   return alts
 
 
@@ -109,8 +120,9 @@ class _TensorIndex:
         weight_map = {k: "model.safetensors" for k in f.keys()}
     else:
       raise CheckpointError(
-          f"{directory} has no model.safetensors or model.safetensors.index.json; a Qwen2.5-VL checkpoint "
-          "directory saved by transformers (save_pretrained) or downloaded from the hub is expected.")
+        f"{directory} has no model.safetensors or model.safetensors.index.json; a Qwen2.5-VL checkpoint "
+        "directory saved by transformers (save_pretrained) or downloaded from the hub is expected."
+      )
     self.directory, self.weight_map, self._files = directory, weight_map, {}
 
   def resolve(self, name: str) -> str | None:
@@ -126,8 +138,10 @@ class _TensorIndex:
 def read_config(directory: str | os.PathLike, **overrides) -> Qwen25VLConfig:
   directory = Path(directory)
   if not (directory / "config.json").exists():
-    raise CheckpointError(f"{directory} has no config.json; pass the directory of a Qwen2.5-VL checkpoint "
-                          "(the folder holding config.json and model*.safetensors).")
+    raise CheckpointError(
+      f"{directory} has no config.json; pass the directory of a Qwen2.5-VL checkpoint "
+      "(the folder holding config.json and model*.safetensors)."
+    )
   try:
     return Qwen25VLConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), **overrides)
   except (KeyError, ValueError) as e:
@@ -138,8 +152,9 @@ def _path_name(path) -> str:
   return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def load_hf_checkpoint(directory: str | os.PathLike, *, mesh: Mesh | None = None, dtype=None, param_dtype=None,
-                       **config_overrides) -> Qwen25VL:
+def load_hf_checkpoint(
+  directory: str | os.PathLike, *, mesh: Mesh | None = None, dtype=None, param_dtype=None, **config_overrides
+) -> Qwen25VL:
   """Builds a `Qwen25VL` from a local HF checkpoint directory.
 
   Params are stored as `param_dtype` (default: float32) and sharded per `jaxcap.sharding` rules over `mesh`
@@ -164,14 +179,18 @@ def load_hf_checkpoint(directory: str | os.PathLike, *, mesh: Mesh | None = None
     tensor = index.slice(found)
     hf_shape, want = tuple(tensor.get_shape()), _hf_shape(leaf.shape, layout, cfg)
     if hf_shape != want:
-      raise CheckpointError(f"tensor {found!r} in {directory} has shape {hf_shape}, but config.json implies "
-                            f"{want}; the weights and config.json do not belong together.")
+      raise CheckpointError(
+        f"tensor {found!r} in {directory} has shape {hf_shape}, but config.json implies "
+        f"{want}; the weights and config.json do not belong together."
+      )
     return _place(tensor, layout, leaf.shape, param_dtype, sharding)
 
   arrays = jax.tree_util.tree_map_with_path(load_one, pure, shardings)
   if missing:
-    raise CheckpointError(f"{directory} lacks {len(missing)} tensor(s) the config needs, e.g. {missing[:3]}; "
-                          "is it a complete Qwen2.5-VL checkpoint (all shards present)?")
+    raise CheckpointError(
+      f"{directory} lacks {len(missing)} tensor(s) the config needs, e.g. {missing[:3]}; "
+      "is it a complete Qwen2.5-VL checkpoint (all shards present)?"
+    )
   nnx.replace_by_pure_dict(abstract, arrays)
   return nnx.merge(graphdef, abstract)
 
@@ -192,8 +211,14 @@ def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- writing
-def save_hf_checkpoint(model: Qwen25VL, directory: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                       dtype=None, max_shard_bytes: int = 2 * 1024**3) -> Path:
+def save_hf_checkpoint(
+  model: Qwen25VL,
+  directory: str | os.PathLike,
+  *,
+  tokenizer_dir: str | os.PathLike | None = None,
+  dtype=None,
+  max_shard_bytes: int = 2 * 1024**3,
+) -> Path:
   """Writes `model` as an HF Qwen2.5-VL checkpoint that `transformers` loads with `from_pretrained(directory)`.
 
   Tensors are written in `dtype` (default: the params' dtype) to safetensors shards of at most
@@ -232,7 +257,8 @@ def save_hf_checkpoint(model: Qwen25VL, directory: str | os.PathLike, *, tokeniz
         weight_map.update({k: fname for k in shard})
       total = sum(t.nbytes for t in tensors.values())
       (directory / "model.safetensors.index.json").write_text(
-          json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+      )
     hf_cfg = cfg.to_hf_dict()
     first = next(iter(tensors.values()))
     hf_cfg["dtype"] = hf_cfg["text_config"]["dtype"] = hf_cfg["vision_config"]["dtype"] = first.dtype.name
@@ -249,5 +275,6 @@ def _gather(x: jax.Array) -> jax.Array:
   """A fully addressable copy of a possibly multi-host array (one tensor at a time)."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     from jax.experimental import multihost_utils
+
     return multihost_utils.process_allgather(x, tiled=True)
   return x

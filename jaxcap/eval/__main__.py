@@ -12,17 +12,20 @@ from jaxcap.eval.cli import parse_captioner_flags, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval.py", "Evaluation config file.")
 _CAPTIONERS = flags.DEFINE_multi_string(
-    "captioner", [], "NAME=SPEC (builtin:<name>, jsonl:<path>, callable:<module>:<fn>); repeatable. "
-    "When given, replaces config.captioners.")
+  "captioner",
+  [],
+  "NAME=SPEC (builtin:<name>, jsonl:<path>, callable:<module>:<fn>); repeatable. "
+  "When given, replaces config.captioners.",
+)
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; pass options as flags.")
-    paths = run(_CONFIG.value, parse_captioner_flags(_CAPTIONERS.value))
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}; pass options as flags.")
+  paths = run(_CONFIG.value, parse_captioner_flags(_CAPTIONERS.value))
+  for kind, path in paths.items():
+    print(f"{kind}: {path}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+  app.run(main)

@@ -14,22 +14,27 @@ from jaxcap.eval.metrics import Composite, harmonic_mean
 
 
 def caparena_to_percent(score):
-    """[-100, 100] -> [0, 100]."""
-    return (np.asarray(score, float) + 100.0) / 2.0
+  """[-100, 100] -> [0, 100]."""
+  return (np.asarray(score, float) + 100.0) / 2.0
 
 
 def b_capscore(dcscore, captionqa, caparena_score):
-    """Harmonic mean of DCScore (%), CaptionQA (%) and the CapArena score mapped to %; elementwise."""
-    return harmonic_mean(np.asarray(dcscore, float), np.asarray(captionqa, float), caparena_to_percent(caparena_score))
+  """Harmonic mean of DCScore (%), CaptionQA (%) and the CapArena score mapped to %; elementwise."""
+  return harmonic_mean(np.asarray(dcscore, float), np.asarray(captionqa, float), caparena_to_percent(caparena_score))
 
 
-def bcapscore_composite(dcscore_metric: str = "dcscore/f1", captionqa_metric: str = "captionqa/full",
-                        caparena_metric: str = "caparena/score") -> Composite:
-    """The composite metric "bcapscore" over the named axes."""
-    def composite(values):
-        for name in (dcscore_metric, captionqa_metric, caparena_metric):
-            if name not in values:
-                raise KeyError(f"b-CapScore needs metric {name!r}, which no suite produced; enable the dcscore, "
-                               "captionqa and caparena suites or point bcapscore at existing metrics.")
-        return b_capscore(values[dcscore_metric], values[captionqa_metric], values[caparena_metric])
-    return composite
+def bcapscore_composite(
+  dcscore_metric: str = "dcscore/f1", captionqa_metric: str = "captionqa/full", caparena_metric: str = "caparena/score"
+) -> Composite:
+  """The composite metric "bcapscore" over the named axes."""
+
+  def composite(values):
+    for name in (dcscore_metric, captionqa_metric, caparena_metric):
+      if name not in values:
+        raise KeyError(
+          f"b-CapScore needs metric {name!r}, which no suite produced; enable the dcscore, "
+          "captionqa and caparena suites or point bcapscore at existing metrics."
+        )
+    return b_capscore(values[dcscore_metric], values[captionqa_metric], values[caparena_metric])
+
+  return composite

@@ -25,199 +25,302 @@ from jaxcap.judges import parsing
 from jaxcap.judges.fleet import JudgeCall, JudgeFleet, Outcome
 from jaxcap.judges.prompts import PromptLibrary
 from jaxcap.judges.protocol import (
-    CaptionRequest, ClaimSplit, ClaimVerdicts, ClaimVerificationRequest, Coverage, CoverageRequest,
-    CriteriaWritingRequest, CriterionRequest, CriterionVerdict, LanguageRatings, LikertRequest, LikertScore,
-    MultipleChoiceReply, MultipleChoiceRequest, PairwiseRequest, PairwiseVerdict, VisualQuestionRequest,
-    WrittenCriteria)
+  CaptionRequest,
+  ClaimSplit,
+  ClaimVerdicts,
+  ClaimVerificationRequest,
+  Coverage,
+  CoverageRequest,
+  CriteriaWritingRequest,
+  CriterionRequest,
+  CriterionVerdict,
+  LanguageRatings,
+  LikertRequest,
+  LikertScore,
+  MultipleChoiceReply,
+  MultipleChoiceRequest,
+  PairwiseRequest,
+  PairwiseVerdict,
+  VisualQuestionRequest,
+  WrittenCriteria,
+)
 from jaxcap.rewards.record import Criterion, ImageRecord
 
 ROLES = {
-    "answer_multiple_choice": "answerer", "check_criteria": "judge", "write_criteria": "rubric_writer",
-    "split_claims": "judge", "verify_claims": "verifier", "match_reference_units": "judge",
-    "rate_language": "judge", "compare_captions": "judge", "score_likert": "judge",
-    "answer_visual_questions": "curator",
+  "answer_multiple_choice": "answerer",
+  "check_criteria": "judge",
+  "write_criteria": "rubric_writer",
+  "split_claims": "judge",
+  "verify_claims": "verifier",
+  "match_reference_units": "judge",
+  "rate_language": "judge",
+  "compare_captions": "judge",
+  "score_likert": "judge",
+  "answer_visual_questions": "curator",
 }
 
 
 class HttpJudge:
-    """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet`.
+  """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet`.
 
-    images: image id -> image file path, for roles with `send_images` (build it with `images_from_records`).
-    prompts: a PromptLibrary (defaults to the shipped templates in jaxcap/judges/prompts/).
-    """
+  images: image id -> image file path, for roles with `send_images` (build it with `images_from_records`).
+  prompts: a PromptLibrary (defaults to the shipped templates in jaxcap/judges/prompts/).
+  """
 
-    def __init__(self, fleet: JudgeFleet, *, images: Mapping[str, str | os.PathLike] | None = None,
-                 prompts: PromptLibrary | None = None):
-        self.fleet = fleet
-        self.images = dict(images or {})
-        self.prompts = prompts or PromptLibrary()
+  def __init__(
+    self,
+    fleet: JudgeFleet,
+    *,
+    images: Mapping[str, str | os.PathLike] | None = None,
+    prompts: PromptLibrary | None = None,
+  ):
+    self.fleet = fleet
+    self.images = dict(images or {})
+    self.prompts = prompts or PromptLibrary()
 
-    # -- plumbing -------------------------------------------------------------------------------------------
+  # -- plumbing -------------------------------------------------------------------------------------------
 
-    def _ask(self, primitive: str, template: str, items: Sequence[tuple[Any, dict[str, Any], Callable[[str], Any]]],
-             *, image_ids: Sequence[str | None] | None = None) -> list[Outcome]:
-        """items: (request, template variables, parse) per judgment; returns one Outcome per item."""
-        role = ROLES[primitive]
-        config = self.fleet.role_config(role)
-        schema = parsing.SCHEMAS.get(template)
-        calls, slots, outcomes = [], [], [None] * len(items)
-        for i, (request, variables, parse) in enumerate(items):
-            messages = self.prompts.render(template, **variables)
-            image_id = image_ids[i] if image_ids is not None else None
-            if image_id is not None and config.send_images:
-                try:
-                    messages[-1] = {"role": "user", "content": [
-                        {"type": "text", "text": messages[-1]["content"]},
-                        {"type": "image_url", "image_url": {"url": self._data_url(image_id)}}]}
-                except (KeyError, OSError) as e:
-                    outcomes[i] = Outcome(failed=True, error=str(e))
-                    continue
-            hint = {"primitive": primitive, "request": dataclasses.asdict(request)}
-            calls.append(JudgeCall(tuple(messages), parse, schema, hint))
-            slots.append(i)
-        for i, outcome in zip(slots, self.fleet.judge(role, calls) if calls else []):
-            outcomes[i] = outcome
-        return outcomes
+  def _ask(
+    self,
+    primitive: str,
+    template: str,
+    items: Sequence[tuple[Any, dict[str, Any], Callable[[str], Any]]],
+    *,
+    image_ids: Sequence[str | None] | None = None,
+  ) -> list[Outcome]:
+    """items: (request, template variables, parse) per judgment; returns one Outcome per item."""
+    role = ROLES[primitive]
+    config = self.fleet.role_config(role)
+    schema = parsing.SCHEMAS.get(template)
+    calls, slots, outcomes = [], [], [None] * len(items)
+    for i, (request, variables, parse) in enumerate(items):
+      messages = self.prompts.render(template, **variables)
+      image_id = image_ids[i] if image_ids is not None else None
+      if image_id is not None and config.send_images:
+        try:
+          messages[-1] = {
+            "role": "user",
+            "content": [
+              {"type": "text", "text": messages[-1]["content"]},
+              {"type": "image_url", "image_url": {"url": self._data_url(image_id)}},
+            ],
+          }
+        except (KeyError, OSError) as e:
+          outcomes[i] = Outcome(failed=True, error=str(e))
+          continue
+      hint = {"primitive": primitive, "request": dataclasses.asdict(request)}
+      calls.append(JudgeCall(tuple(messages), parse, schema, hint))
+      slots.append(i)
+    for i, outcome in zip(slots, self.fleet.judge(role, calls) if calls else []):
+      outcomes[i] = outcome
+    return outcomes
 
-    def _data_url(self, image_id: str) -> str:
-        if image_id not in self.images:
-            raise KeyError(f"No image path for image id {image_id!r}; pass HttpJudge(images={{id: path}}) "
-                           "(images_from_records) or turn send_images off for this role.")
-        return _encode_image(str(self.images[image_id]))
+  def _data_url(self, image_id: str) -> str:
+    if image_id not in self.images:
+      raise KeyError(
+        f"No image path for image id {image_id!r}; pass HttpJudge(images={{id: path}}) "
+        "(images_from_records) or turn send_images off for this role."
+      )
+    return _encode_image(str(self.images[image_id]))
 
-    @staticmethod
-    def _results(outcomes: Sequence[Outcome], make: Callable[[Any], Any], result_type: type) -> list:
-        return [result_type(failed=True, error=o.error) if o.failed else make(o.value) for o in outcomes]
+  @staticmethod
+  def _results(outcomes: Sequence[Outcome], make: Callable[[Any], Any], result_type: type) -> list:
+    return [result_type(failed=True, error=o.error) if o.failed else make(o.value) for o in outcomes]
 
-    # -- CapRL ----------------------------------------------------------------------------------------------
+  # -- CapRL ----------------------------------------------------------------------------------------------
 
-    def answer_multiple_choice(self, requests: Sequence[MultipleChoiceRequest]) -> list[MultipleChoiceReply]:
-        """The reply is the parsed option letter ("B"), so either CapRL parsing mode reads it."""
-        items = [(r, dict(caption=r.caption, question=r.question, options=list(r.options)),
-                  functools.partial(parsing.parse_letter, options=r.options)) for r in requests]
-        outcomes = [_too_many_options(r) or o for r, o in zip(requests, self._ask(
-            "answer_multiple_choice", "caprl_answer", items))]
-        return self._results(outcomes, lambda v: MultipleChoiceReply(reply=v), MultipleChoiceReply)
+  def answer_multiple_choice(self, requests: Sequence[MultipleChoiceRequest]) -> list[MultipleChoiceReply]:
+    """The reply is the parsed option letter ("B"), so either CapRL parsing mode reads it."""
+    items = [
+      (
+        r,
+        dict(caption=r.caption, question=r.question, options=list(r.options)),
+        functools.partial(parsing.parse_letter, options=r.options),
+      )
+      for r in requests
+    ]
+    outcomes = [
+      _too_many_options(r) or o for r, o in zip(requests, self._ask("answer_multiple_choice", "caprl_answer", items))
+    ]
+    return self._results(outcomes, lambda v: MultipleChoiceReply(reply=v), MultipleChoiceReply)
 
-    def answer_visual_questions(self, requests: Sequence[VisualQuestionRequest]) -> list[MultipleChoiceReply]:
-        """QA curation: the VLM answers with the image attached (with_image) or from the question alone."""
-        items = [(r, dict(question=r.question, options=list(r.options), with_image=r.with_image),
-                  functools.partial(parsing.parse_letter, options=r.options)) for r in requests]
-        outcomes = self._ask("answer_visual_questions", "curation_answer", items,
-                             image_ids=[r.image_id if r.with_image else None for r in requests])
-        return self._results(outcomes, lambda v: MultipleChoiceReply(reply=v), MultipleChoiceReply)
+  def answer_visual_questions(self, requests: Sequence[VisualQuestionRequest]) -> list[MultipleChoiceReply]:
+    """QA curation: the VLM answers with the image attached (with_image) or from the question alone."""
+    items = [
+      (
+        r,
+        dict(question=r.question, options=list(r.options), with_image=r.with_image),
+        functools.partial(parsing.parse_letter, options=r.options),
+      )
+      for r in requests
+    ]
+    outcomes = self._ask(
+      "answer_visual_questions",
+      "curation_answer",
+      items,
+      image_ids=[r.image_id if r.with_image else None for r in requests],
+    )
+    return self._results(outcomes, lambda v: MultipleChoiceReply(reply=v), MultipleChoiceReply)
 
-    # -- RubiCap --------------------------------------------------------------------------------------------
+  # -- RubiCap --------------------------------------------------------------------------------------------
 
-    def check_criteria(self, requests: Sequence[CriterionRequest]) -> list[CriterionVerdict]:
-        parse = _json_parser("rubicap_check_criterion")
-        outcomes = self._ask("check_criteria", "rubicap_check_criterion",
-                             [(r, dict(caption=r.caption, criterion=r.criterion), parse) for r in requests])
-        return self._results(outcomes, lambda v: CriterionVerdict(passed=bool(v["passed"])), CriterionVerdict)
+  def check_criteria(self, requests: Sequence[CriterionRequest]) -> list[CriterionVerdict]:
+    parse = _json_parser("rubicap_check_criterion")
+    outcomes = self._ask(
+      "check_criteria",
+      "rubicap_check_criterion",
+      [(r, dict(caption=r.caption, criterion=r.criterion), parse) for r in requests],
+    )
+    return self._results(outcomes, lambda v: CriterionVerdict(passed=bool(v["passed"])), CriterionVerdict)
 
-    def write_criteria(self, requests: Sequence[CriteriaWritingRequest]) -> list[WrittenCriteria]:
-        parse = _json_parser("rubicap_write_criteria", _criteria)
-        outcomes = self._ask("write_criteria", "rubicap_write_criteria", [
-            (r, dict(student_caption=r.student_caption, missing=list(r.missing), incorrect=list(r.incorrect),
-                     unpointable=list(r.unpointable)), parse) for r in requests])
-        return self._results(outcomes, lambda v: WrittenCriteria(criteria=v), WrittenCriteria)
+  def write_criteria(self, requests: Sequence[CriteriaWritingRequest]) -> list[WrittenCriteria]:
+    parse = _json_parser("rubicap_write_criteria", _criteria)
+    outcomes = self._ask(
+      "write_criteria",
+      "rubicap_write_criteria",
+      [
+        (
+          r,
+          dict(
+            student_caption=r.student_caption,
+            missing=list(r.missing),
+            incorrect=list(r.incorrect),
+            unpointable=list(r.unpointable),
+          ),
+          parse,
+        )
+        for r in requests
+      ],
+    )
+    return self._results(outcomes, lambda v: WrittenCriteria(criteria=v), WrittenCriteria)
 
-    # -- BalCapRL -------------------------------------------------------------------------------------------
+  # -- BalCapRL -------------------------------------------------------------------------------------------
 
-    def split_claims(self, requests: Sequence[CaptionRequest]) -> list[ClaimSplit]:
-        parse = _json_parser("balcaprl_split_claims",
-                             lambda v: tuple(c.strip() for c in v["claims"] if c.strip()))
-        outcomes = self._ask("split_claims", "balcaprl_split_claims",
-                             [(r, dict(caption=r.caption), parse) for r in requests])
-        return self._results(outcomes, lambda v: ClaimSplit(claims=v), ClaimSplit)
+  def split_claims(self, requests: Sequence[CaptionRequest]) -> list[ClaimSplit]:
+    parse = _json_parser("balcaprl_split_claims", lambda v: tuple(c.strip() for c in v["claims"] if c.strip()))
+    outcomes = self._ask(
+      "split_claims", "balcaprl_split_claims", [(r, dict(caption=r.caption), parse) for r in requests]
+    )
+    return self._results(outcomes, lambda v: ClaimSplit(claims=v), ClaimSplit)
 
-    def verify_claims(self, requests: Sequence[ClaimVerificationRequest]) -> list[ClaimVerdicts]:
-        def parse(count: int, text: str):
-            verdicts = parsing.parse_flags(text, parsing.SCHEMAS["balcaprl_verify_claims"], "verdicts", count)
-            return tuple(v["correct"] for v in verdicts), tuple(v["pointable"] for v in verdicts)
-        asked = [i for i, r in enumerate(requests) if r.claims]
-        outcomes = self._ask("verify_claims", "balcaprl_verify_claims",
-                             [(requests[i], dict(claims=list(requests[i].claims)),
-                               functools.partial(parse, len(requests[i].claims))) for i in asked],
-                             image_ids=[requests[i].image_id for i in asked])
-        results = [ClaimVerdicts() for _ in requests]  # no claims: nothing to verify
-        for i, r in zip(asked, self._results(outcomes, lambda v: ClaimVerdicts(correct=v[0], pointable=v[1]),
-                                             ClaimVerdicts)):
-            results[i] = r
-        return results
+  def verify_claims(self, requests: Sequence[ClaimVerificationRequest]) -> list[ClaimVerdicts]:
+    def parse(count: int, text: str):
+      verdicts = parsing.parse_flags(text, parsing.SCHEMAS["balcaprl_verify_claims"], "verdicts", count)
+      return tuple(v["correct"] for v in verdicts), tuple(v["pointable"] for v in verdicts)
 
-    def match_reference_units(self, requests: Sequence[CoverageRequest]) -> list[Coverage]:
-        asked = [i for i, r in enumerate(requests) if r.units]
-        outcomes = self._ask("match_reference_units", "balcaprl_coverage", [
-            (requests[i], dict(caption=requests[i].caption, units=list(requests[i].units)),
-             functools.partial(lambda n, text: tuple(parsing.parse_flags(
-                 text, parsing.SCHEMAS["balcaprl_coverage"], "covered", n)), len(requests[i].units)))
-            for i in asked])
-        results = [Coverage() for _ in requests]
-        for i, r in zip(asked, self._results(outcomes, lambda v: Coverage(covered=v), Coverage)):
-            results[i] = r
-        return results
+    asked = [i for i, r in enumerate(requests) if r.claims]
+    outcomes = self._ask(
+      "verify_claims",
+      "balcaprl_verify_claims",
+      [
+        (requests[i], dict(claims=list(requests[i].claims)), functools.partial(parse, len(requests[i].claims)))
+        for i in asked
+      ],
+      image_ids=[requests[i].image_id for i in asked],
+    )
+    results = [ClaimVerdicts() for _ in requests]  # no claims: nothing to verify
+    for i, r in zip(
+      asked, self._results(outcomes, lambda v: ClaimVerdicts(correct=v[0], pointable=v[1]), ClaimVerdicts)
+    ):
+      results[i] = r
+    return results
 
-    def rate_language(self, requests: Sequence[CaptionRequest]) -> list[LanguageRatings]:
-        parse = _json_parser("balcaprl_rate_language")
-        outcomes = self._ask("rate_language", "balcaprl_rate_language",
-                             [(r, dict(caption=r.caption), parse) for r in requests])
-        return self._results(outcomes, lambda v: LanguageRatings(**v), LanguageRatings)
+  def match_reference_units(self, requests: Sequence[CoverageRequest]) -> list[Coverage]:
+    asked = [i for i, r in enumerate(requests) if r.units]
+    outcomes = self._ask(
+      "match_reference_units",
+      "balcaprl_coverage",
+      [
+        (
+          requests[i],
+          dict(caption=requests[i].caption, units=list(requests[i].units)),
+          functools.partial(
+            lambda n, text: tuple(parsing.parse_flags(text, parsing.SCHEMAS["balcaprl_coverage"], "covered", n)),
+            len(requests[i].units),
+          ),
+        )
+        for i in asked
+      ],
+    )
+    results = [Coverage() for _ in requests]
+    for i, r in zip(asked, self._results(outcomes, lambda v: Coverage(covered=v), Coverage)):
+      results[i] = r
+    return results
 
-    # -- pairwise and Likert --------------------------------------------------------------------------------
+  def rate_language(self, requests: Sequence[CaptionRequest]) -> list[LanguageRatings]:
+    parse = _json_parser("balcaprl_rate_language")
+    outcomes = self._ask(
+      "rate_language", "balcaprl_rate_language", [(r, dict(caption=r.caption), parse) for r in requests]
+    )
+    return self._results(outcomes, lambda v: LanguageRatings(**v), LanguageRatings)
 
-    def compare_captions(self, requests: Sequence[PairwiseRequest]) -> list[PairwiseVerdict]:
-        parse = _json_parser("pairwise")
-        outcomes = self._ask("compare_captions", "pairwise", [
-            (r, dict(caption_a=r.caption_a, caption_b=r.caption_b, reference=r.reference), parse)
-            for r in requests], image_ids=[r.image_id for r in requests])
-        return self._results(outcomes, lambda v: PairwiseVerdict(winner=v["winner"]), PairwiseVerdict)
+  # -- pairwise and Likert --------------------------------------------------------------------------------
 
-    def score_likert(self, requests: Sequence[LikertRequest]) -> list[LikertScore]:
-        outcomes = []
-        for reference in (False, True):  # two templates; keep request order
-            idx = [i for i, r in enumerate(requests) if (r.reference is not None) == reference]
-            template = "likert_reference" if reference else "likert_direct"
-            got = self._ask("score_likert", template, [
-                (requests[i], dict(caption=requests[i].caption, reference=requests[i].reference or ""),
-                 _json_parser(template)) for i in idx],
-                image_ids=None if reference else [requests[i].image_id for i in idx])
-            outcomes.extend(zip(idx, got))
-        ordered = [o for _, o in sorted(outcomes, key=lambda t: t[0])]
-        return self._results(ordered, lambda v: LikertScore(score=v["score"]), LikertScore)
+  def compare_captions(self, requests: Sequence[PairwiseRequest]) -> list[PairwiseVerdict]:
+    parse = _json_parser("pairwise")
+    outcomes = self._ask(
+      "compare_captions",
+      "pairwise",
+      [(r, dict(caption_a=r.caption_a, caption_b=r.caption_b, reference=r.reference), parse) for r in requests],
+      image_ids=[r.image_id for r in requests],
+    )
+    return self._results(outcomes, lambda v: PairwiseVerdict(winner=v["winner"]), PairwiseVerdict)
+
+  def score_likert(self, requests: Sequence[LikertRequest]) -> list[LikertScore]:
+    outcomes = []
+    for reference in (False, True):  # two templates; keep request order
+      idx = [i for i, r in enumerate(requests) if (r.reference is not None) == reference]
+      template = "likert_reference" if reference else "likert_direct"
+      got = self._ask(
+        "score_likert",
+        template,
+        [
+          (
+            requests[i],
+            dict(caption=requests[i].caption, reference=requests[i].reference or ""),
+            _json_parser(template),
+          )
+          for i in idx
+        ],
+        image_ids=None if reference else [requests[i].image_id for i in idx],
+      )
+      outcomes.extend(zip(idx, got))
+    ordered = [o for _, o in sorted(outcomes, key=lambda t: t[0])]
+    return self._results(ordered, lambda v: LikertScore(score=v["score"]), LikertScore)
 
 
 def _json_parser(template: str, convert: Callable[[dict], Any] | None = None) -> Callable[[str], Any]:
-    schema = parsing.SCHEMAS[template]
+  schema = parsing.SCHEMAS[template]
 
-    def parse(text: str) -> Any:
-        value = parsing.parse_json_reply(text, schema)
-        return convert(value) if convert else value
-    return parse
+  def parse(text: str) -> Any:
+    value = parsing.parse_json_reply(text, schema)
+    return convert(value) if convert else value
+
+  return parse
 
 
 def _criteria(value: Mapping[str, Any]) -> tuple[Criterion, ...]:
-    out = []
-    for c in value["criteria"]:
-        if not c["text"].strip():
-            raise parsing.ReplyParseError("reply.criteria has an empty criterion text.")
-        out.append(Criterion(c["text"].strip(), c["severity"]))
-    return tuple(out)
+  out = []
+  for c in value["criteria"]:
+    if not c["text"].strip():
+      raise parsing.ReplyParseError("reply.criteria has an empty criterion text.")
+    out.append(Criterion(c["text"].strip(), c["severity"]))
+  return tuple(out)
 
 
 def _too_many_options(r: MultipleChoiceRequest) -> Outcome | None:
-    if 2 <= len(r.options) <= len(parsing.LETTERS):
-        return None
-    return Outcome(failed=True, error=f"{len(r.options)} options; need 2..{len(parsing.LETTERS)}")
+  if 2 <= len(r.options) <= len(parsing.LETTERS):
+    return None
+  return Outcome(failed=True, error=f"{len(r.options)} options; need 2..{len(parsing.LETTERS)}")
 
 
 @functools.lru_cache(maxsize=256)
 def _encode_image(path: str) -> str:
-    mime = mimetypes.guess_type(path)[0] or "image/png"
-    return f"data:{mime};base64," + base64.b64encode(pathlib.Path(path).read_bytes()).decode()
+  mime = mimetypes.guess_type(path)[0] or "image/png"
+  return f"data:{mime};base64," + base64.b64encode(pathlib.Path(path).read_bytes()).decode()
 
 
 def images_from_records(records: Sequence[ImageRecord], root: str | os.PathLike = ".") -> dict[str, str]:
-    """image id -> absolute image path, for records whose `image` is set (relative paths resolved at root)."""
-    base = pathlib.Path(root)
-    return {r.id: str(base / r.image) for r in records if r.image}
+  """image id -> absolute image path, for records whose `image` is set (relative paths resolved at root)."""
+  base = pathlib.Path(root)
+  return {r.id: str(base / r.image) for r in records if r.image}

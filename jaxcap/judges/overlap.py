@@ -16,32 +16,32 @@ from jaxcap.rewards.record import ImageRecord
 
 
 class OverlappedReward:
-    """A reward function run on host worker threads; `max_in_flight` steps may be judged at once.
+  """A reward function run on host worker threads; `max_in_flight` steps may be judged at once.
 
-    The reward code is unchanged (it blocks on the judge); only the thread it blocks is not the loop's.
-    JAX dispatch is asynchronous, so device work enqueued before `result()` runs meanwhile.
-    """
+  The reward code is unchanged (it blocks on the judge); only the thread it blocks is not the loop's.
+  JAX dispatch is asynchronous, so device work enqueued before `result()` runs meanwhile.
+  """
 
-    def __init__(self, reward_fn: RewardFunction, *, max_in_flight: int = 1):
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1.")
-        self.reward_fn = reward_fn
-        self.names = reward_fn.names
-        self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="reward")
+  def __init__(self, reward_fn: RewardFunction, *, max_in_flight: int = 1):
+    if max_in_flight < 1:
+      raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1.")
+    self.reward_fn = reward_fn
+    self.names = reward_fn.names
+    self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="reward")
 
-    def submit(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> Future:
-        """Future[RewardBatch] of `reward_fn(captions, records, step=step)`; inputs are copied first."""
-        return self._pool.submit(self.reward_fn, list(captions), list(records), step=step)
+  def submit(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> Future:
+    """Future[RewardBatch] of `reward_fn(captions, records, step=step)`; inputs are copied first."""
+    return self._pool.submit(self.reward_fn, list(captions), list(records), step=step)
 
-    def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-        """Blocking call, so an OverlappedReward is also a plain RewardFunction."""
-        return self.submit(captions, records, step=step).result()
+  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+    """Blocking call, so an OverlappedReward is also a plain RewardFunction."""
+    return self.submit(captions, records, step=step).result()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+  def close(self) -> None:
+    self._pool.shutdown(wait=True)
 
-    def __enter__(self) -> "OverlappedReward":
-        return self
+  def __enter__(self) -> "OverlappedReward":
+    return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -16,13 +16,35 @@ from typing import Mapping, Sequence
 
 from jaxcap.data.synthetic import vocabulary as V
 from jaxcap.data.synthetic.captions import reference_units
-from jaxcap.data.synthetic.language import CaptionFacts, Claim, claim_text, parse_caption, split_sentences, unique_claims
+from jaxcap.data.synthetic.language import (
+  CaptionFacts,
+  Claim,
+  claim_text,
+  parse_caption,
+  split_sentences,
+  unique_claims,
+)
 from jaxcap.data.synthetic.questions import STILL_OPTION, QuestionQuery, parse_question
 from jaxcap.data.synthetic.scene import Scene
 from jaxcap.judges.protocol import (
-    CaptionRequest, ClaimSplit, ClaimVerdicts, ClaimVerificationRequest, Coverage, CoverageRequest,
-    CriteriaWritingRequest, CriterionRequest, CriterionVerdict, LanguageRatings, LikertRequest, LikertScore,
-    MultipleChoiceReply, MultipleChoiceRequest, PairwiseRequest, PairwiseVerdict, WrittenCriteria)
+  CaptionRequest,
+  ClaimSplit,
+  ClaimVerdicts,
+  ClaimVerificationRequest,
+  Coverage,
+  CoverageRequest,
+  CriteriaWritingRequest,
+  CriterionRequest,
+  CriterionVerdict,
+  LanguageRatings,
+  LikertRequest,
+  LikertScore,
+  MultipleChoiceReply,
+  MultipleChoiceRequest,
+  PairwiseRequest,
+  PairwiseVerdict,
+  WrittenCriteria,
+)
 from jaxcap.rewards.record import Criterion
 
 LETTERS = "ABCDEFGHI"
@@ -35,349 +57,355 @@ NO_META_CRITERION = "The caption contains no meta-commentary or other statements
 
 
 def _unit_hash(*parts: object) -> float:
-    """A uniform number in [0, 1) from the parts' text; stable across processes (unlike hash())."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2 ** 64
+  """A uniform number in [0, 1) from the parts' text; stable across processes (unlike hash())."""
+  digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") / 2**64
 
 
 class RuleBasedJudge:
-    """Judge over `scenes` (image id -> Scene). Deterministic given (`seed`, request contents)."""
+  """Judge over `scenes` (image id -> Scene). Deterministic given (`seed`, request contents)."""
 
-    def __init__(self, scenes: Mapping[str, Scene] | None = None, *, failure_rate: float = 0.0, seed: int = 0):
-        if not 0.0 <= failure_rate <= 1.0:
-            raise ValueError(f"failure_rate={failure_rate}: must be a probability in [0, 1].")
-        self.scenes = dict(scenes or {})
-        self.failure_rate = failure_rate
-        self.seed = seed
+  def __init__(self, scenes: Mapping[str, Scene] | None = None, *, failure_rate: float = 0.0, seed: int = 0):
+    if not 0.0 <= failure_rate <= 1.0:
+      raise ValueError(f"failure_rate={failure_rate}: must be a probability in [0, 1].")
+    self.scenes = dict(scenes or {})
+    self.failure_rate = failure_rate
+    self.seed = seed
 
-    def add_scene(self, scene: Scene) -> None:
-        self.scenes[scene.id] = scene
+  def add_scene(self, scene: Scene) -> None:
+    self.scenes[scene.id] = scene
 
-    # -- failure injection --------------------------------------------------------------------------------
+  # -- failure injection --------------------------------------------------------------------------------
 
-    def _injected_failure(self, primitive: str, request: object) -> bool:
-        # Keyed on the request's content, so a failure does not depend on batch composition or order.
-        return self.failure_rate > 0 and _unit_hash(self.seed, primitive, repr(request)) < self.failure_rate
+  def _injected_failure(self, primitive: str, request: object) -> bool:
+    # Keyed on the request's content, so a failure does not depend on batch composition or order.
+    return self.failure_rate > 0 and _unit_hash(self.seed, primitive, repr(request)) < self.failure_rate
 
-    def _scene(self, image_id: str) -> Scene | None:
-        return self.scenes.get(image_id)
+  def _scene(self, image_id: str) -> Scene | None:
+    return self.scenes.get(image_id)
 
-    # -- CapRL --------------------------------------------------------------------------------------------
+  # -- CapRL --------------------------------------------------------------------------------------------
 
-    def answer_multiple_choice(self, requests: Sequence[MultipleChoiceRequest]) -> list[MultipleChoiceReply]:
-        out = []
-        for r in requests:
-            if self._injected_failure("mcq", r):
-                out.append(MultipleChoiceReply(failed=True, error="injected failure"))
-                continue
-            if not 2 <= len(r.options) <= len(LETTERS):
-                out.append(MultipleChoiceReply(failed=True, error=f"{len(r.options)} options; need 2..9"))
-                continue
-            out.append(MultipleChoiceReply(reply=LETTERS[self._choose(r)]))
-        return out
+  def answer_multiple_choice(self, requests: Sequence[MultipleChoiceRequest]) -> list[MultipleChoiceReply]:
+    out = []
+    for r in requests:
+      if self._injected_failure("mcq", r):
+        out.append(MultipleChoiceReply(failed=True, error="injected failure"))
+        continue
+      if not 2 <= len(r.options) <= len(LETTERS):
+        out.append(MultipleChoiceReply(failed=True, error=f"{len(r.options)} options; need 2..9"))
+        continue
+      out.append(MultipleChoiceReply(reply=LETTERS[self._choose(r)]))
+    return out
 
-    def _choose(self, r: MultipleChoiceRequest) -> int:
-        facts = CaptionFacts.from_caption(r.caption)
-        query = parse_question(r.question)
-        answer = None
-        if query is not None and query.kind == "temporal_order":
-            answer = _first_to_appear(r.options, facts)
-        elif query is not None:
-            answer = answer_from_facts(query, facts)
-        options = [o.strip().lower() for o in r.options]
-        if answer is not None and answer.lower() in options:
-            return options.index(answer.lower())
-        abstain = [i for i, o in enumerate(r.options) if _CANNOT_ANSWER_RE.search(o)]
-        if abstain:
-            return abstain[0]
-        return uninformed_choice(r.question, r.options)
+  def _choose(self, r: MultipleChoiceRequest) -> int:
+    facts = CaptionFacts.from_caption(r.caption)
+    query = parse_question(r.question)
+    answer = None
+    if query is not None and query.kind == "temporal_order":
+      answer = _first_to_appear(r.options, facts)
+    elif query is not None:
+      answer = answer_from_facts(query, facts)
+    options = [o.strip().lower() for o in r.options]
+    if answer is not None and answer.lower() in options:
+      return options.index(answer.lower())
+    abstain = [i for i, o in enumerate(r.options) if _CANNOT_ANSWER_RE.search(o)]
+    if abstain:
+      return abstain[0]
+    return uninformed_choice(r.question, r.options)
 
-    # -- RubiCap ------------------------------------------------------------------------------------------
+  # -- RubiCap ------------------------------------------------------------------------------------------
 
-    def check_criteria(self, requests: Sequence[CriterionRequest]) -> list[CriterionVerdict]:
-        out = []
-        for r in requests:
-            if self._injected_failure("criterion", r):
-                out.append(CriterionVerdict(failed=True, error="injected failure"))
-                continue
-            out.append(self._check(r))
-        return out
+  def check_criteria(self, requests: Sequence[CriterionRequest]) -> list[CriterionVerdict]:
+    out = []
+    for r in requests:
+      if self._injected_failure("criterion", r):
+        out.append(CriterionVerdict(failed=True, error="injected failure"))
+        continue
+      out.append(self._check(r))
+    return out
 
-    def _check(self, r: CriterionRequest) -> CriterionVerdict:
-        claims = parse_caption(r.caption)
-        keys = {c.key for c in claims}
-        text = r.criterion.strip()
-        if text == NO_META_CRITERION:
-            return CriterionVerdict(passed=bool(claims) and not any(c.kind == "meta" for c in claims))
-        negated = text.startswith(DENIES_PREFIX)
-        body = text[len(DENIES_PREFIX if negated else STATES_PREFIX):] if (
-            negated or text.startswith(STATES_PREFIX)) else text
-        wanted = _specific_claims(body)
-        if not wanted:
-            return CriterionVerdict(failed=True, error=f"criterion states no checkable fact: {text!r}")
-        stated = all(w.key in keys for w in wanted)
-        return CriterionVerdict(passed=not stated if negated else stated)
+  def _check(self, r: CriterionRequest) -> CriterionVerdict:
+    claims = parse_caption(r.caption)
+    keys = {c.key for c in claims}
+    text = r.criterion.strip()
+    if text == NO_META_CRITERION:
+      return CriterionVerdict(passed=bool(claims) and not any(c.kind == "meta" for c in claims))
+    negated = text.startswith(DENIES_PREFIX)
+    body = (
+      text[len(DENIES_PREFIX if negated else STATES_PREFIX) :] if (negated or text.startswith(STATES_PREFIX)) else text
+    )
+    wanted = _specific_claims(body)
+    if not wanted:
+      return CriterionVerdict(failed=True, error=f"criterion states no checkable fact: {text!r}")
+    stated = all(w.key in keys for w in wanted)
+    return CriterionVerdict(passed=not stated if negated else stated)
 
-    def write_criteria(self, requests: Sequence[CriteriaWritingRequest]) -> list[WrittenCriteria]:
-        out = []
-        for r in requests:
-            if self._injected_failure("write_criteria", r):
-                out.append(WrittenCriteria(failed=True, error="injected failure"))
-                continue
-            criteria = []
-            for unit in r.missing:
-                # Missing objects and imprecise attributes are "important"; a missing backdrop is "minor".
-                kinds = {c.kind for c in _specific_claims(unit)}
-                criteria.append(Criterion(STATES_PREFIX + unit, "minor" if kinds == {"background"} else "important"))
-            for claim in r.incorrect:
-                criteria.append(Criterion(DENIES_PREFIX + claim, "critical"))  # hallucination / misidentification
-            if r.unpointable:
-                criteria.append(Criterion(NO_META_CRITERION, "minor"))
-            out.append(WrittenCriteria(criteria=tuple(criteria)))
-        return out
+  def write_criteria(self, requests: Sequence[CriteriaWritingRequest]) -> list[WrittenCriteria]:
+    out = []
+    for r in requests:
+      if self._injected_failure("write_criteria", r):
+        out.append(WrittenCriteria(failed=True, error="injected failure"))
+        continue
+      criteria = []
+      for unit in r.missing:
+        # Missing objects and imprecise attributes are "important"; a missing backdrop is "minor".
+        kinds = {c.kind for c in _specific_claims(unit)}
+        criteria.append(Criterion(STATES_PREFIX + unit, "minor" if kinds == {"background"} else "important"))
+      for claim in r.incorrect:
+        criteria.append(Criterion(DENIES_PREFIX + claim, "critical"))  # hallucination / misidentification
+      if r.unpointable:
+        criteria.append(Criterion(NO_META_CRITERION, "minor"))
+      out.append(WrittenCriteria(criteria=tuple(criteria)))
+    return out
 
-    # -- BalCapRL -----------------------------------------------------------------------------------------
+  # -- BalCapRL -----------------------------------------------------------------------------------------
 
-    def split_claims(self, requests: Sequence[CaptionRequest]) -> list[ClaimSplit]:
-        out = []
-        for r in requests:
-            if self._injected_failure("split", r):
-                out.append(ClaimSplit(failed=True, error="injected failure"))
-                continue
-            out.append(ClaimSplit(claims=tuple(claim_text(c) for c in unique_claims(parse_caption(r.caption)))))
-        return out
+  def split_claims(self, requests: Sequence[CaptionRequest]) -> list[ClaimSplit]:
+    out = []
+    for r in requests:
+      if self._injected_failure("split", r):
+        out.append(ClaimSplit(failed=True, error="injected failure"))
+        continue
+      out.append(ClaimSplit(claims=tuple(claim_text(c) for c in unique_claims(parse_caption(r.caption)))))
+    return out
 
-    def verify_claims(self, requests: Sequence[ClaimVerificationRequest]) -> list[ClaimVerdicts]:
-        out = []
-        for r in requests:
-            scene = self._scene(r.image_id)
-            if scene is None:
-                out.append(ClaimVerdicts(failed=True, error=f"no ground truth for image {r.image_id!r}"))
-                continue
-            if self._injected_failure("verify", r):
-                out.append(ClaimVerdicts(failed=True, error="injected failure"))
-                continue
-            correct, pointable = [], []
-            for text in r.claims:
-                parsed = parse_caption(text)
-                pointable.append(bool(parsed) and all(c.kind != "meta" for c in parsed))
-                correct.append(bool(parsed) and all(claim_holds(c, scene) for c in parsed))
-            out.append(ClaimVerdicts(correct=tuple(correct), pointable=tuple(pointable)))
-        return out
+  def verify_claims(self, requests: Sequence[ClaimVerificationRequest]) -> list[ClaimVerdicts]:
+    out = []
+    for r in requests:
+      scene = self._scene(r.image_id)
+      if scene is None:
+        out.append(ClaimVerdicts(failed=True, error=f"no ground truth for image {r.image_id!r}"))
+        continue
+      if self._injected_failure("verify", r):
+        out.append(ClaimVerdicts(failed=True, error="injected failure"))
+        continue
+      correct, pointable = [], []
+      for text in r.claims:
+        parsed = parse_caption(text)
+        pointable.append(bool(parsed) and all(c.kind != "meta" for c in parsed))
+        correct.append(bool(parsed) and all(claim_holds(c, scene) for c in parsed))
+      out.append(ClaimVerdicts(correct=tuple(correct), pointable=tuple(pointable)))
+    return out
 
-    def match_reference_units(self, requests: Sequence[CoverageRequest]) -> list[Coverage]:
-        out = []
-        for r in requests:
-            if self._injected_failure("coverage", r):
-                out.append(Coverage(failed=True, error="injected failure"))
-                continue
-            keys = {c.key for c in parse_caption(r.caption)}
-            covered = []
-            for unit in r.units:
-                wanted = _specific_claims(unit)
-                covered.append(bool(wanted) and all(w.key in keys for w in wanted))
-            out.append(Coverage(covered=tuple(covered)))
-        return out
+  def match_reference_units(self, requests: Sequence[CoverageRequest]) -> list[Coverage]:
+    out = []
+    for r in requests:
+      if self._injected_failure("coverage", r):
+        out.append(Coverage(failed=True, error="injected failure"))
+        continue
+      keys = {c.key for c in parse_caption(r.caption)}
+      covered = []
+      for unit in r.units:
+        wanted = _specific_claims(unit)
+        covered.append(bool(wanted) and all(w.key in keys for w in wanted))
+      out.append(Coverage(covered=tuple(covered)))
+    return out
 
-    def rate_language(self, requests: Sequence[CaptionRequest]) -> list[LanguageRatings]:
-        out = []
-        for r in requests:
-            if self._injected_failure("language", r):
-                out.append(LanguageRatings(failed=True, error="injected failure"))
-                continue
-            out.append(LanguageRatings(**language_ratings(r.caption)))
-        return out
+  def rate_language(self, requests: Sequence[CaptionRequest]) -> list[LanguageRatings]:
+    out = []
+    for r in requests:
+      if self._injected_failure("language", r):
+        out.append(LanguageRatings(failed=True, error="injected failure"))
+        continue
+      out.append(LanguageRatings(**language_ratings(r.caption)))
+    return out
 
-    # -- pairwise and Likert ------------------------------------------------------------------------------
+  # -- pairwise and Likert ------------------------------------------------------------------------------
 
-    def compare_captions(self, requests: Sequence[PairwiseRequest]) -> list[PairwiseVerdict]:
-        out = []
-        for r in requests:
-            scene = self._scene(r.image_id)
-            if scene is None or self._injected_failure("pairwise", r):
-                out.append(PairwiseVerdict(failed=True, error="injected failure" if scene else
-                                           f"no ground truth for image {r.image_id!r}"))
-                continue
-            a, b = caption_quality(r.caption_a, scene), caption_quality(r.caption_b, scene)
-            out.append(PairwiseVerdict(winner="a" if a > b + 1e-9 else "b" if b > a + 1e-9 else "tie"))
-        return out
+  def compare_captions(self, requests: Sequence[PairwiseRequest]) -> list[PairwiseVerdict]:
+    out = []
+    for r in requests:
+      scene = self._scene(r.image_id)
+      if scene is None or self._injected_failure("pairwise", r):
+        out.append(
+          PairwiseVerdict(
+            failed=True, error="injected failure" if scene else f"no ground truth for image {r.image_id!r}"
+          )
+        )
+        continue
+      a, b = caption_quality(r.caption_a, scene), caption_quality(r.caption_b, scene)
+      out.append(PairwiseVerdict(winner="a" if a > b + 1e-9 else "b" if b > a + 1e-9 else "tie"))
+    return out
 
-    def score_likert(self, requests: Sequence[LikertRequest]) -> list[LikertScore]:
-        out = []
-        for r in requests:
-            if self._injected_failure("likert", r):
-                out.append(LikertScore(failed=True, error="injected failure"))
-                continue
-            if r.reference is None:
-                scene = self._scene(r.image_id)
-                if scene is None:
-                    out.append(LikertScore(failed=True, error=f"no ground truth for image {r.image_id!r}"))
-                    continue
-                quality = caption_quality(r.caption, scene)
-            else:
-                # Like an LLM comparing texts, this only sees overlap with the reference: it cannot catch
-                # hallucinations the reference does not contradict (the baseline's known weakness).
-                units = [claim_text(c) for c in unique_claims(parse_caption(r.reference)) if c.kind != "meta"]
-                keys = {c.key for c in parse_caption(r.caption)}
-                overlap = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
-                quality = 0.7 * overlap + 0.3 * _linguistic(r.caption)
-            out.append(LikertScore(score=round(1 + 9 * quality)))
-        return out
+  def score_likert(self, requests: Sequence[LikertRequest]) -> list[LikertScore]:
+    out = []
+    for r in requests:
+      if self._injected_failure("likert", r):
+        out.append(LikertScore(failed=True, error="injected failure"))
+        continue
+      if r.reference is None:
+        scene = self._scene(r.image_id)
+        if scene is None:
+          out.append(LikertScore(failed=True, error=f"no ground truth for image {r.image_id!r}"))
+          continue
+        quality = caption_quality(r.caption, scene)
+      else:
+        # Like an LLM comparing texts, this only sees overlap with the reference: it cannot catch
+        # hallucinations the reference does not contradict (the baseline's known weakness).
+        units = [claim_text(c) for c in unique_claims(parse_caption(r.reference)) if c.kind != "meta"]
+        keys = {c.key for c in parse_caption(r.caption)}
+        overlap = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
+        quality = 0.7 * overlap + 0.3 * _linguistic(r.caption)
+      out.append(LikertScore(score=round(1 + 9 * quality)))
+    return out
 
 
 # ---- reading captions against ground truth ------------------------------------------------------------------
 
+
 def _specific_claims(text: str) -> list[Claim]:
-    """The facts a unit/criterion sentence asks for: its non-`exists` claims, or its `exists` claims."""
-    claims = [c for c in parse_caption(text) if c.kind != "meta"]
-    specific = [c for c in claims if c.kind != "exists"]
-    return specific or claims
+  """The facts a unit/criterion sentence asks for: its non-`exists` claims, or its `exists` claims."""
+  claims = [c for c in parse_caption(text) if c.kind != "meta"]
+  specific = [c for c in claims if c.kind != "exists"]
+  return specific or claims
 
 
 def claim_holds(claim: Claim, scene: Scene) -> bool:
-    """Whether a parsed claim is true of the scene's ground truth."""
-    if claim.kind == "meta":
-        return False
-    if claim.kind == "count":
-        return int(claim.value) == len(scene.objects)
-    if claim.kind == "background":
-        return claim.value == scene.background
-    obj = scene.find(claim.subject)
-    if obj is None:
-        return False
-    if claim.kind == "exists":
-        return True
-    if claim.kind == "size":
-        return obj.size == claim.value
-    if claim.kind == "position":
-        return obj.position == claim.value
-    if claim.kind == "label":
-        return obj.label is not None and obj.label.upper() == claim.value
-    if claim.kind == "relation":
-        return scene.relation_holds(claim.subject, claim.value, claim.other)
-    if claim.kind == "overlap":
-        return scene.overlaps(claim.subject, claim.other)
-    if claim.kind == "motion":
-        return scene.is_clip and obj.motion == claim.value
-    if claim.kind == "appear":
-        return scene.is_clip and obj.appear_frame == int(claim.value)
-    raise ValueError(f"Unknown claim kind {claim.kind!r}.")
+  """Whether a parsed claim is true of the scene's ground truth."""
+  if claim.kind == "meta":
+    return False
+  if claim.kind == "count":
+    return int(claim.value) == len(scene.objects)
+  if claim.kind == "background":
+    return claim.value == scene.background
+  obj = scene.find(claim.subject)
+  if obj is None:
+    return False
+  if claim.kind == "exists":
+    return True
+  if claim.kind == "size":
+    return obj.size == claim.value
+  if claim.kind == "position":
+    return obj.position == claim.value
+  if claim.kind == "label":
+    return obj.label is not None and obj.label.upper() == claim.value
+  if claim.kind == "relation":
+    return scene.relation_holds(claim.subject, claim.value, claim.other)
+  if claim.kind == "overlap":
+    return scene.overlaps(claim.subject, claim.other)
+  if claim.kind == "motion":
+    return scene.is_clip and obj.motion == claim.value
+  if claim.kind == "appear":
+    return scene.is_clip and obj.appear_frame == int(claim.value)
+  raise ValueError(f"Unknown claim kind {claim.kind!r}.")
 
 
 def answer_from_facts(query: QuestionQuery, facts: CaptionFacts) -> str | None:
-    """The answer (option text) a careful reader derives from the caption's facts, or None if unsettled."""
-    objs, s = facts.objects, query.slots
-    k = query.kind
-    if k == "count_total":
-        return str(facts.count) if facts.count is not None else (str(len(objs)) if objs else None)
-    if k in ("count_colour", "count_shape"):
-        if not objs:
-            return None
-        idx, value = (0, s["colour"]) if k == "count_colour" else (1, s["shape"])
-        return str(sum(name.split()[idx] == value for name in objs))
-    if k == "colour":
-        hits = [n for n, a in objs.items() if n.split()[1] == s["shape"] and a.get("position") == s["position"]]
-        return hits[0].split()[0] if len(hits) == 1 else None
-    if k == "shape":
-        hits = [n for n in objs if n.split()[0] == s["colour"]]
-        return hits[0].split()[1] if len(hits) == 1 else None
-    if k in ("size", "position", "text"):
-        attribute = {"size": "size", "position": "position", "text": "label"}[k]
-        return objs.get(s["name"], {}).get(attribute)
-    if k == "motion":
-        motion = objs.get(s["name"], {}).get("motion")
-        return STILL_OPTION if motion == "still" else motion
-    if k == "existence":
-        if s["name"] in objs:
-            return "yes"
-        return "no" if facts.is_exhaustive else None
-    if k == "relation":
-        return _relation_from_facts(s["name"], s["other"], facts)
-    return None
+  """The answer (option text) a careful reader derives from the caption's facts, or None if unsettled."""
+  objs, s = facts.objects, query.slots
+  k = query.kind
+  if k == "count_total":
+    return str(facts.count) if facts.count is not None else (str(len(objs)) if objs else None)
+  if k in ("count_colour", "count_shape"):
+    if not objs:
+      return None
+    idx, value = (0, s["colour"]) if k == "count_colour" else (1, s["shape"])
+    return str(sum(name.split()[idx] == value for name in objs))
+  if k == "colour":
+    hits = [n for n, a in objs.items() if n.split()[1] == s["shape"] and a.get("position") == s["position"]]
+    return hits[0].split()[0] if len(hits) == 1 else None
+  if k == "shape":
+    hits = [n for n in objs if n.split()[0] == s["colour"]]
+    return hits[0].split()[1] if len(hits) == 1 else None
+  if k in ("size", "position", "text"):
+    attribute = {"size": "size", "position": "position", "text": "label"}[k]
+    return objs.get(s["name"], {}).get(attribute)
+  if k == "motion":
+    motion = objs.get(s["name"], {}).get("motion")
+    return STILL_OPTION if motion == "still" else motion
+  if k == "existence":
+    if s["name"] in objs:
+      return "yes"
+    return "no" if facts.is_exhaustive else None
+  if k == "relation":
+    return _relation_from_facts(s["name"], s["other"], facts)
+  return None
 
 
 def _first_to_appear(options: Sequence[str], facts: CaptionFacts) -> str | None:
-    """The option (an object name) the caption says appears earliest; None unless every option's frame is stated."""
-    frames = []
-    for option in options:
-        frame = facts.objects.get(option.strip().lower(), {}).get("appear")
-        if frame is None:
-            return None
-        frames.append(int(frame))
-    first = min(frames)
-    return options[frames.index(first)] if frames.count(first) == 1 else None
+  """The option (an object name) the caption says appears earliest; None unless every option's frame is stated."""
+  frames = []
+  for option in options:
+    frame = facts.objects.get(option.strip().lower(), {}).get("appear")
+    if frame is None:
+      return None
+    frames.append(int(frame))
+  first = min(frames)
+  return options[frames.index(first)] if frames.count(first) == 1 else None
 
 
 def _relation_from_facts(a: str, b: str, facts: CaptionFacts) -> str | None:
-    for rel, flipped in (("left of", "right of"), ("above", "below")):
-        if ("relation", a, rel, b) in facts.relations:
-            return rel
-        if ("relation", b, rel, a) in facts.relations:
-            return flipped
-    pa, pb = facts.objects.get(a, {}).get("position"), facts.objects.get(b, {}).get("position")
-    if pa is None or pb is None:
-        return None
-    (ra, ca), (rb, cb) = divmod(V.POSITIONS.index(pa), 3), divmod(V.POSITIONS.index(pb), 3)
-    if ra == rb and ca != cb:
-        return "left of" if ca < cb else "right of"
-    if ca == cb and ra != rb:
-        return "above" if ra < rb else "below"
+  for rel, flipped in (("left of", "right of"), ("above", "below")):
+    if ("relation", a, rel, b) in facts.relations:
+      return rel
+    if ("relation", b, rel, a) in facts.relations:
+      return flipped
+  pa, pb = facts.objects.get(a, {}).get("position"), facts.objects.get(b, {}).get("position")
+  if pa is None or pb is None:
     return None
+  (ra, ca), (rb, cb) = divmod(V.POSITIONS.index(pa), 3), divmod(V.POSITIONS.index(pb), 3)
+  if ra == rb and ca != cb:
+    return "left of" if ca < cb else "right of"
+  if ca == cb and ra != rb:
+    return "above" if ra < rb else "below"
+  return None
 
 
 def uninformed_choice(question: str, options: Sequence[str]) -> int:
-    """A guess that uses only the question text: echo an option the question contains, else a content hash.
+  """A guess that uses only the question text: echo an option the question contains, else a content hash.
 
-    Independent of option order, so rotating the options never turns a guess into a correct answer by luck.
-    """
-    low = " " + " ".join(question.lower().split()) + " "
-    echoed = [i for i, o in enumerate(options) if f" {o.strip().lower()} " in low]
-    if echoed:
-        return echoed[0]
-    return min(range(len(options)), key=lambda i: _unit_hash("guess", question, options[i].strip().lower()))
+  Independent of option order, so rotating the options never turns a guess into a correct answer by luck.
+  """
+  low = " " + " ".join(question.lower().split()) + " "
+  echoed = [i for i, o in enumerate(options) if f" {o.strip().lower()} " in low]
+  if echoed:
+    return echoed[0]
+  return min(range(len(options)), key=lambda i: _unit_hash("guess", question, options[i].strip().lower()))
 
 
 # ---- language quality and overall quality --------------------------------------------------------------------
 
+
 def language_ratings(caption: str) -> dict[str, float]:
-    """Clarity, fluency, coherence on 1-10 from sentence-level evidence (repetition, meta, contradictions)."""
-    sentences = split_sentences(caption)
-    if not sentences:
-        return {"clarity": 1.0, "fluency": 1.0, "coherence": 1.0}
-    squashed = [" ".join(s.lower().split()) for s in sentences]
-    duplicate = 1 - len(set(squashed)) / len(squashed)
-    malformed = sum(not (s[0].isupper() or s[0] in '"\'') or s[-1] not in ".!?" for s in sentences) / len(sentences)
-    rambling = sum(len(s.split()) > 40 for s in sentences) / len(sentences)
-    # A word repeated back to back ("is in the the left") is the garbling an LLM judge marks down at once, and
-    # the cheapest way for a policy to turn a wrong claim into no claim at all.
-    stutter = sum(bool(_STUTTER_RE.search(s)) for s in sentences) / len(sentences)
-    claims = parse_caption(caption)
-    meta = sum(c.kind == "meta" for c in claims) / max(1, len(claims))
-    values: dict[tuple, set] = {}
-    for c in claims:
-        if c.kind in ("size", "position", "label", "motion", "appear", "count", "background"):
-            values.setdefault((c.kind, c.subject), set()).add(c.value)
-    contradiction = sum(len(v) > 1 for v in values.values()) / max(1, len(values))
-    clamp = lambda x: float(min(10, max(1, round(x))))  # noqa: E731  LLM judges answer in integers
-    return {
-        "clarity": clamp(10 - 9 * meta - 3 * rambling - 4 * stutter),
-        "fluency": clamp(10 - 9 * duplicate - 4 * malformed - 3 * rambling - 8 * stutter),
-        "coherence": clamp(10 - 12 * contradiction - 6 * duplicate - 3 * meta),
-    }
+  """Clarity, fluency, coherence on 1-10 from sentence-level evidence (repetition, meta, contradictions)."""
+  sentences = split_sentences(caption)
+  if not sentences:
+    return {"clarity": 1.0, "fluency": 1.0, "coherence": 1.0}
+  squashed = [" ".join(s.lower().split()) for s in sentences]
+  duplicate = 1 - len(set(squashed)) / len(squashed)
+  malformed = sum(not (s[0].isupper() or s[0] in "\"'") or s[-1] not in ".!?" for s in sentences) / len(sentences)
+  rambling = sum(len(s.split()) > 40 for s in sentences) / len(sentences)
+  # A word repeated back to back ("is in the the left") is the garbling an LLM judge marks down at once, and
+  # the cheapest way for a policy to turn a wrong claim into no claim at all.
+  stutter = sum(bool(_STUTTER_RE.search(s)) for s in sentences) / len(sentences)
+  claims = parse_caption(caption)
+  meta = sum(c.kind == "meta" for c in claims) / max(1, len(claims))
+  values: dict[tuple, set] = {}
+  for c in claims:
+    if c.kind in ("size", "position", "label", "motion", "appear", "count", "background"):
+      values.setdefault((c.kind, c.subject), set()).add(c.value)
+  contradiction = sum(len(v) > 1 for v in values.values()) / max(1, len(values))
+  clamp = lambda x: float(min(10, max(1, round(x))))  # noqa: E731  LLM judges answer in integers
+  return {
+    "clarity": clamp(10 - 9 * meta - 3 * rambling - 4 * stutter),
+    "fluency": clamp(10 - 9 * duplicate - 4 * malformed - 3 * rambling - 8 * stutter),
+    "coherence": clamp(10 - 12 * contradiction - 6 * duplicate - 3 * meta),
+  }
 
 
 def _linguistic(caption: str) -> float:
-    r = language_ratings(caption)
-    return sum((v - 1) / 9 for v in r.values()) / 3
+  r = language_ratings(caption)
+  return sum((v - 1) / 9 for v in r.values()) / 3
 
 
 def caption_quality(caption: str, scene: Scene) -> float:
-    """Overall quality in [0, 1]: precision and recall against ground truth, plus language."""
-    claims = unique_claims(parse_caption(caption))
-    if not claims:
-        return 0.0
-    precision = sum(claim_holds(c, scene) for c in claims) / len(claims)
-    keys = {c.key for c in claims}
-    units = reference_units(scene)
-    recall = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
-    return 0.4 * precision + 0.4 * recall + 0.2 * _linguistic(caption)
+  """Overall quality in [0, 1]: precision and recall against ground truth, plus language."""
+  claims = unique_claims(parse_caption(caption))
+  if not claims:
+    return 0.0
+  precision = sum(claim_holds(c, scene) for c in claims) / len(claims)
+  keys = {c.key for c in claims}
+  units = reference_units(scene)
+  recall = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
+  return 0.4 * precision + 0.4 * recall + 0.2 * _linguistic(caption)

@@ -91,56 +91,58 @@ class Qwen25VLConfig:
     """Builds a config from a parsed Qwen2.5-VL `config.json` (old flat or new nested layout)."""
     if d.get("model_type") not in ("qwen2_5_vl", None):
       raise ValueError(
-          f"config.json has model_type={d.get('model_type')!r}; jaxcap loads Qwen2.5-VL checkpoints "
-          "(model_type 'qwen2_5_vl'). Point to a Qwen2.5-VL-*-Instruct directory.")
+        f"config.json has model_type={d.get('model_type')!r}; jaxcap loads Qwen2.5-VL checkpoints "
+        "(model_type 'qwen2_5_vl'). Point to a Qwen2.5-VL-*-Instruct directory."
+      )
     tc = dict(d.get("text_config") or {})
     for k, v in d.items():  # old checkpoints keep the text fields at the top level
       tc.setdefault(k, v)
     vc = dict(d.get("vision_config") or {})
     rope = dict(tc.get("rope_parameters") or tc.get("rope_scaling") or {})
     text = TextConfig(
-        vocab_size=tc["vocab_size"],
-        hidden_size=tc["hidden_size"],
-        intermediate_size=tc["intermediate_size"],
-        num_hidden_layers=tc["num_hidden_layers"],
-        num_attention_heads=tc["num_attention_heads"],
-        num_key_value_heads=tc.get("num_key_value_heads") or tc["num_attention_heads"],
-        rms_norm_eps=tc.get("rms_norm_eps", 1e-6),
-        rope_theta=float(rope.get("rope_theta", tc.get("rope_theta", 1000000.0))),
-        mrope_section=tuple(rope.get("mrope_section", (16, 24, 24))),
-        max_position_embeddings=tc.get("max_position_embeddings", 128000),
-        hidden_act=tc.get("hidden_act", "silu"),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))),
+      vocab_size=tc["vocab_size"],
+      hidden_size=tc["hidden_size"],
+      intermediate_size=tc["intermediate_size"],
+      num_hidden_layers=tc["num_hidden_layers"],
+      num_attention_heads=tc["num_attention_heads"],
+      num_key_value_heads=tc.get("num_key_value_heads") or tc["num_attention_heads"],
+      rms_norm_eps=tc.get("rms_norm_eps", 1e-6),
+      rope_theta=float(rope.get("rope_theta", tc.get("rope_theta", 1000000.0))),
+      mrope_section=tuple(rope.get("mrope_section", (16, 24, 24))),
+      max_position_embeddings=tc.get("max_position_embeddings", 128000),
+      hidden_act=tc.get("hidden_act", "silu"),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))),
     )
     vrope = dict(vc.get("rope_parameters") or {})
     vision = VisionConfig(
-        depth=vc.get("depth", 32),
-        hidden_size=vc.get("hidden_size", 1280),
-        intermediate_size=vc.get("intermediate_size", 3420),
-        num_heads=vc.get("num_heads", 16),
-        in_channels=vc.get("in_channels", vc.get("in_chans", 3)),
-        patch_size=vc.get("patch_size", 14),
-        spatial_merge_size=vc.get("spatial_merge_size", 2),
-        temporal_patch_size=vc.get("temporal_patch_size", 2),
-        tokens_per_second=vc.get("tokens_per_second", 2),
-        window_size=vc.get("window_size", 112),
-        out_hidden_size=vc.get("out_hidden_size", text.hidden_size),
-        fullatt_block_indexes=tuple(vc.get("fullatt_block_indexes", (7, 15, 23, 31))),
-        rope_theta=float(vrope.get("rope_theta", 10000.0)),
-        hidden_act=vc.get("hidden_act", "silu"),
+      depth=vc.get("depth", 32),
+      hidden_size=vc.get("hidden_size", 1280),
+      intermediate_size=vc.get("intermediate_size", 3420),
+      num_heads=vc.get("num_heads", 16),
+      in_channels=vc.get("in_channels", vc.get("in_chans", 3)),
+      patch_size=vc.get("patch_size", 14),
+      spatial_merge_size=vc.get("spatial_merge_size", 2),
+      temporal_patch_size=vc.get("temporal_patch_size", 2),
+      tokens_per_second=vc.get("tokens_per_second", 2),
+      window_size=vc.get("window_size", 112),
+      out_hidden_size=vc.get("out_hidden_size", text.hidden_size),
+      fullatt_block_indexes=tuple(vc.get("fullatt_block_indexes", (7, 15, 23, 31))),
+      rope_theta=float(vrope.get("rope_theta", 10000.0)),
+      hidden_act=vc.get("hidden_act", "silu"),
     )
     if text.hidden_act != "silu" or vision.hidden_act != "silu":
       raise ValueError(f"only hidden_act='silu' is supported, got {text.hidden_act!r}/{vision.hidden_act!r}")
     eos = tc.get("eos_token_id", 151645)
     return cls(
-        vision=vision, text=text,
-        image_token_id=d.get("image_token_id", 151655),
-        video_token_id=d.get("video_token_id", 151656),
-        vision_start_token_id=d.get("vision_start_token_id", 151652),
-        vision_end_token_id=d.get("vision_end_token_id", 151653),
-        bos_token_id=tc.get("bos_token_id", 151643) or 0,
-        eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
-        **overrides,
+      vision=vision,
+      text=text,
+      image_token_id=d.get("image_token_id", 151655),
+      video_token_id=d.get("video_token_id", 151656),
+      vision_start_token_id=d.get("vision_start_token_id", 151652),
+      vision_end_token_id=d.get("vision_end_token_id", 151653),
+      bos_token_id=tc.get("bos_token_id", 151643) or 0,
+      eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
+      **overrides,
     )
 
   def to_hf_dict(self) -> dict[str, Any]:
@@ -148,37 +150,49 @@ class Qwen25VLConfig:
     t, v = self.text, self.vision
     dtype_name = jnp.dtype(self.param_dtype).name
     return {
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "model_type": "qwen2_5_vl",
-        "image_token_id": self.image_token_id,
-        "video_token_id": self.video_token_id,
-        "vision_start_token_id": self.vision_start_token_id,
-        "vision_end_token_id": self.vision_end_token_id,
+      "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+      "model_type": "qwen2_5_vl",
+      "image_token_id": self.image_token_id,
+      "video_token_id": self.video_token_id,
+      "vision_start_token_id": self.vision_start_token_id,
+      "vision_end_token_id": self.vision_end_token_id,
+      "tie_word_embeddings": t.tie_word_embeddings,
+      "dtype": dtype_name,
+      "text_config": {
+        "model_type": "qwen2_5_vl_text",
+        "vocab_size": t.vocab_size,
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": t.num_hidden_layers,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "rms_norm_eps": t.rms_norm_eps,
+        "max_position_embeddings": t.max_position_embeddings,
+        "hidden_act": t.hidden_act,
         "tie_word_embeddings": t.tie_word_embeddings,
+        "bos_token_id": self.bos_token_id,
+        "eos_token_id": self.eos_token_id,
+        "rope_parameters": {"rope_type": "default", "rope_theta": t.rope_theta, "mrope_section": list(t.mrope_section)},
         "dtype": dtype_name,
-        "text_config": {
-            "model_type": "qwen2_5_vl_text",
-            "vocab_size": t.vocab_size, "hidden_size": t.hidden_size,
-            "intermediate_size": t.intermediate_size, "num_hidden_layers": t.num_hidden_layers,
-            "num_attention_heads": t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads,
-            "rms_norm_eps": t.rms_norm_eps, "max_position_embeddings": t.max_position_embeddings,
-            "hidden_act": t.hidden_act, "tie_word_embeddings": t.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
-            "rope_parameters": {"rope_type": "default", "rope_theta": t.rope_theta,
-                                "mrope_section": list(t.mrope_section)},
-            "dtype": dtype_name,
-        },
-        "vision_config": {
-            "model_type": "qwen2_5_vl_vision",
-            "depth": v.depth, "hidden_size": v.hidden_size, "intermediate_size": v.intermediate_size,
-            "num_heads": v.num_heads, "in_channels": v.in_channels, "patch_size": v.patch_size,
-            "spatial_merge_size": v.spatial_merge_size, "temporal_patch_size": v.temporal_patch_size,
-            "tokens_per_second": v.tokens_per_second, "window_size": v.window_size,
-            "out_hidden_size": v.out_hidden_size, "fullatt_block_indexes": list(v.fullatt_block_indexes),
-            "hidden_act": v.hidden_act,
-            "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            "dtype": dtype_name,
-        },
+      },
+      "vision_config": {
+        "model_type": "qwen2_5_vl_vision",
+        "depth": v.depth,
+        "hidden_size": v.hidden_size,
+        "intermediate_size": v.intermediate_size,
+        "num_heads": v.num_heads,
+        "in_channels": v.in_channels,
+        "patch_size": v.patch_size,
+        "spatial_merge_size": v.spatial_merge_size,
+        "temporal_patch_size": v.temporal_patch_size,
+        "tokens_per_second": v.tokens_per_second,
+        "window_size": v.window_size,
+        "out_hidden_size": v.out_hidden_size,
+        "fullatt_block_indexes": list(v.fullatt_block_indexes),
+        "hidden_act": v.hidden_act,
+        "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
+        "dtype": dtype_name,
+      },
     }
 
 
@@ -186,50 +200,122 @@ class Qwen25VLConfig:
 def qwen25vl_3b(**overrides) -> Qwen25VLConfig:
   """Qwen2.5-VL-3B-Instruct (numbers from its config.json)."""
   return Qwen25VLConfig(
-      vision=VisionConfig(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
-                          out_hidden_size=2048, fullatt_block_indexes=(7, 15, 23, 31), tokens_per_second=2),
-      text=TextConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                      num_attention_heads=16, num_key_value_heads=2, rope_theta=1000000.0,
-                      max_position_embeddings=128000, tie_word_embeddings=True),
-      **overrides)
+    vision=VisionConfig(
+      depth=32,
+      hidden_size=1280,
+      intermediate_size=3420,
+      num_heads=16,
+      out_hidden_size=2048,
+      fullatt_block_indexes=(7, 15, 23, 31),
+      tokens_per_second=2,
+    ),
+    text=TextConfig(
+      vocab_size=151936,
+      hidden_size=2048,
+      intermediate_size=11008,
+      num_hidden_layers=36,
+      num_attention_heads=16,
+      num_key_value_heads=2,
+      rope_theta=1000000.0,
+      max_position_embeddings=128000,
+      tie_word_embeddings=True,
+    ),
+    **overrides,
+  )
 
 
 def qwen25vl_7b(**overrides) -> Qwen25VLConfig:
   """Qwen2.5-VL-7B-Instruct (numbers from its config.json)."""
   return Qwen25VLConfig(
-      vision=VisionConfig(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
-                          out_hidden_size=3584, fullatt_block_indexes=(7, 15, 23, 31), tokens_per_second=2),
-      text=TextConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                      num_attention_heads=28, num_key_value_heads=4, rope_theta=1000000.0,
-                      max_position_embeddings=128000, tie_word_embeddings=False),
-      **overrides)
+    vision=VisionConfig(
+      depth=32,
+      hidden_size=1280,
+      intermediate_size=3420,
+      num_heads=16,
+      out_hidden_size=3584,
+      fullatt_block_indexes=(7, 15, 23, 31),
+      tokens_per_second=2,
+    ),
+    text=TextConfig(
+      vocab_size=152064,
+      hidden_size=3584,
+      intermediate_size=18944,
+      num_hidden_layers=28,
+      num_attention_heads=28,
+      num_key_value_heads=4,
+      rope_theta=1000000.0,
+      max_position_embeddings=128000,
+      tie_word_embeddings=False,
+    ),
+    **overrides,
+  )
 
 
 def tiny(vocab_size: int = 512, **overrides) -> Qwen25VLConfig:
   """A few-hundred-thousand-parameter model with every architectural feature (GQA, window + full attention)."""
   return Qwen25VLConfig(
-      vision=VisionConfig(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                          fullatt_block_indexes=(1, 3), window_size=56, tokens_per_second=2),
-      text=TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, mrope_section=(2, 3, 3),
-                      max_position_embeddings=4096, tie_word_embeddings=False),
-      image_token_id=vocab_size - 4, video_token_id=vocab_size - 3,
-      vision_start_token_id=vocab_size - 6, vision_end_token_id=vocab_size - 5,
-      bos_token_id=vocab_size - 8, eos_token_id=vocab_size - 7,
-      **overrides)
+    vision=VisionConfig(
+      depth=4,
+      hidden_size=32,
+      intermediate_size=64,
+      num_heads=2,
+      out_hidden_size=64,
+      fullatt_block_indexes=(1, 3),
+      window_size=56,
+      tokens_per_second=2,
+    ),
+    text=TextConfig(
+      vocab_size=vocab_size,
+      hidden_size=64,
+      intermediate_size=128,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      mrope_section=(2, 3, 3),
+      max_position_embeddings=4096,
+      tie_word_embeddings=False,
+    ),
+    image_token_id=vocab_size - 4,
+    video_token_id=vocab_size - 3,
+    vision_start_token_id=vocab_size - 6,
+    vision_end_token_id=vocab_size - 5,
+    bos_token_id=vocab_size - 8,
+    eos_token_id=vocab_size - 7,
+    **overrides,
+  )
 
 
 def mid(**overrides) -> Qwen25VLConfig:
   """A ~60M-parameter config for CPU benchmarks (same shape ratios as the 3B)."""
   return Qwen25VLConfig(
-      vision=VisionConfig(depth=8, hidden_size=256, intermediate_size=684, num_heads=4, out_hidden_size=512,
-                          fullatt_block_indexes=(3, 7), tokens_per_second=2),
-      text=TextConfig(vocab_size=32000, hidden_size=512, intermediate_size=2752, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=2, mrope_section=(8, 12, 12),
-                      max_position_embeddings=32768, tie_word_embeddings=True),
-      image_token_id=31995, video_token_id=31996, vision_start_token_id=31993, vision_end_token_id=31994,
-      bos_token_id=31990, eos_token_id=31991,
-      **overrides)
+    vision=VisionConfig(
+      depth=8,
+      hidden_size=256,
+      intermediate_size=684,
+      num_heads=4,
+      out_hidden_size=512,
+      fullatt_block_indexes=(3, 7),
+      tokens_per_second=2,
+    ),
+    text=TextConfig(
+      vocab_size=32000,
+      hidden_size=512,
+      intermediate_size=2752,
+      num_hidden_layers=8,
+      num_attention_heads=8,
+      num_key_value_heads=2,
+      mrope_section=(8, 12, 12),
+      max_position_embeddings=32768,
+      tie_word_embeddings=True,
+    ),
+    image_token_id=31995,
+    video_token_id=31996,
+    vision_start_token_id=31993,
+    vision_end_token_id=31994,
+    bos_token_id=31990,
+    eos_token_id=31991,
+    **overrides,
+  )
 
 
 PRESETS = {"qwen2.5-vl-3b": qwen25vl_3b, "qwen2.5-vl-7b": qwen25vl_7b, "tiny": tiny, "mid": mid}

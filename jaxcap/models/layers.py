@@ -23,8 +23,9 @@ class RMSNorm(nnx.Module):
 
 def linear(din: int, dout: int, *, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
   """A dense layer with HF's init scale (normal, std 0.02); kernels are [in, out] (HF stores [out, in])."""
-  return nnx.Linear(din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype,
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+  return nnx.Linear(
+    din, dout, use_bias=bias, dtype=dtype, param_dtype=param_dtype, kernel_init=nnx.initializers.normal(0.02), rngs=rngs
+  )
 
 
 class SwiGLU(nnx.Module):
@@ -52,8 +53,9 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return out.astype(x.dtype)
 
 
-def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
-                  mrope_section: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+def mrope_cos_sin(
+  positions: jax.Array, head_dim: int, theta: float, mrope_section: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
   """Multimodal RoPE tables.
 
   positions: int [3, B, T] (temporal, height, width ids). Returns cos, sin: float32 [B, T, head_dim], where
@@ -64,7 +66,7 @@ def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
   bounds = [0]
   for s in mrope_section:
     bounds.append(bounds[-1] + s)
-  chunks = [freqs[i % 3, ..., bounds[i]:bounds[i + 1]] for i in range(len(mrope_section))]
+  chunks = [freqs[i % 3, ..., bounds[i] : bounds[i + 1]] for i in range(len(mrope_section))]
   freqs = jnp.concatenate(chunks, axis=-1)
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)

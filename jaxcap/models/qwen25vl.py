@@ -30,8 +30,9 @@ class KVCache:
     t = cfg.text
     shape = (batch, slots, t.num_key_value_heads, t.head_dim)
     dtype = dtype or cfg.dtype
-    make = lambda: tuple(shard(jnp.zeros(shape, dtype), ("batch", None, "kv_heads", None))
-                         for _ in range(t.num_hidden_layers))
+    make = lambda: tuple(
+      shard(jnp.zeros(shape, dtype), ("batch", None, "kv_heads", None)) for _ in range(t.num_hidden_layers)
+    )
     return cls(make(), make())
 
   @property
@@ -75,20 +76,19 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
       k = shard(k, ("batch", None, "kv_heads", None))
       v = shard(v, ("batch", None, "kv_heads", None))
-    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask,
-                                       scale=self.head_dim**-0.5)
+    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=self.head_dim**-0.5)
     return self.o_proj(out.reshape(b, t, -1)), (k, v)
 
 
 class DecoderLayer(nnx.Module):
-
   def __init__(self, cfg: Qwen25VLConfig, *, rngs):
     t = cfg.text
     self.input_layernorm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
     self.post_attention_layernorm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
     self.self_attn = Attention(cfg, rngs=rngs)
-    self.mlp = SwiGLU(t.hidden_size, t.intermediate_size, bias=False, dtype=cfg.dtype,
-                      param_dtype=cfg.param_dtype, rngs=rngs)
+    self.mlp = SwiGLU(
+      t.hidden_size, t.intermediate_size, bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
+    )
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
     h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
@@ -103,15 +103,21 @@ class Qwen25VL(nnx.Module):
   def __init__(self, cfg: Qwen25VLConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     t = cfg.text
-    self.visual = VisionTower(cfg.vision, dtype=cfg.dtype, param_dtype=cfg.param_dtype, remat=cfg.remat,
-                              rngs=rngs)
-    self.embed_tokens = nnx.Embed(t.vocab_size, t.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                  embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.visual = VisionTower(cfg.vision, dtype=cfg.dtype, param_dtype=cfg.param_dtype, remat=cfg.remat, rngs=rngs)
+    self.embed_tokens = nnx.Embed(
+      t.vocab_size,
+      t.hidden_size,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      embedding_init=nnx.initializers.normal(0.02),
+      rngs=rngs,
+    )
     self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(t.num_hidden_layers)])
     self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
     if not t.tie_word_embeddings:
-      self.lm_head = linear(t.hidden_size, t.vocab_size, bias=False, dtype=cfg.dtype,
-                            param_dtype=cfg.param_dtype, rngs=rngs)
+      self.lm_head = linear(
+        t.hidden_size, t.vocab_size, bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
+      )
 
   # ---------------------------------------------------------------- pieces
   def embed(self, input_ids: jax.Array, vision: VisionInput | None = None) -> jax.Array:
@@ -128,8 +134,14 @@ class Qwen25VL(nnx.Module):
     placed = feats[idx].reshape(x.shape)
     return jnp.where((is_img | is_vid).reshape(*x.shape[:2], 1), placed, x)
 
-  def decode(self, x: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-             cache: KVCache | None = None, cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+  def decode(
+    self,
+    x: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    cache: KVCache | None = None,
+    cache_index: jax.Array | int = 0,
+  ) -> tuple[jax.Array, KVCache | None]:
     """Runs the decoder on embeddings x [B, T, D] at mRoPE `positions` int [3, B, T].
 
     Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens.
@@ -159,13 +171,20 @@ class Qwen25VL(nnx.Module):
       w = self.embed_tokens.embedding[...]
       out = jnp.einsum("...d,vd->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
     else:
-      out = jnp.einsum("...d,dv->...v", hidden, self.lm_head.kernel[...].astype(hidden.dtype),
-                       preferred_element_type=jnp.float32)
+      out = jnp.einsum(
+        "...d,dv->...v", hidden, self.lm_head.kernel[...].astype(hidden.dtype), preferred_element_type=jnp.float32
+      )
     return shard(out, ("batch", None, "vocab"))
 
-  def __call__(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-               vision: VisionInput | None = None, cache: KVCache | None = None,
-               cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+  def __call__(
+    self,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    vision: VisionInput | None = None,
+    cache: KVCache | None = None,
+    cache_index: jax.Array | int = 0,
+  ) -> tuple[jax.Array, KVCache | None]:
     """input_ids int [B, T] -> (float32 logits [B, T, V], updated cache). See `decode` for the mask contract."""
     hidden, cache = self.decode(self.embed(input_ids, vision), positions, attention_mask, cache, cache_index)
     return self.logits(hidden), cache

@@ -9,9 +9,14 @@ import numpy as np
 from jaxcap.models.config import Qwen25VLConfig
 
 
-def rope_index(cfg: Qwen25VLConfig, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
-               image_grid_thw: np.ndarray | None = None, video_grid_thw: np.ndarray | None = None,
-               second_per_grid_ts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rope_index(
+  cfg: Qwen25VLConfig,
+  input_ids: np.ndarray,
+  attention_mask: np.ndarray | None = None,
+  image_grid_thw: np.ndarray | None = None,
+  video_grid_thw: np.ndarray | None = None,
+  second_per_grid_ts: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """3D position ids for a batch.
 
   input_ids int [B, T]; attention_mask [B, T] (1 = real token; padding may be left or right). Grids are consumed
@@ -24,8 +29,10 @@ def rope_index(cfg: Qwen25VLConfig, input_ids: np.ndarray, attention_mask: np.nd
   b, t = input_ids.shape
   mask = np.ones((b, t), bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
   m = cfg.vision.spatial_merge_size
-  grids = {1: iter(np.asarray(image_grid_thw).tolist() if image_grid_thw is not None else []),
-           2: iter(np.asarray(video_grid_thw).tolist() if video_grid_thw is not None else [])}
+  grids = {
+    1: iter(np.asarray(image_grid_thw).tolist() if image_grid_thw is not None else []),
+    2: iter(np.asarray(video_grid_thw).tolist() if video_grid_thw is not None else []),
+  }
   seconds = iter(np.asarray(second_per_grid_ts).tolist() if second_per_grid_ts is not None else [])
   positions = np.zeros((3, b, t), np.int64)
   deltas = np.zeros((b,), np.int64)
@@ -42,13 +49,17 @@ def rope_index(cfg: Qwen25VLConfig, input_ids: np.ndarray, attention_mask: np.nd
       try:
         gt, gh, gw = next(grids[kind])
       except StopIteration:
-        raise ValueError(f"row {row} has more {'image' if kind == 1 else 'video'} placeholders than grids "
-                         "were given; pass image_grid_thw / video_grid_thw from jaxcap.processing.") from None
+        raise ValueError(
+          f"row {row} has more {'image' if kind == 1 else 'video'} placeholders than grids "
+          "were given; pass image_grid_thw / video_grid_thw from jaxcap.processing."
+        ) from None
       interval = cfg.vision.tokens_per_second * next(seconds, 1.0) if kind == 2 else 1
       lt, lh, lw = gt, gh // m, gw // m
       if n != lt * lh * lw:
-        raise ValueError(f"row {row}: a run of {n} vision placeholder tokens does not match its grid "
-                         f"{gt}x{gh}x{gw} ({lt * lh * lw} tokens); build prompts with jaxcap.processing.")
+        raise ValueError(
+          f"row {row}: a run of {n} vision placeholder tokens does not match its grid "
+          f"{gt}x{gh}x{gw} ({lt * lh * lw} tokens); build prompts with jaxcap.processing."
+        )
       tt = (np.arange(lt) * interval).astype(np.int64)  # truncation, as torch's .long()
       tg, hg, wg = np.meshgrid(tt, np.arange(lh) + current, np.arange(lw) + current, indexing="ij")
       pieces.append(np.stack([tg.reshape(-1) + current, hg.reshape(-1), wg.reshape(-1)]))

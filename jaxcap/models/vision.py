@@ -39,12 +39,12 @@ class AttentionBlocks:
 class VisionLayout:
   """Host-computed index arrays for one batch of images/videos (see `vision_layout`)."""
 
-  rotary_pos: np.ndarray      # int32 [L, 2]  (h, w) of each patch, window-permuted
-  window_index: np.ndarray    # int32 [L / merge^2]  merge-unit permutation into window order
-  reverse_index: np.ndarray   # int32 [L / merge^2]  its inverse
-  windows: AttentionBlocks    # window-attention segments (in permuted order)
-  frames: AttentionBlocks     # full-attention segments: one per temporal patch of each image/video
-  grid_thw: np.ndarray        # int [N, 3]  the grids this layout was made from
+  rotary_pos: np.ndarray  # int32 [L, 2]  (h, w) of each patch, window-permuted
+  window_index: np.ndarray  # int32 [L / merge^2]  merge-unit permutation into window order
+  reverse_index: np.ndarray  # int32 [L / merge^2]  its inverse
+  windows: AttentionBlocks  # window-attention segments (in permuted order)
+  frames: AttentionBlocks  # full-attention segments: one per temporal patch of each image/video
+  grid_thw: np.ndarray  # int [N, 3]  the grids this layout was made from
 
 
 def _blocks(seqlens: Sequence[int]) -> AttentionBlocks:
@@ -57,7 +57,7 @@ def _blocks(seqlens: Sequence[int]) -> AttentionBlocks:
   for s, n in enumerate(seqlens):
     gather[s, :n] = np.arange(start, start + n)
     valid[s, :n] = True
-    scatter[start:start + n] = s * lmax + np.arange(n)
+    scatter[start : start + n] = s * lmax + np.arange(n)
     start += n
   return AttentionBlocks(gather, valid, scatter)
 
@@ -74,8 +74,10 @@ def vision_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> VisionLayout:
   offset = 0
   for t, h, w in np.asarray(grid_thw).tolist():
     if h % m or w % m:
-      raise ValueError(f"grid {t}x{h}x{w} is not divisible by spatial_merge_size={m}; "
-                       "preprocess images with jaxcap.processing (smart_resize to a multiple of 28).")
+      raise ValueError(
+        f"grid {t}x{h}x{w} is not divisible by spatial_merge_size={m}; "
+        "preprocess images with jaxcap.processing (smart_resize to a multiple of 28)."
+      )
     hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
     hpos = hpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
     wpos = wpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
@@ -96,9 +98,13 @@ def vision_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> VisionLayout:
   rot = np.concatenate(rot).astype(np.int32)
   rot = rot.reshape(-1, unit, 2)[window_index].reshape(-1, 2)
   return VisionLayout(
-      rotary_pos=rot, window_index=window_index,
-      reverse_index=np.argsort(window_index).astype(np.int32),
-      windows=_blocks(window_lens), frames=_blocks(frame_lens), grid_thw=np.asarray(grid_thw, np.int32))
+    rotary_pos=rot,
+    window_index=window_index,
+    reverse_index=np.argsort(window_index).astype(np.int32),
+    windows=_blocks(window_lens),
+    frames=_blocks(frame_lens),
+    grid_thw=np.asarray(grid_thw, np.int32),
+  )
 
 
 def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Array:
@@ -111,13 +117,10 @@ def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Ar
 
 
 class VisionAttention(nnx.Module):
-
   def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
     self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-    self.qkv = linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype,
-                      rngs=rngs)
-    self.proj = linear(cfg.hidden_size, cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype,
-                       rngs=rngs)
+    self.qkv = linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.proj = linear(cfg.hidden_size, cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x, cos, sin, blocks: AttentionBlocks):
     qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
@@ -128,13 +131,13 @@ class VisionAttention(nnx.Module):
 
 
 class VisionBlock(nnx.Module):
-
   def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
     self.norm1 = RMSNorm(cfg.hidden_size, 1e-6, param_dtype=param_dtype)
     self.norm2 = RMSNorm(cfg.hidden_size, 1e-6, param_dtype=param_dtype)
     self.attn = VisionAttention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype, param_dtype=param_dtype,
-                      rngs=rngs)
+    self.mlp = SwiGLU(
+      cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
 
   def __call__(self, x, cos, sin, blocks: AttentionBlocks):
     x = x + self.attn(self.norm1(x), cos, sin, blocks)
@@ -159,15 +162,18 @@ class PatchMerger(nnx.Module):
 class VisionTower(nnx.Module):
   """pixel patches [L, patch_dim] + layout -> merged visual tokens [L / merge^2, out_hidden_size]."""
 
-  def __init__(self, cfg: VisionConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none",
-               rngs: nnx.Rngs):
+  def __init__(
+    self, cfg: VisionConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none", rngs: nnx.Rngs
+  ):
     self.cfg = cfg
     self.remat = remat
     # Conv3d with stride == kernel is a matmul over the flattened (C, T, P, P) patch.
-    self.patch_embed = linear(cfg.patch_dim, cfg.hidden_size, bias=False, dtype=dtype, param_dtype=param_dtype,
-                              rngs=rngs)
-    self.blocks = nnx.List([VisionBlock(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-                            for _ in range(cfg.depth)])
+    self.patch_embed = linear(
+      cfg.patch_dim, cfg.hidden_size, bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
+    self.blocks = nnx.List(
+      [VisionBlock(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.depth)]
+    )
     self.merger = PatchMerger(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def rotary(self, rotary_pos: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -190,4 +196,3 @@ class VisionTower(nnx.Module):
       blocks = layout.frames if i in full else layout.windows
       x = remat_call(block, self.remat)(x, cos, sin, blocks)
     return self.merger(x)[layout.reverse_index]
-

@@ -17,8 +17,9 @@ VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
 
-def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True,
-                system: str | None = DEFAULT_SYSTEM) -> str:
+def render_chat(
+  messages: Sequence[dict], add_generation_prompt: bool = True, system: str | None = DEFAULT_SYSTEM
+) -> str:
   """The Qwen2.5-VL chat template (ChatML with vision markers), one placeholder per image/video."""
   out = []
   if system is not None and (not messages or messages[0]["role"] != "system"):
@@ -68,6 +69,7 @@ class ModelInputs:
   def vision(self):
     """The `VisionInput` for the model, or None for text-only batches."""
     from jaxcap.models.qwen25vl import VisionInput
+
     return None if self.pixel_values is None else VisionInput(self.pixel_values, self.layout)
 
 
@@ -78,28 +80,43 @@ class Processor:
   `system` is the system prompt added when a conversation has none (None: no system turn).
   """
 
-  def __init__(self, tokenizer: Any, cfg: Qwen25VLConfig,
-               vision_cfg: VisionPreprocessConfig | None = None, fps: float = 2.0,
-               system: str | None = DEFAULT_SYSTEM):
+  def __init__(
+    self,
+    tokenizer: Any,
+    cfg: Qwen25VLConfig,
+    vision_cfg: VisionPreprocessConfig | None = None,
+    fps: float = 2.0,
+    system: str | None = DEFAULT_SYSTEM,
+  ):
     self.tokenizer, self.cfg, self.system = tokenizer, cfg, system
     self.vision_cfg = vision_cfg or VisionPreprocessConfig(
-        patch_size=cfg.vision.patch_size, temporal_patch_size=cfg.vision.temporal_patch_size,
-        merge_size=cfg.vision.spatial_merge_size)
+      patch_size=cfg.vision.patch_size,
+      temporal_patch_size=cfg.vision.temporal_patch_size,
+      merge_size=cfg.vision.spatial_merge_size,
+    )
     self.fps = fps
     for token, want in ((IMAGE_PAD, cfg.image_token_id), (VIDEO_PAD, cfg.video_token_id)):
       got = tokenizer.convert_tokens_to_ids(token)
       if got != want:
-        raise ValueError(f"tokenizer maps {token} to {got} but the model config expects {want}; "
-                         "load the tokenizer from the same checkpoint directory as the model.")
+        raise ValueError(
+          f"tokenizer maps {token} to {got} but the model config expects {want}; "
+          "load the tokenizer from the same checkpoint directory as the model."
+        )
 
   @classmethod
   def from_pretrained(cls, directory, cfg: Qwen25VLConfig | None = None, **kw) -> "Processor":
     from transformers import AutoTokenizer
     from jaxcap.checkpoint.hf import read_config
+
     return cls(AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), **kw)
 
-  def __call__(self, conversations: Sequence[Sequence[dict]], padding_side: str = "left",
-               pad_to_multiple_of: int = 1, add_generation_prompt: bool = True) -> ModelInputs:
+  def __call__(
+    self,
+    conversations: Sequence[Sequence[dict]],
+    padding_side: str = "left",
+    pad_to_multiple_of: int = 1,
+    add_generation_prompt: bool = True,
+  ) -> ModelInputs:
     """Builds a batch from B conversations (HF message format; image items carry 'image': path/PIL/array,
     video items 'video': list of frames and optionally 'fps')."""
     merge = self.vision_cfg.merge_size**2
@@ -131,8 +148,9 @@ class Processor:
     video_grid = np.stack([g for _, g in videos]) if videos else None
     spg = np.array(seconds, np.float32) if videos else None
     positions, deltas = rope_index(self.cfg, input_ids, mask, image_grid, video_grid, spg)
-    out = ModelInputs(input_ids, mask, positions, deltas, image_grid_thw=image_grid, video_grid_thw=video_grid,
-                      second_per_grid_ts=spg)
+    out = ModelInputs(
+      input_ids, mask, positions, deltas, image_grid_thw=image_grid, video_grid_thw=video_grid, second_per_grid_ts=spg
+    )
     if images or videos:
       out.pixel_values = np.concatenate([p for p, _ in images + videos]).astype(np.float32)
       out.grid_thw = np.stack([g for _, g in images + videos])
@@ -155,8 +173,9 @@ def _split_keep(text: str, tokens: tuple[str, ...]) -> list[str]:
   return out
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left",
-              multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(
+  seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left", multiple: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
   """Pads token lists to a common length (rounded up to `multiple`): ids int32 [B, T], mask bool [B, T]."""
   if side not in ("left", "right"):
     raise ValueError(f"padding_side={side!r}; use 'left' or 'right'")

@@ -9,16 +9,28 @@ from typing import Sequence
 
 from jaxcap.models.config import Qwen25VLConfig
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>")
+SPECIAL_TOKENS = (
+  "<|endoftext|>",
+  "<|im_start|>",
+  "<|im_end|>",
+  "<|vision_start|>",
+  "<|vision_end|>",
+  "<|image_pad|>",
+  "<|video_pad|>",
+)
 
 
 def special_token_ids(cfg: Qwen25VLConfig) -> dict[str, int]:
   """Where the config expects each special token (the tiny presets put them at the top of the vocabulary)."""
-  return {"<|endoftext|>": cfg.bos_token_id, "<|im_end|>": cfg.eos_token_id,
-          "<|im_start|>": cfg.eos_token_id - 1 if cfg.eos_token_id - 1 != cfg.bos_token_id else cfg.eos_token_id + 1,
-          "<|vision_start|>": cfg.vision_start_token_id, "<|vision_end|>": cfg.vision_end_token_id,
-          "<|image_pad|>": cfg.image_token_id, "<|video_pad|>": cfg.video_token_id}
+  return {
+    "<|endoftext|>": cfg.bos_token_id,
+    "<|im_end|>": cfg.eos_token_id,
+    "<|im_start|>": cfg.eos_token_id - 1 if cfg.eos_token_id - 1 != cfg.bos_token_id else cfg.eos_token_id + 1,
+    "<|vision_start|>": cfg.vision_start_token_id,
+    "<|vision_end|>": cfg.vision_end_token_id,
+    "<|image_pad|>": cfg.image_token_id,
+    "<|video_pad|>": cfg.video_token_id,
+  }
 
 
 def word_tokenizer(words: Sequence[str], cfg: Qwen25VLConfig):
@@ -46,9 +58,15 @@ def word_tokenizer(words: Sequence[str], cfg: Qwen25VLConfig):
   if max(vocab.values()) >= cfg.text.vocab_size:
     raise ValueError(f"{len(vocab)} tokens do not fit a vocabulary of {cfg.text.vocab_size}")
   tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-  tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.WhitespaceSplit(),
-                                               pre_tokenizers.Punctuation("isolated")])
+  tok.pre_tokenizer = pre_tokenizers.Sequence(
+    [pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated")]
+  )
   tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<|endoftext|>",
-                                 eos_token="<|im_end|>", additional_special_tokens=list(SPECIAL_TOKENS[1:]))
+  fast = PreTrainedTokenizerFast(
+    tokenizer_object=tok,
+    unk_token="<unk>",
+    pad_token="<|endoftext|>",
+    eos_token="<|im_end|>",
+    additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+  )
   return fast

@@ -35,8 +35,9 @@ class VisionPreprocessConfig:
     return self.patch_size * self.merge_size
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+def smart_resize(
+  height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+) -> tuple[int, int]:
   """Target (height, width): multiples of `factor`, area within [min_pixels, max_pixels], aspect kept."""
   if max(height, width) / min(height, width) > 200:
     raise ValueError(f"image of {height}x{width} has aspect ratio above 200; crop or pad it first.")
@@ -97,8 +98,9 @@ def preprocess_image(image, cfg: VisionPreprocessConfig = VisionPreprocessConfig
   return _patchify(frames, cfg)
 
 
-def preprocess_video(frames: Sequence, cfg: VisionPreprocessConfig = VisionPreprocessConfig()
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_video(
+  frames: Sequence, cfg: VisionPreprocessConfig = VisionPreprocessConfig()
+) -> tuple[np.ndarray, np.ndarray]:
   """Already-sampled frames (paths, PIL images or uint8 arrays) -> (patches, grid_thw [gt, gh, gw]).
 
   Every frame is resized to the first frame's smart_resize target; the last frame is repeated to fill the

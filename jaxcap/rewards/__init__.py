@@ -11,16 +11,30 @@ modules import in turn.
 import importlib
 
 _EXPORTS = {
-    "BalCapRLConfig": "balcaprl", "BalCapRLReward": "balcaprl", "RewardBatch": "batch", "RewardFunction": "batch",
-    "CapRLConfig": "caprl", "CapRLReward": "caprl", "LikertReward": "likert", "RewardMix": "mix",
-    "build_reward": "mix", "Criterion": "record", "ImageRecord": "record", "MultipleChoiceQuestion": "record",
-    "Rubric": "record", "RubiCapConfig": "rubicap", "RubiCapReward": "rubicap", "RubricJob": "rubric",
-    "RubricStore": "rubric", "RubricSynthesisConfig": "rubric", "synthesize_rubrics": "rubric",
+  "BalCapRLConfig": "balcaprl",
+  "BalCapRLReward": "balcaprl",
+  "RewardBatch": "batch",
+  "RewardFunction": "batch",
+  "CapRLConfig": "caprl",
+  "CapRLReward": "caprl",
+  "LikertReward": "likert",
+  "RewardMix": "mix",
+  "build_reward": "mix",
+  "Criterion": "record",
+  "ImageRecord": "record",
+  "MultipleChoiceQuestion": "record",
+  "Rubric": "record",
+  "RubiCapConfig": "rubicap",
+  "RubiCapReward": "rubicap",
+  "RubricJob": "rubric",
+  "RubricStore": "rubric",
+  "RubricSynthesisConfig": "rubric",
+  "synthesize_rubrics": "rubric",
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'jaxcap.rewards' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"jaxcap.rewards.{_EXPORTS[name]}"), name)
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'jaxcap.rewards' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"jaxcap.rewards.{_EXPORTS[name]}"), name)

@@ -26,99 +26,105 @@ _PREFILL_RE = re.compile(r"^\s*(?:the\s+)?answer\s*(?:is)?\s*[:\-]?\s*", re.I)
 
 @dataclasses.dataclass(frozen=True)
 class CapRLConfig:
-    questions_per_caption: int = 4  # N; the paper's best (N=4: 48.4 vs N=8: 48.3)
-    with_replacement: bool = False  # released code draws with replacement
-    shuffle_options: bool = True
-    cannot_answer_option: str | None = None  # appended last after shuffling when set
-    answer_parsing: str = "exact"  # "exact": reply is the letter or the option text; "first_letter": first A-I
-    reward_scale: float = 1.0  # released code: 2.0
-    min_answered_fraction: float = 0.5  # below this share of non-failed answers the reward is masked
-    seed: int = 0
-    name: str = "caprl/accuracy"
+  questions_per_caption: int = 4  # N; the paper's best (N=4: 48.4 vs N=8: 48.3)
+  with_replacement: bool = False  # released code draws with replacement
+  shuffle_options: bool = True
+  cannot_answer_option: str | None = None  # appended last after shuffling when set
+  answer_parsing: str = "exact"  # "exact": reply is the letter or the option text; "first_letter": first A-I
+  reward_scale: float = 1.0  # released code: 2.0
+  min_answered_fraction: float = 0.5  # below this share of non-failed answers the reward is masked
+  seed: int = 0
+  name: str = "caprl/accuracy"
 
-    def __post_init__(self):
-        if self.answer_parsing not in ("exact", "first_letter"):
-            raise ValueError(f"CapRLConfig.answer_parsing={self.answer_parsing!r}: use 'exact' or 'first_letter'.")
-        if self.questions_per_caption < 1:
-            raise ValueError(f"CapRLConfig.questions_per_caption={self.questions_per_caption}: must be >= 1.")
+  def __post_init__(self):
+    if self.answer_parsing not in ("exact", "first_letter"):
+      raise ValueError(f"CapRLConfig.answer_parsing={self.answer_parsing!r}: use 'exact' or 'first_letter'.")
+    if self.questions_per_caption < 1:
+      raise ValueError(f"CapRLConfig.questions_per_caption={self.questions_per_caption}: must be >= 1.")
 
-    @classmethod
-    def paper(cls, **overrides) -> "CapRLConfig":
-        return cls(**overrides)
+  @classmethod
+  def paper(cls, **overrides) -> "CapRLConfig":
+    return cls(**overrides)
 
-    @classmethod
-    def released_code(cls, **overrides) -> "CapRLConfig":
-        base = dict(questions_per_caption=8, with_replacement=True, cannot_answer_option=RELEASED_CANNOT_ANSWER,
-                    answer_parsing="first_letter", reward_scale=2.0)
-        return cls(**(base | overrides))
+  @classmethod
+  def released_code(cls, **overrides) -> "CapRLConfig":
+    base = dict(
+      questions_per_caption=8,
+      with_replacement=True,
+      cannot_answer_option=RELEASED_CANNOT_ANSWER,
+      answer_parsing="first_letter",
+      reward_scale=2.0,
+    )
+    return cls(**(base | overrides))
 
 
 def parse_choice(reply: str, options: Sequence[str], mode: str) -> int | None:
-    """Index of the option a judge reply picks, or None when it picks none (scored as wrong, not failed)."""
-    if mode == "first_letter":
-        for ch in reply:
-            if ch in LETTERS[:9]:
-                idx = LETTERS.index(ch)
-                return idx if idx < len(options) else None
-        return None
-    text = _PREFILL_RE.sub("", reply).strip().strip(".:)( ").strip()
-    if len(text) == 1 and text in LETTERS[:len(options)]:
-        return LETTERS.index(text)
-    lowered = [o.strip().lower() for o in options]
-    return lowered.index(text.lower()) if text.lower() in lowered else None
+  """Index of the option a judge reply picks, or None when it picks none (scored as wrong, not failed)."""
+  if mode == "first_letter":
+    for ch in reply:
+      if ch in LETTERS[:9]:
+        idx = LETTERS.index(ch)
+        return idx if idx < len(options) else None
+    return None
+  text = _PREFILL_RE.sub("", reply).strip().strip(".:)( ").strip()
+  if len(text) == 1 and text in LETTERS[: len(options)]:
+    return LETTERS.index(text)
+  lowered = [o.strip().lower() for o in options]
+  return lowered.index(text.lower()) if text.lower() in lowered else None
 
 
 class CapRLReward:
-    """Callable reward; see module docstring. `judge` only needs `answer_multiple_choice`."""
+  """Callable reward; see module docstring. `judge` only needs `answer_multiple_choice`."""
 
-    def __init__(self, judge: Judge, config: CapRLConfig = CapRLConfig()):
-        self.judge = judge
-        self.config = config
-        self.names = (config.name,)
+  def __init__(self, judge: Judge, config: CapRLConfig = CapRLConfig()):
+    self.judge = judge
+    self.config = config
+    self.names = (config.name,)
 
-    def draw(self, record: ImageRecord, rng: np.random.Generator) -> list[tuple[str, tuple[str, ...], int]]:
-        """(question, presented options, gold index) for each draw; the options are shuffled per draw."""
-        cfg, questions = self.config, record.questions
-        if not questions:
-            return []
-        if cfg.with_replacement:
-            picks = rng.integers(len(questions), size=cfg.questions_per_caption)
-        else:
-            picks = rng.permutation(len(questions))[:cfg.questions_per_caption]
-        out = []
-        for p in picks:
-            q = questions[int(p)]
-            order = rng.permutation(len(q.options)) if cfg.shuffle_options else np.arange(len(q.options))
-            options = tuple(q.options[i] for i in order)
-            if cfg.cannot_answer_option:
-                options += (cfg.cannot_answer_option,)
-            out.append((q.question, options, options.index(q.answer)))
-        return out
+  def draw(self, record: ImageRecord, rng: np.random.Generator) -> list[tuple[str, tuple[str, ...], int]]:
+    """(question, presented options, gold index) for each draw; the options are shuffled per draw."""
+    cfg, questions = self.config, record.questions
+    if not questions:
+      return []
+    if cfg.with_replacement:
+      picks = rng.integers(len(questions), size=cfg.questions_per_caption)
+    else:
+      picks = rng.permutation(len(questions))[: cfg.questions_per_caption]
+    out = []
+    for p in picks:
+      q = questions[int(p)]
+      order = rng.permutation(len(q.options)) if cfg.shuffle_options else np.arange(len(q.options))
+      options = tuple(q.options[i] for i in order)
+      if cfg.cannot_answer_option:
+        options += (cfg.cannot_answer_option,)
+      out.append((q.question, options, options.index(q.answer)))
+    return out
 
-    def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-        """Reward [N, 1]; masked where the image has no questions or too many answers failed."""
-        records = align_records(captions, records)
-        requests, owners, golds = [], [], []
-        for i, (caption, record) in enumerate(zip(captions, records)):
-            # One generator per (seed, step, caption index): draws don't depend on the rest of the batch.
-            rng = np.random.default_rng([self.config.seed, step, i])
-            for question, options, gold in self.draw(record, rng):
-                requests.append(MultipleChoiceRequest(record.id, caption, question, options))
-                owners.append(i)
-                golds.append(gold)
-        replies = self.judge.answer_multiple_choice(requests) if requests else []
-        correct = np.zeros(len(captions))
-        answered = np.zeros(len(captions))
-        drawn = np.zeros(len(captions))
-        failed = collections.Counter()
-        for req, owner, gold, reply in zip(requests, owners, golds, replies):
-            drawn[owner] += 1
-            if reply.failed:
-                failed["answer_multiple_choice"] += 1
-                continue
-            answered[owner] += 1
-            correct[owner] += parse_choice(reply.reply, req.options, self.config.answer_parsing) == gold
-        valid = (answered > 0) & (answered >= self.config.min_answered_fraction * drawn)
-        accuracy = np.divide(correct, answered, out=np.zeros_like(correct), where=answered > 0)
-        return make_batch(self.names, (self.config.reward_scale * accuracy)[:, None], valid[:, None], [1.0],
-                          captions, records, failed)
+  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+    """Reward [N, 1]; masked where the image has no questions or too many answers failed."""
+    records = align_records(captions, records)
+    requests, owners, golds = [], [], []
+    for i, (caption, record) in enumerate(zip(captions, records)):
+      # One generator per (seed, step, caption index): draws don't depend on the rest of the batch.
+      rng = np.random.default_rng([self.config.seed, step, i])
+      for question, options, gold in self.draw(record, rng):
+        requests.append(MultipleChoiceRequest(record.id, caption, question, options))
+        owners.append(i)
+        golds.append(gold)
+    replies = self.judge.answer_multiple_choice(requests) if requests else []
+    correct = np.zeros(len(captions))
+    answered = np.zeros(len(captions))
+    drawn = np.zeros(len(captions))
+    failed = collections.Counter()
+    for req, owner, gold, reply in zip(requests, owners, golds, replies):
+      drawn[owner] += 1
+      if reply.failed:
+        failed["answer_multiple_choice"] += 1
+        continue
+      answered[owner] += 1
+      correct[owner] += parse_choice(reply.reply, req.options, self.config.answer_parsing) == gold
+    valid = (answered > 0) & (answered >= self.config.min_answered_fraction * drawn)
+    accuracy = np.divide(correct, answered, out=np.zeros_like(correct), where=answered > 0)
+    return make_batch(
+      self.names, (self.config.reward_scale * accuracy)[:, None], valid[:, None], [1.0], captions, records, failed
+    )

@@ -14,26 +14,33 @@ from jaxcap.rewards.record import ImageRecord, align_records
 
 
 class LikertReward:
-    """`reference=False`: Direct-Likert; `reference=True`: Reference-Likert (masked when no reference)."""
+  """`reference=False`: Direct-Likert; `reference=True`: Reference-Likert (masked when no reference)."""
 
-    def __init__(self, judge: Judge, *, reference: bool = False, name: str | None = None):
-        self.judge = judge
-        self.reference = reference
-        self.names = (name or ("likert/reference" if reference else "likert/direct"),)
+  def __init__(self, judge: Judge, *, reference: bool = False, name: str | None = None):
+    self.judge = judge
+    self.reference = reference
+    self.names = (name or ("likert/reference" if reference else "likert/direct"),)
 
-    def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-        records = align_records(captions, records)
-        failed = collections.Counter()
-        asked = [i for i, r in enumerate(records) if not self.reference or r.reference_caption]
-        failed["missing_reference"] += len(records) - len(asked)
-        scores = self.judge.score_likert([
-            LikertRequest(records[i].id, captions[i], records[i].reference_caption if self.reference else None)
-            for i in asked]) if asked else []
-        values = np.zeros(len(captions))
-        valid = np.zeros(len(captions), bool)
-        for i, s in zip(asked, scores):
-            if s.failed:
-                failed["score_likert"] += 1
-                continue
-            values[i], valid[i] = (min(10.0, max(1.0, float(s.score))) - 1) / 9, True
-        return make_batch(self.names, values[:, None], valid[:, None], [1.0], captions, records, failed)
+  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+    records = align_records(captions, records)
+    failed = collections.Counter()
+    asked = [i for i, r in enumerate(records) if not self.reference or r.reference_caption]
+    failed["missing_reference"] += len(records) - len(asked)
+    scores = (
+      self.judge.score_likert(
+        [
+          LikertRequest(records[i].id, captions[i], records[i].reference_caption if self.reference else None)
+          for i in asked
+        ]
+      )
+      if asked
+      else []
+    )
+    values = np.zeros(len(captions))
+    valid = np.zeros(len(captions), bool)
+    for i, s in zip(asked, scores):
+      if s.failed:
+        failed["score_likert"] += 1
+        continue
+      values[i], valid[i] = (min(10.0, max(1.0, float(s.score))) - 1) / 9, True
+    return make_batch(self.names, values[:, None], valid[:, None], [1.0], captions, records, failed)

@@ -25,50 +25,52 @@ KNOWN_REWARDS = ("caprl", "rubicap", "balcaprl", "likert_direct", "likert_refere
 
 
 class RewardMix:
-    """Runs each component on the same captions and concatenates their columns; weights are scaled."""
+  """Runs each component on the same captions and concatenates their columns; weights are scaled."""
 
-    def __init__(self, components: Sequence[tuple[RewardFunction, float]]):
-        if not components:
-            raise ValueError("RewardMix needs at least one (reward function, weight) pair.")
-        self.components = list(components)
-        self.names = tuple(n for fn, _ in self.components for n in fn.names)
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"Duplicate reward names {self.names}; give components distinct names.")
+  def __init__(self, components: Sequence[tuple[RewardFunction, float]]):
+    if not components:
+      raise ValueError("RewardMix needs at least one (reward function, weight) pair.")
+    self.components = list(components)
+    self.names = tuple(n for fn, _ in self.components for n in fn.names)
+    if len(set(self.names)) != len(self.names):
+      raise ValueError(f"Duplicate reward names {self.names}; give components distinct names.")
 
-    def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-        records = align_records(captions, records)
-        return RewardBatch.concatenate([fn(captions, records, step=step) for fn, _ in self.components],
-                                       [w for _, w in self.components])
+  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+    records = align_records(captions, records)
+    return RewardBatch.concatenate(
+      [fn(captions, records, step=step) for fn, _ in self.components], [w for _, w in self.components]
+    )
 
 
-def build_reward(config: Mapping[str, Mapping[str, Any]], judge: Judge,
-                 rubric_store: RubricStore | None = None) -> RewardMix:
-    """A RewardMix from {reward family: {"weight": w, **family options}}; see module docstring."""
-    unknown = set(config) - set(KNOWN_REWARDS)
-    if unknown:
-        raise ValueError(f"Unknown reward families {sorted(unknown)}; known: {KNOWN_REWARDS}.")
-    components = []
-    for family, options in config.items():
-        options = dict(options)
-        weight = float(options.pop("weight", 1.0))
-        if family == "caprl":
-            preset = options.pop("preset", "paper")
-            if preset not in ("paper", "released_code"):
-                raise ValueError(f"caprl preset {preset!r}: use 'paper' or 'released_code'.")
-            fn = CapRLReward(judge, getattr(CapRLConfig, preset)(**options))
-        elif family == "rubicap":
-            fn = RubiCapReward(judge, RubiCapConfig(**options), store=rubric_store)
-        elif family == "balcaprl":
-            if "weights" in options:
-                options["weights"] = tuple(options["weights"])
-            fn = BalCapRLReward(judge, BalCapRLConfig(**options))
-        else:
-            fn = LikertReward(judge, reference=family == "likert_reference", **options)
-        components.append((fn, weight))
-    return RewardMix(components)
+def build_reward(
+  config: Mapping[str, Mapping[str, Any]], judge: Judge, rubric_store: RubricStore | None = None
+) -> RewardMix:
+  """A RewardMix from {reward family: {"weight": w, **family options}}; see module docstring."""
+  unknown = set(config) - set(KNOWN_REWARDS)
+  if unknown:
+    raise ValueError(f"Unknown reward families {sorted(unknown)}; known: {KNOWN_REWARDS}.")
+  components = []
+  for family, options in config.items():
+    options = dict(options)
+    weight = float(options.pop("weight", 1.0))
+    if family == "caprl":
+      preset = options.pop("preset", "paper")
+      if preset not in ("paper", "released_code"):
+        raise ValueError(f"caprl preset {preset!r}: use 'paper' or 'released_code'.")
+      fn = CapRLReward(judge, getattr(CapRLConfig, preset)(**options))
+    elif family == "rubicap":
+      fn = RubiCapReward(judge, RubiCapConfig(**options), store=rubric_store)
+    elif family == "balcaprl":
+      if "weights" in options:
+        options["weights"] = tuple(options["weights"])
+      fn = BalCapRLReward(judge, BalCapRLConfig(**options))
+    else:
+      fn = LikertReward(judge, reference=family == "likert_reference", **options)
+    components.append((fn, weight))
+  return RewardMix(components)
 
 
 def config_fields(family: str) -> tuple[str, ...]:
-    """Option names a family accepts (besides "weight"), for config validation and docs."""
-    cls = {"caprl": CapRLConfig, "rubicap": RubiCapConfig, "balcaprl": BalCapRLConfig}.get(family)
-    return tuple(f.name for f in dataclasses.fields(cls)) if cls else ("name",)
+  """Option names a family accepts (besides "weight"), for config validation and docs."""
+  cls = {"caprl": CapRLConfig, "rubicap": RubiCapConfig, "balcaprl": BalCapRLConfig}.get(family)
+  return tuple(f.name for f in dataclasses.fields(cls)) if cls else ("name",)

@@ -69,8 +69,7 @@ def filtered_logits(logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, 
   return z, ids
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig
-                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Draws one token per row of logits float32 [B, V].
 
   Returns (tokens int32 [B], sample_logprobs float32 [B], policy_logprobs float32 [B]):
@@ -101,7 +100,7 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
   b, c = logits.shape
   p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
   p = jnp.pad(p, ((0, 0), (0, -c % block))).reshape(b, -1, block)
-  block_mass = p.sum(-1)                                   # [B, C / block]
+  block_mass = p.sum(-1)  # [B, C / block]
   block_cdf = jnp.cumsum(block_mass, axis=-1)
   target = (1.0 - jax.random.uniform(key, (b, 1))) * block_cdf[:, -1:]  # u in (0, 1]: never picks mass 0
   j = jnp.minimum(jnp.sum(block_cdf < target, axis=-1), block_cdf.shape[1] - 1)  # first block reaching it

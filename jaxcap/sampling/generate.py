@@ -58,18 +58,27 @@ def _emit(state: DecodeState, logits: jax.Array, sampling: SamplingConfig, stop_
   token = jnp.where(live, token, pad_id)
   put = lambda arr, col: jax.lax.dynamic_update_slice_in_dim(arr, col[:, None].astype(arr.dtype), state.step, 1)
   return dataclasses.replace(
-      state,
-      tokens=put(state.tokens, token),
-      sample_logprobs=put(state.sample_logprobs, jnp.where(live, sample_lp, 0.0)),
-      policy_logprobs=put(state.policy_logprobs, jnp.where(live, policy_lp, 0.0)),
-      lengths=state.lengths + live.astype(jnp.int32),
-      done=state.done | (live & is_stop(token, stop_ids)),
-      step=state.step + 1,
+    state,
+    tokens=put(state.tokens, token),
+    sample_logprobs=put(state.sample_logprobs, jnp.where(live, sample_lp, 0.0)),
+    policy_logprobs=put(state.policy_logprobs, jnp.where(live, policy_lp, 0.0)),
+    lengths=state.lengths + live.astype(jnp.int32),
+    done=state.done | (live & is_stop(token, stop_ids)),
+    step=state.step + 1,
   )
 
 
-def prefill(params, prompts: Prompts, key: jax.Array, *, graphdef, sampling: SamplingConfig, num_samples: int,
-            stop_ids: tuple[int, ...], pad_id: int) -> DecodeState:
+def prefill(
+  params,
+  prompts: Prompts,
+  key: jax.Array,
+  *,
+  graphdef,
+  sampling: SamplingConfig,
+  num_samples: int,
+  stop_ids: tuple[int, ...],
+  pad_id: int,
+) -> DecodeState:
   """Encodes the B prompts' images and runs the prompt once, repeats the cache G times, samples token 0."""
   TRACE_COUNTS["prefill"] += 1
   model = nnx.merge(graphdef, params)
@@ -80,27 +89,33 @@ def prefill(params, prompts: Prompts, key: jax.Array, *, graphdef, sampling: Sam
   hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 
-  grow = lambda a: shard(jnp.pad(jnp.repeat(a, g, axis=0), ((0, 0), (0, n), (0, 0), (0, 0))),
-                         ("batch", None, "kv_heads", None))
+  grow = lambda a: shard(
+    jnp.pad(jnp.repeat(a, g, axis=0), ((0, 0), (0, n), (0, 0), (0, 0))), ("batch", None, "kv_heads", None)
+  )
   cache = KVCache(tuple(map(grow, prompt_cache.k)), tuple(map(grow, prompt_cache.v)))
   rows = b * g
   real = mask.sum(-1).astype(jnp.int32)
   zeros_f = jnp.zeros((rows, n), jnp.float32)
   state = DecodeState(
-      cache=cache,
-      slot_mask=shard(jnp.pad(jnp.repeat(mask, g, axis=0), ((0, 0), (0, n))), ("batch", None)),
-      tokens=shard(jnp.full((rows, n), pad_id, jnp.int32), ("batch", None)),
-      sample_logprobs=zeros_f, policy_logprobs=zeros_f,
-      lengths=jnp.zeros((rows,), jnp.int32), done=jnp.zeros((rows,), bool),
-      # the k-th new token sits at max prompt position + 1 + k = real length + rope delta + k
-      last_position=jnp.repeat(real + prompts.rope_deltas.astype(jnp.int32), g) - 1,  # = max prompt position
-      prompt_length=jnp.asarray(t, jnp.int32),
-      step=jnp.asarray(0, jnp.int32), key=key)
+    cache=cache,
+    slot_mask=shard(jnp.pad(jnp.repeat(mask, g, axis=0), ((0, 0), (0, n))), ("batch", None)),
+    tokens=shard(jnp.full((rows, n), pad_id, jnp.int32), ("batch", None)),
+    sample_logprobs=zeros_f,
+    policy_logprobs=zeros_f,
+    lengths=jnp.zeros((rows,), jnp.int32),
+    done=jnp.zeros((rows,), bool),
+    # the k-th new token sits at max prompt position + 1 + k = real length + rope delta + k
+    last_position=jnp.repeat(real + prompts.rope_deltas.astype(jnp.int32), g) - 1,  # = max prompt position
+    prompt_length=jnp.asarray(t, jnp.int32),
+    step=jnp.asarray(0, jnp.int32),
+    key=key,
+  )
   return _emit(state, logits, sampling, stop_ids, pad_id)
 
 
-def decode(params, state: DecodeState, *, graphdef, sampling: SamplingConfig, stop_ids: tuple[int, ...],
-           pad_id: int) -> DecodeState:
+def decode(
+  params, state: DecodeState, *, graphdef, sampling: SamplingConfig, stop_ids: tuple[int, ...], pad_id: int
+) -> DecodeState:
   """Feeds the last token and samples the next until every row stopped or max_new_tokens were emitted."""
   TRACE_COUNTS["decode"] += 1
   model = nnx.merge(graphdef, params)

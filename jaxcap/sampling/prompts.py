@@ -43,8 +43,9 @@ def batch_bucket(rows: int) -> int:
   return 1 << max(0, int(rows) - 1).bit_length()
 
 
-def bucket_prompts(inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 16,
-                   pad_id: int = 0) -> tuple[Prompts, int]:
+def bucket_prompts(
+  inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 16, pad_id: int = 0
+) -> tuple[Prompts, int]:
   """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first).
 
   Extra rows repeat the last real row, images included when the batch has no videos, so a short final batch of
@@ -55,8 +56,10 @@ def bucket_prompts(inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple:
   if ids.ndim != 2 or ids.shape[0] == 0:
     raise ValueError(f"input_ids has shape {ids.shape}; expected [batch >= 1, length]")
   if not mask[:, -1].all():
-    raise ValueError("prompts must be left-padded (every row's last token real) so that generation continues "
-                     "from the same column; build them with Processor(..., padding_side='left').")
+    raise ValueError(
+      "prompts must be left-padded (every row's last token real) so that generation continues "
+      "from the same column; build them with Processor(..., padding_side='left')."
+    )
   rows, length = ids.shape
   positions = np.asarray(inputs.positions, np.int32)
   deltas = np.asarray(inputs.rope_deltas, np.int32)
@@ -99,5 +102,4 @@ def _repeat_last_row_images(last_ids, pixels, grids, cfg: Qwen25VLConfig, copies
     return pixels, grids
   patches = int(sizes[-n:].sum())
   tail = pixels[-patches:]
-  return (np.concatenate([pixels] + [tail] * copies),
-          np.concatenate([grids] + [grids[-n:]] * copies))
+  return (np.concatenate([pixels] + [tail] * copies), np.concatenate([grids] + [grids[-n:]] * copies))

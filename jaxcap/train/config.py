@@ -11,11 +11,28 @@ import ml_collections
 from jaxcap.rewards.mix import KNOWN_REWARDS, config_fields
 
 
-def optim(lr: float, *, warmup_ratio: float = 0.0, warmup_steps: int = 0, schedule: str = "cosine",
-          weight_decay: float = 0.0, grad_clip: float = 1.0) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(lr=lr, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps,
-                                        schedule=schedule, weight_decay=weight_decay, b1=0.9, b2=0.999, eps=1e-8,
-                                        grad_clip=grad_clip))
+def optim(
+  lr: float,
+  *,
+  warmup_ratio: float = 0.0,
+  warmup_steps: int = 0,
+  schedule: str = "cosine",
+  weight_decay: float = 0.0,
+  grad_clip: float = 1.0,
+) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(
+    dict(
+      lr=lr,
+      warmup_ratio=warmup_ratio,
+      warmup_steps=warmup_steps,
+      schedule=schedule,
+      weight_decay=weight_decay,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      grad_clip=grad_clip,
+    )
+  )
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -26,31 +43,52 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({"shape": {"data": 1, "fsdp": -1, "tensor": 1}})
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1))
 
-  c.model = ml_collections.ConfigDict(dict(
+  c.model = ml_collections.ConfigDict(
+    dict(
       checkpoint="",  # local HF Qwen2.5-VL directory; empty = the tiny embedded student
-      dtype="float32", param_dtype="float32", remat="none",
-      student=dict(vision_width=128, vision_depth=2, text_width=128, text_layers=3, text_heads=4,
-                   rope_theta=10000.0)))
+      dtype="float32",
+      param_dtype="float32",
+      remat="none",
+      student=dict(vision_width=128, vision_depth=2, text_width=128, text_layers=3, text_heads=4, rope_theta=10000.0),
+    )
+  )
   # 1-2 objects per scene: two-object scenes leave the SFT caption one object short for RL to add; with 1-3
   # objects the student perceived less (held-out QA after SFT 33% instead of 41% on 64 images, tower trained).
-  c.world = ml_collections.ConfigDict(dict(train_scenes=1024, eval_scenes=256, image_size=84, min_objects=1,
-                                           max_objects=2, clip_fraction=0.0, vocab_size=512))
+  c.world = ml_collections.ConfigDict(
+    dict(
+      train_scenes=1024, eval_scenes=256, image_size=84, min_objects=1, max_objects=2, clip_fraction=0.0, vocab_size=512
+    )
+  )
   # Embedded student only (skipped with model.checkpoint): its random ViT first learns, per merged visual token,
   # the colour / shape / size of the object centred in that cell, on freshly drawn scenes (train/vision_warmup.py),
   # standing in for a real VLM's pretrained ViT; SFT then trains the decoder on top of it (sft.freeze_vision).
   # Without it, SFT captions named one stock object in almost every image (colour right in 6 of 64 held-out
   # images); with it, 232 of 256, and held-out QA accuracy after SFT is 52.0% (it was 9.1%).
   c.vision_warmup = ml_collections.ConfigDict(dict(steps=800, batch_size=64, lr=2e-3))
-  c.data = ml_collections.ConfigDict(dict(
-      train_manifest="", eval_manifest="",  # JSONL/Parquet; empty = the synthetic world
+  c.data = ml_collections.ConfigDict(
+    dict(
+      train_manifest="",
+      eval_manifest="",  # JSONL/Parquet; empty = the synthetic world
       prompt="Describe this image in detail.",
       image_size=84,  # every image resized to this square side (pixels) so a step shares one layout; 0 = native
-      pad_to_multiple=16))
-  c.judge = ml_collections.ConfigDict(dict(
-      kind="rule_based", failure_rate=0.0,
+      pad_to_multiple=16,
+    )
+  )
+  c.judge = ml_collections.ConfigDict(
+    dict(
+      kind="rule_based",
+      failure_rate=0.0,
       # judge.kind='http': an OpenAI-compatible fleet (vLLM, SGLang, llama.cpp, TGI)
-      endpoints="", model="", api_key_env="JUDGE_API_KEY", timeout_s=60.0, max_concurrency=64,
-      fleet_config="", send_images=False, structured_output="json_schema"))
+      endpoints="",
+      model="",
+      api_key_env="JUDGE_API_KEY",
+      timeout_s=60.0,
+      max_concurrency=64,
+      fleet_config="",
+      send_images=False,
+      structured_output="json_schema",
+    )
+  )
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
   # RubiCap rubrics (used only when reward.rubicap is set). 'policy': RubiCap's stage 1 run at the start of RL,
   # against the captions of the policy being trained (the student whose failures the criteria must name):
@@ -59,26 +97,49 @@ def base_config() -> ml_collections.ConfigDict:
   # 'manifest': the rubrics the manifest rows carry (e.g. from `python -m jaxcap.synthesize_rubrics`).
   c.rubrics = ml_collections.ConfigDict(dict(source="policy", min_agreement=3, batch_size=64))
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=48))
-  c.sft = ml_collections.ConfigDict(dict(
-      steps=1600, batch_size=16, micro_batches=1, max_target_tokens=48,  # batch sizes are per process
+  c.sft = ml_collections.ConfigDict(
+    dict(
+      steps=1600,
+      batch_size=16,
+      micro_batches=1,
+      max_target_tokens=48,  # batch sizes are per process
       targets="incomplete",  # 'incomplete' / 'complete' world captions, or the manifest's 'reference'
       # 'incomplete' names the first k of n objects, k uniform in 1..max_fraction * n: the SFT student names the
       # second object of a two-object scene only sometimes (greedy captions mostly stop after one), which RL
       # can reinforce; with max_fraction 0.5 it never does, and RL had nothing to find.
-      max_fraction=1.0, optim=optim(2e-3, warmup_steps=20),
+      max_fraction=1.0,
+      optim=optim(2e-3, warmup_steps=20),
       # True: the vision tower gets no updates in this phase. Training it along with the decoder from the
       # warm-up lost much of what the warm-up taught (held-out QA after SFT 41% instead of 53%, 64 images).
-      freeze_vision=True))
-  c.rl = ml_collections.ConfigDict(dict(
-      steps=100, batch_size=8, num_samples=8, micro_batches=1, estimator="grpo", recompute_old_logprobs=True,
+      freeze_vision=True,
+    )
+  )
+  c.rl = ml_collections.ConfigDict(
+    dict(
+      steps=100,
+      batch_size=8,
+      num_samples=8,
+      micro_batches=1,
+      estimator="grpo",
+      recompute_old_logprobs=True,
       # KL to the SFT policy (k3, as CapRL's paper): without it, an earlier student (no vision warm-up) learned to
       # pad captions with broken text that the answerer mines for facts (held-out QA 9.1% -> 24.7%, captions
       # degenerated); with it QA rose 9.1% -> 25.9% at 28 tokens.
-      loss=dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.05,
-                kl_estimator="k3", entropy_coef=0.0),
+      loss=dict(
+        eps_low=0.2,
+        eps_high=0.28,
+        dual_clip_c=3.0,
+        aggregation="token-mean",
+        kl_coef=0.05,
+        kl_estimator="k3",
+        entropy_coef=0.0,
+      ),
       length_mask=dict(dims=[], tau_low=0.5, tau_high=2.0),
       # lr 3e-4 drifted (KL 0.4) and lost held-out QA (53% -> 51% on 64 images); 1e-4 gained (53% -> 64%)
-      optim=optim(1e-4, warmup_steps=5, schedule="constant"), freeze_vision=False))
+      optim=optim(1e-4, warmup_steps=5, schedule="constant"),
+      freeze_vision=False,
+    )
+  )
   # 256 held-out images: on 64, greedy-caption flips moved held-out QA by about 4 points between checkpoints
   c.eval = ml_collections.ConfigDict(dict(every=25, num_images=256, batch_size=64, at_start=False))
   c.checkpoint = ml_collections.ConfigDict(dict(every=25, max_to_keep=2))
@@ -86,8 +147,9 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def real_model_run(c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448,
-                   rl: bool = True) -> None:
+def real_model_run(
+  c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448, rl: bool = True
+) -> None:
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
   bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL
   term (BalCapRL states none, CapRL's released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
@@ -105,6 +167,7 @@ def real_model_run(c: ml_collections.ConfigDict, *, max_new_tokens: int, image_s
 def validate(c: ml_collections.ConfigDict) -> None:
   """Fails before any compute with a message naming the field and the fix."""
   errors = []
+
   def need(cond, msg):
     if not cond:
       errors.append(msg)
@@ -116,28 +179,40 @@ def validate(c: ml_collections.ConfigDict) -> None:
       for k in opts:
         need(k in allowed, f"reward.{fam}.{k}: unknown option; allowed: {', '.join(sorted(allowed))}")
   need(len(c.reward) > 0 or c.rl.steps == 0, "reward: configure at least one reward family for RL")
-  need(c.rl.estimator in ("grpo", "dr_grpo", "rloo", "c_gdpo"),
-       f"rl.estimator={c.rl.estimator!r}: choose grpo, dr_grpo, rloo or c_gdpo")
+  need(
+    c.rl.estimator in ("grpo", "dr_grpo", "rloo", "c_gdpo"),
+    f"rl.estimator={c.rl.estimator!r}: choose grpo, dr_grpo, rloo or c_gdpo",
+  )
   need(c.rl.num_samples >= 2 or c.rl.steps == 0, f"rl.num_samples={c.rl.num_samples}: group advantages need >= 2")
   for phase in ("sft", "rl"):
     p = c[phase]
     need(p.steps >= 0, f"{phase}.steps={p.steps}: must be >= 0")
-    need(p.batch_size % p.micro_batches == 0,
-         f"{phase}.batch_size={p.batch_size} is not divisible by {phase}.micro_batches={p.micro_batches}")
+    need(
+      p.batch_size % p.micro_batches == 0,
+      f"{phase}.batch_size={p.batch_size} is not divisible by {phase}.micro_batches={p.micro_batches}",
+    )
     need(p.optim.lr > 0, f"{phase}.optim.lr={p.optim.lr}: must be positive")
   need(c.model.dtype in ("float32", "bfloat16"), f"model.dtype={c.model.dtype!r}: use float32 or bfloat16")
-  need(c.model.param_dtype in ("float32", "bfloat16"),
-       f"model.param_dtype={c.model.param_dtype!r}: use float32 or bfloat16")
+  need(
+    c.model.param_dtype in ("float32", "bfloat16"),
+    f"model.param_dtype={c.model.param_dtype!r}: use float32 or bfloat16",
+  )
   need(c.model.remat in ("none", "full", "dots"), f"model.remat={c.model.remat!r}: use none, full or dots")
   need(c.judge.kind in ("rule_based", "http"), f"judge.kind={c.judge.kind!r}: use rule_based or http")
-  need(c.sft.targets in ("incomplete", "complete", "reference"),
-       f"sft.targets={c.sft.targets!r}: use incomplete, complete or reference")
-  need(c.rubrics.source in ("policy", "manifest"),
-       f"rubrics.source={c.rubrics.source!r}: use 'policy' (synthesise against the policy) or 'manifest'")
+  need(
+    c.sft.targets in ("incomplete", "complete", "reference"),
+    f"sft.targets={c.sft.targets!r}: use incomplete, complete or reference",
+  )
+  need(
+    c.rubrics.source in ("policy", "manifest"),
+    f"rubrics.source={c.rubrics.source!r}: use 'policy' (synthesise against the policy) or 'manifest'",
+  )
   need(c.rubrics.min_agreement >= 1, f"rubrics.min_agreement={c.rubrics.min_agreement}: must be >= 1")
   need(c.vision_warmup.steps == 0 or c.vision_warmup.batch_size >= 1, "vision_warmup.batch_size must be >= 1")
   need(c.sampling.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
-  need(bool(c.data.eval_manifest) or not c.data.train_manifest or c.eval.num_images == 0,
-       "data.eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation")
+  need(
+    bool(c.data.eval_manifest) or not c.data.train_manifest or c.eval.num_images == 0,
+    "data.eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation",
+  )
   if errors:
     raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))

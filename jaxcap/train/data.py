@@ -30,8 +30,10 @@ def read_manifest(path: str | os.PathLike) -> list[ImageRecord]:
   """
   path = Path(path)
   if not path.exists():
-    raise ManifestError(f"manifest {path} does not exist; set --config.data.train_manifest to a JSONL file "
-                        "(one JSON object per line) or leave it empty for the synthetic world.")
+    raise ManifestError(
+      f"manifest {path} does not exist; set --config.data.train_manifest to a JSONL file "
+      "(one JSON object per line) or leave it empty for the synthetic world."
+    )
   if path.suffix == ".parquet":
     try:
       import pyarrow.parquet as pq
@@ -57,8 +59,11 @@ def read_manifest(path: str | os.PathLike) -> list[ImageRecord]:
     if not rec.image and not rec.frames:
       raise ManifestError(f"{path}:{lineno} (id {rec.id!r}) has neither 'image' nor 'frames'; every row needs media.")
     absolute = lambda p: p if os.path.isabs(p) else str(path.parent / p)
-    records.append(dataclasses.replace(rec, image=absolute(rec.image) if rec.image else "",
-                                       frames=tuple(absolute(p) for p in rec.frames)))
+    records.append(
+      dataclasses.replace(
+        rec, image=absolute(rec.image) if rec.image else "", frames=tuple(absolute(p) for p in rec.frames)
+      )
+    )
   if not records:
     raise ManifestError(f"manifest {path} has no rows")
   return records
@@ -67,14 +72,21 @@ def read_manifest(path: str | os.PathLike) -> list[ImageRecord]:
 def check_media(records: Sequence[ImageRecord]) -> None:
   """Fails early, naming the first missing image, before any compute is spent."""
   for rec in records:
-    for p in (rec.frames or (rec.image,)):
+    for p in rec.frames or (rec.image,):
       if not os.path.exists(p):
-        raise ManifestError(f"record {rec.id!r}: image file {p} does not exist; fix the manifest's path "
-                            "(relative paths are resolved against the manifest's folder).")
+        raise ManifestError(
+          f"record {rec.id!r}: image file {p} does not exist; fix the manifest's path "
+          "(relative paths are resolved against the manifest's folder)."
+        )
 
 
-def record_loader(records: Sequence[ImageRecord], batch_size: int, seed: int,
-                  process_index: int | None = None, process_count: int | None = None):
+def record_loader(
+  records: Sequence[ImageRecord],
+  batch_size: int,
+  seed: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+):
   """An endless, checkpointable iterator over lists of `batch_size` records for this process.
 
   Every process walks the same shuffled order (reshuffled each epoch from `seed`) in global batches of
@@ -84,8 +96,10 @@ def record_loader(records: Sequence[ImageRecord], batch_size: int, seed: int,
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if len(records) < batch_size * process_count:
-    raise ManifestError(f"{len(records)} records cannot fill one global batch of {batch_size} x "
-                        f"{process_count} processes; lower the batch size or add data.")
+    raise ManifestError(
+      f"{len(records)} records cannot fill one global batch of {batch_size} x "
+      f"{process_count} processes; lower the batch size or add data."
+    )
   lo, hi = process_index * batch_size, (process_index + 1) * batch_size
   ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
   ds = ds.batch(batch_size * process_count, batch_fn=list).map(lambda batch: batch[lo:hi])
@@ -109,5 +123,5 @@ def load_media(record: ImageRecord, image_size: int | None) -> Any:
 
 def conversation(record: ImageRecord, prompt: str, image_size: int | None, fps: float = 2.0) -> list[dict]:
   media = load_media(record, image_size)
-  item = ({"type": "video", "video": media, "fps": fps} if record.frames else {"type": "image", "image": media})
+  item = {"type": "video", "video": media, "fps": fps} if record.frames else {"type": "image", "image": media}
   return [{"role": "user", "content": [item, {"type": "text", "text": prompt}]}]

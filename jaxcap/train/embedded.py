@@ -23,12 +23,18 @@ from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 
 def world_config(w) -> WorldConfig:
   """The embedded world's generator settings from the run config's `world` block (no text labels)."""
-  return WorldConfig(image_size=w.image_size, min_objects=w.min_objects, max_objects=w.max_objects,
-                     label_probability=0.0, clip_fraction=w.clip_fraction)
+  return WorldConfig(
+    image_size=w.image_size,
+    min_objects=w.min_objects,
+    max_objects=w.max_objects,
+    label_probability=0.0,
+    clip_fraction=w.clip_fraction,
+  )
 
 
-def build_world(workdir: Path, *, world: WorldConfig, train_scenes: int, eval_scenes: int,
-                seed: int) -> tuple[Path, Path]:
+def build_world(
+  workdir: Path, *, world: WorldConfig, train_scenes: int, eval_scenes: int, seed: int
+) -> tuple[Path, Path]:
   """Writes (or reuses) train and held-out manifests under `workdir/world`; returns their paths."""
   out = []
   for split, n, split_seed in (("train", train_scenes, seed), ("heldout", eval_scenes, seed + 10_000)):
@@ -45,17 +51,28 @@ def build_world(workdir: Path, *, world: WorldConfig, train_scenes: int, eval_sc
 def build_tokenizer(workdir: Path, vocab_size: int, seed: int):
   """The world's BPE tokenizer as a `PreTrainedTokenizerFast`, saved under `workdir/tokenizer`."""
   from transformers import PreTrainedTokenizerFast
+
   d = workdir / "tokenizer"
   if not (d / "tokenizer_config.json").exists():
     path = train_world_tokenizer(d, vocab_size=vocab_size, seed=seed)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                  unk_token=None)
+    tok = PreTrainedTokenizerFast(
+      tokenizer_file=str(path), pad_token="<|endoftext|>", eos_token="<|im_end|>", unk_token=None
+    )
     tok.save_pretrained(d)
   return PreTrainedTokenizerFast.from_pretrained(d)
 
 
-def student_config(tokenizer, *, vision_width: int, vision_depth: int, text_width: int, text_layers: int,
-                   text_heads: int, window_size: int = 112, rope_theta: float = 10000.0) -> Qwen25VLConfig:
+def student_config(
+  tokenizer,
+  *,
+  vision_width: int,
+  vision_depth: int,
+  text_width: int,
+  text_layers: int,
+  text_heads: int,
+  window_size: int = 112,
+  rope_theta: float = 10000.0,
+) -> Qwen25VLConfig:
   """A tiny Qwen2.5-VL whose special token ids are the world tokenizer's.
 
   `rope_theta` is lower than Qwen's 1e6: with head_dim 32 and a 3x3 grid of vision tokens, 1e6 leaves the
@@ -67,16 +84,34 @@ def student_config(tokenizer, *, vision_width: int, vision_depth: int, text_widt
   t = half // 4
   mrope = (half - 2 * (3 * t // 2), 3 * t // 2, 3 * t // 2)
   return Qwen25VLConfig(
-      vision=VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width,
-                          num_heads=max(1, vision_width // 32), out_hidden_size=text_width,
-                          fullatt_block_indexes=(vision_depth - 1,), window_size=window_size),
-      text=TextConfig(vocab_size=len(tokenizer), hidden_size=text_width, intermediate_size=3 * text_width,
-                      num_hidden_layers=text_layers, num_attention_heads=text_heads,
-                      num_key_value_heads=max(1, text_heads // 2), mrope_section=mrope, rope_theta=rope_theta,
-                      max_position_embeddings=4096, tie_word_embeddings=True),
-      image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-      vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-      bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"))
+    vision=VisionConfig(
+      depth=vision_depth,
+      hidden_size=vision_width,
+      intermediate_size=2 * vision_width,
+      num_heads=max(1, vision_width // 32),
+      out_hidden_size=text_width,
+      fullatt_block_indexes=(vision_depth - 1,),
+      window_size=window_size,
+    ),
+    text=TextConfig(
+      vocab_size=len(tokenizer),
+      hidden_size=text_width,
+      intermediate_size=3 * text_width,
+      num_hidden_layers=text_layers,
+      num_attention_heads=text_heads,
+      num_key_value_heads=max(1, text_heads // 2),
+      mrope_section=mrope,
+      rope_theta=rope_theta,
+      max_position_embeddings=4096,
+      tie_word_embeddings=True,
+    ),
+    image_token_id=ids("<|image_pad|>"),
+    video_token_id=ids("<|video_pad|>"),
+    vision_start_token_id=ids("<|vision_start|>"),
+    vision_end_token_id=ids("<|vision_end|>"),
+    bos_token_id=ids("<|endoftext|>"),
+    eos_token_id=ids("<|im_end|>"),
+  )
 
 
 def object_sentence(obj) -> str:

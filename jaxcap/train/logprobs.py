@@ -30,8 +30,9 @@ def _token_stats(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, with_ent
   return token_logp, entropy
 
 
-def token_logprobs(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, *, with_entropy: bool = False,
-                   chunk: int | None = 256) -> tuple[jax.Array, jax.Array]:
+def token_logprobs(
+  model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, *, with_entropy: bool = False, chunk: int | None = 256
+) -> tuple[jax.Array, jax.Array]:
   """log pi(token) and entropy [N, C] from final hidden states [N, C, D] that predict `tokens` [N, C].
 
   Sequences longer than `chunk` are processed `chunk` positions at a time, each chunk rematerialised in the
@@ -56,10 +57,17 @@ def token_logprobs(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, *, wit
   return unchunk(lp), unchunk(ent)
 
 
-def completion_logprobs(model: Qwen25VL, prompt_ids: jax.Array, prompt_positions: jax.Array,
-                        prompt_mask: jax.Array, vision: VisionInput | None, completions: jax.Array,
-                        *, with_entropy: bool = False, chunk: int | None = 256
-                        ) -> tuple[jax.Array, jax.Array | None]:
+def completion_logprobs(
+  model: Qwen25VL,
+  prompt_ids: jax.Array,
+  prompt_positions: jax.Array,
+  prompt_mask: jax.Array,
+  vision: VisionInput | None,
+  completions: jax.Array,
+  *,
+  with_entropy: bool = False,
+  chunk: int | None = 256,
+) -> tuple[jax.Array, jax.Array | None]:
   """log pi(completion token | prompt, earlier tokens) for G completions of each of B prompts.
 
   prompt_ids int [B, P] (left-padded), prompt_positions int [3, B, P], prompt_mask bool [B, P],
@@ -72,12 +80,12 @@ def completion_logprobs(model: Qwen25VL, prompt_ids: jax.Array, prompt_positions
   g = n // b
   x_prompt = jnp.repeat(model.embed(prompt_ids, vision), g, axis=0)
   x = jnp.concatenate([x_prompt, model.embed_tokens(completions)], axis=1)
-  positions = jnp.concatenate(
-      [prompt_positions, completion_positions(prompt_positions, prompt_mask, c)], axis=2)
+  positions = jnp.concatenate([prompt_positions, completion_positions(prompt_positions, prompt_mask, c)], axis=2)
   positions = jnp.repeat(positions, g, axis=1)
   mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
   hidden, _ = model.decode(x, positions, mask)
   # position t predicts token t + 1
-  token_logp, entropy = token_logprobs(model, hidden[:, p - 1:p + c - 1], completions,
-                                       with_entropy=with_entropy, chunk=chunk)
+  token_logp, entropy = token_logprobs(
+    model, hidden[:, p - 1 : p + c - 1], completions, with_entropy=with_entropy, chunk=chunk
+  )
   return token_logp, entropy if with_entropy else None

@@ -34,7 +34,6 @@ from jaxcap.train.state import init_train_state, make_optimizer
 from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 
 
-
 @dataclasses.dataclass
 class Setup:
   """What a run is made of, built once from the config."""
@@ -54,18 +53,31 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   mesh = make_mesh(dict(config.mesh.shape))
   key_seed = int(config.seed)
   if config.model.checkpoint:
-    model = load_hf_checkpoint(config.model.checkpoint, mesh=mesh, dtype=_dtype(config.model.dtype),
-                               param_dtype=_dtype(config.model.param_dtype), remat=config.model.remat)
+    model = load_hf_checkpoint(
+      config.model.checkpoint,
+      mesh=mesh,
+      dtype=_dtype(config.model.dtype),
+      param_dtype=_dtype(config.model.param_dtype),
+      remat=config.model.remat,
+    )
     processor = Processor.from_pretrained(config.model.checkpoint, cfg=model.cfg)
   else:
-    tok = _first_process_then_others(lambda: embedded.build_tokenizer(workdir, config.world.vocab_size, key_seed),
-                                     "jaxcap-tokenizer")
+    tok = _first_process_then_others(
+      lambda: embedded.build_tokenizer(workdir, config.world.vocab_size, key_seed), "jaxcap-tokenizer"
+    )
     s = config.model.student
-    cfg = embedded.student_config(tok, vision_width=s.vision_width, vision_depth=s.vision_depth,
-                                  text_width=s.text_width, text_layers=s.text_layers, text_heads=s.text_heads,
-                                  rope_theta=s.rope_theta)
-    cfg = cfg.replace(dtype=_dtype(config.model.dtype), param_dtype=_dtype(config.model.param_dtype),
-                      remat=config.model.remat)
+    cfg = embedded.student_config(
+      tok,
+      vision_width=s.vision_width,
+      vision_depth=s.vision_depth,
+      text_width=s.text_width,
+      text_layers=s.text_layers,
+      text_heads=s.text_heads,
+      rope_theta=s.rope_theta,
+    )
+    cfg = cfg.replace(
+      dtype=_dtype(config.model.dtype), param_dtype=_dtype(config.model.param_dtype), remat=config.model.remat
+    )
     model = Qwen25VL(cfg, rngs=nnx.Rngs(key_seed))
     graphdef, params = nnx.split(model)
     params = put_replicated_value(params, param_shardings(params, mesh))
@@ -76,13 +88,17 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
     train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
   else:
     w = config.world
-    train_path, eval_path = _first_process_then_others(lambda: embedded.build_world(
-        workdir, world=embedded.world_config(w), train_scenes=w.train_scenes, eval_scenes=w.eval_scenes,
-        seed=key_seed), "jaxcap-world")
+    train_path, eval_path = _first_process_then_others(
+      lambda: embedded.build_world(
+        workdir, world=embedded.world_config(w), train_scenes=w.train_scenes, eval_scenes=w.eval_scenes, seed=key_seed
+      ),
+      "jaxcap-world",
+    )
   train_records = data_lib.read_manifest(train_path)
   eval_records = data_lib.read_manifest(eval_path) if str(eval_path) not in ("", ".") else train_records[:0]
   data_lib.check_media(train_records + eval_records)
   from jaxcap.data.synthetic.manifest import read_manifest as read_world
+
   scenes = {}
   for m in [train_path] + ([eval_path] if eval_records else []):
     scenes.update(read_world(m)[1])
@@ -95,6 +111,7 @@ def _first_process_then_others(fn, name: str):
   if jax.process_count() == 1:
     return fn()
   from jax.experimental import multihost_utils
+
   out = fn() if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices(name)
   return out if out is not None else fn()
@@ -103,9 +120,12 @@ def _first_process_then_others(fn, name: str):
 def build_judge(config, scenes: dict, records: Sequence[ImageRecord]):
   if config.judge.kind == "rule_based":
     from jaxcap.judges.rule_based import RuleBasedJudge
+
     if not scenes:
-      raise ValueError("judge.kind='rule_based' needs a synthetic-world manifest (rows with a 'scene' field); "
-                       "for other data use an LLM judge fleet (judge.kind='http').")
+      raise ValueError(
+        "judge.kind='rule_based' needs a synthetic-world manifest (rows with a 'scene' field); "
+        "for other data use an LLM judge fleet (judge.kind='http')."
+      )
     return RuleBasedJudge(scenes, failure_rate=config.judge.failure_rate, seed=int(config.seed))
   if config.judge.kind == "http":
     return http_judge(config.judge, records)
@@ -118,16 +138,26 @@ def http_judge(j, records: Sequence[ImageRecord]):
   from jaxcap.judges.endpoint import Endpoint
   from jaxcap.judges.fleet import JudgeFleet, RoleConfig
   from jaxcap.judges.http_judge import HttpJudge, images_from_records
+
   if j.fleet_config:
     roles = {name: RoleConfig.from_json(row) for name, row in json.loads(Path(j.fleet_config).read_text()).items()}
   else:
     urls = [u.strip() for u in j.endpoints.split(",") if u.strip()]
     if not urls:
-      raise ValueError("judge.kind='http' needs --config.judge.endpoints=http://host:port/v1[,...] or "
-                       "--config.judge.fleet_config=FILE.json (see launch/ for starting a vLLM/SGLang fleet)")
-    roles = {"judge": RoleConfig(endpoints=tuple(Endpoint(u, j.api_key_env) for u in urls), model=j.model or "judge",
-                                 timeout_s=j.timeout_s, max_concurrency=j.max_concurrency,
-                                 send_images=j.send_images, structured_output=j.structured_output)}
+      raise ValueError(
+        "judge.kind='http' needs --config.judge.endpoints=http://host:port/v1[,...] or "
+        "--config.judge.fleet_config=FILE.json (see launch/ for starting a vLLM/SGLang fleet)"
+      )
+    roles = {
+      "judge": RoleConfig(
+        endpoints=tuple(Endpoint(u, j.api_key_env) for u in urls),
+        model=j.model or "judge",
+        timeout_s=j.timeout_s,
+        max_concurrency=j.max_concurrency,
+        send_images=j.send_images,
+        structured_output=j.structured_output,
+      )
+    }
   return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
 
 
@@ -174,15 +204,22 @@ class Batcher:
       per_item = int(np.prod(grids[0]))
       pixels = inputs.pixel_values.reshape(num_micro, mb * per_item, -1)
       from jaxcap.models.vision import vision_layout
+
       # The step sees the global micro-batch (every process's images, all of one size).
       layout = vision_layout(np.repeat(grids[:1], mb * jax.process_count(), axis=0), self.processor.cfg.vision)
     split = lambda x: x.reshape(num_micro, mb, *x.shape[1:])
     pos = inputs.positions.reshape(3, num_micro, mb, -1).transpose(1, 0, 2, 3)
     batch = PromptBatch(split(inputs.input_ids), pos, split(inputs.attention_mask), pixels)
-    return self.place(batch, {"ids": (None, "batch", None), "positions": (None, None, "batch", None),
-                              "mask": (None, "batch", None),
-                              # whole images per device when the micro-batch divides the batch axes
-                              "pixel_values": (None, "batch", None)}), layout
+    return self.place(
+      batch,
+      {
+        "ids": (None, "batch", None),
+        "positions": (None, None, "batch", None),
+        "mask": (None, "batch", None),
+        # whole images per device when the micro-batch divides the batch axes
+        "pixel_values": (None, "batch", None),
+      },
+    ), layout
 
   def place(self, tree, logical: dict | None = None):
     """Host arrays -> global device arrays sharded over ('data', 'fsdp') on their batch axis."""
@@ -192,7 +229,7 @@ class Batcher:
         return None
       name = str(getattr(path[0], "name", getattr(path[0], "key", ""))) if path else ""
       axes = (logical or {}).get(name, (None, "batch") + (None,) * (np.ndim(x) - 2))
-      spec = logical_to_spec(axes[:np.ndim(x)], np.shape(x), self.mesh)
+      spec = logical_to_spec(axes[: np.ndim(x)], np.shape(x), self.mesh)
       return jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), np.asarray(x))
 
     return jax.tree_util.tree_map_with_path(put, tree)
@@ -202,9 +239,9 @@ def _encode_targets(tokenizer, captions: Sequence[str], length: int, eos_id: int
   ids = np.zeros((len(captions), length), np.int32)
   mask = np.zeros((len(captions), length), bool)
   for i, c in enumerate(captions):
-    t = tokenizer(c, add_special_tokens=False)["input_ids"][:length - 1] + [eos_id]
-    ids[i, :len(t)] = t
-    mask[i, :len(t)] = True
+    t = tokenizer(c, add_special_tokens=False)["input_ids"][: length - 1] + [eos_id]
+    ids[i, : len(t)] = t
+    mask[i, : len(t)] = True
   return ids, mask
 
 
@@ -223,24 +260,32 @@ class Trainer:
     self.tokenizer = self.setup.processor.tokenizer
     self.eos_id = self.setup.model.cfg.eos_token_id
     s = config.sampling
-    self.sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                   max_new_tokens=s.max_new_tokens)
+    self.sampling = SamplingConfig(
+      temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
+    )
     self.greedy = dataclasses.replace(self.sampling, temperature=0.0)
     # Rollouts never need activation checkpointing (no backward pass), and remat inside the decode loop cannot
     # trace: sample from the same params through a graph built without it.
     cfg = self.setup.model.cfg
     sampling_graph = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg.replace(remat="none"), rngs=nnx.Rngs(0))))[0]
-    self.sampler = Sampler(nnx.merge(sampling_graph, params), processor=self.setup.processor,
-                           sampling=self.sampling, length_multiple=config.data.pad_to_multiple)
+    self.sampler = Sampler(
+      nnx.merge(sampling_graph, params),
+      processor=self.setup.processor,
+      sampling=self.sampling,
+      length_multiple=config.data.pad_to_multiple,
+    )
     self.reward_fn = build_reward(config.reward.to_dict(), self.setup.judge)
     # Rubrics written against this run's policy replace the manifest's (see config.rubrics).
     self.policy_rubrics = "rubicap" in config.reward and config.rubrics.source == "policy"
     if self.policy_rubrics:
       strip = lambda rs: [dataclasses.replace(r, rubric=None) for r in rs]
-      self.setup.train_records, self.setup.eval_records = strip(self.setup.train_records), strip(
-          self.setup.eval_records)
-    self.eval_fn = build_reward({"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}},
-                                self.setup.judge)
+      self.setup.train_records, self.setup.eval_records = (
+        strip(self.setup.train_records),
+        strip(self.setup.eval_records),
+      )
+    self.eval_fn = build_reward(
+      {"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}}, self.setup.judge
+    )
     self.metrics = MetricsWriter(self.workdir)
     self.ckpt = RunCheckpointer(self.workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
     self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -257,10 +302,19 @@ class Trainer:
     return out
 
   def new_state(self, phase, steps, optim, params, key):
-    opt = make_optimizer(optim.lr, steps, warmup_ratio=optim.warmup_ratio, warmup_steps=optim.warmup_steps,
-                         schedule=optim.schedule, weight_decay=optim.weight_decay, b1=optim.b1, b2=optim.b2,
-                         eps=optim.eps, grad_clip=optim.grad_clip,
-                         frozen=("visual",) if self.config[phase].freeze_vision else ())
+    opt = make_optimizer(
+      optim.lr,
+      steps,
+      warmup_ratio=optim.warmup_ratio,
+      warmup_steps=optim.warmup_steps,
+      schedule=optim.schedule,
+      weight_decay=optim.weight_decay,
+      b1=optim.b1,
+      b2=optim.b2,
+      eps=optim.eps,
+      grad_clip=optim.grad_clip,
+      frozen=("visual",) if self.config[phase].freeze_vision else (),
+    )
     with_ref = phase == "rl" and self.config.rl.loss.kl_coef > 0
     with jax.set_mesh(self.setup.mesh):
       state = init_train_state(params, opt, key, with_reference=with_ref)
@@ -321,22 +375,33 @@ class Trainer:
     new batch each step (train/vision_warmup.py); scored on 256 more scenes from another stream."""
     c, w = self.config, self.config.vision_warmup
     world = embedded.world_config(c.world)  # drawn as stills whatever clip_fraction says
-    draw = functools.partial(vision_warmup.fresh_scenes, world, image_size=c.data.image_size,
-                             preprocess=self.setup.processor.vision_cfg)
+    draw = functools.partial(
+      vision_warmup.fresh_scenes, world, image_size=c.data.image_size, preprocess=self.setup.processor.vision_cfg
+    )
     # streams apart from the world's train (seed) and held-out (seed + 10_000) scenes
     train = lambda step: draw(seed=int(c.seed) + 20_000, start=step * w.batch_size, count=w.batch_size)
     heldout = draw(seed=int(c.seed) + 30_000, start=0, count=256)
     model = nnx.merge(self.graphdef, params)
     tower, metrics = vision_warmup.warm_up_vision(
-        model.visual, train, heldout, steps=w.steps, lr=w.lr, seed=int(c.seed), mesh=self.setup.mesh,
-        log=lambda step, m: self.metrics.write("vision", step, m))
+      model.visual,
+      train,
+      heldout,
+      steps=w.steps,
+      lr=w.lr,
+      seed=int(c.seed),
+      mesh=self.setup.mesh,
+      log=lambda step, m: self.metrics.write("vision", step, m),
+    )
     nnx.update(model.visual, tower)
     if metrics:
       self.metrics.write("vision", w.steps, metrics)
       self.summary["vision_warmup"] = metrics
       if jax.process_index() == 0:
-        print("vision warm-up, held-out accuracy on object cells: " +
-              ", ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()), flush=True)
+        print(
+          "vision warm-up, held-out accuracy on object cells: "
+          + ", ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()),
+          flush=True,
+        )
     return nnx.split(model)[1]
 
   def _restore_point(self):
@@ -353,11 +418,19 @@ class Trainer:
       fn = functools.partial(sft_step, graphdef=self.graphdef, optimizer=opt)
     else:
       lc = c.rl.loss
-      loss_cfg = PolicyLossConfig(eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip_c=lc.dual_clip_c,
-                                  aggregation=lc.aggregation, max_gen_len=c.sampling.max_new_tokens,
-                                  kl_coef=lc.kl_coef, kl_estimator=lc.kl_estimator, entropy_coef=lc.entropy_coef)
-      fn = functools.partial(rl_step, graphdef=self.graphdef, optimizer=opt, loss_config=loss_cfg,
-                             estimator=c.rl.estimator)
+      loss_cfg = PolicyLossConfig(
+        eps_low=lc.eps_low,
+        eps_high=lc.eps_high,
+        dual_clip_c=lc.dual_clip_c,
+        aggregation=lc.aggregation,
+        max_gen_len=c.sampling.max_new_tokens,
+        kl_coef=lc.kl_coef,
+        kl_estimator=lc.kl_estimator,
+        entropy_coef=lc.entropy_coef,
+      )
+      fn = functools.partial(
+        rl_step, graphdef=self.graphdef, optimizer=opt, loss_config=loss_cfg, estimator=c.rl.estimator
+      )
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     step_fn = jax.jit(fn, donate_argnums=0, out_shardings=(state_shardings, None))
     logprob_fn = jax.jit(functools.partial(sequence_logprobs, self.graphdef))
@@ -411,23 +484,30 @@ class Trainer:
     prompts, layout = self.batcher.prompts(inputs, m)
     tokens = self.batcher.place({"t": np.asarray(rollouts.tokens).reshape(m, -1, rollouts.tokens.shape[1])})["t"]
     cmask = self.batcher.place({"m": np.asarray(rollouts.completion_mask).reshape(m, -1, tokens.shape[2])})["m"]
-    old = (logprob_fn(state.params, prompts, layout, tokens) if c.rl.recompute_old_logprobs else
-           self.batcher.place({"o": np.asarray(rollouts.policy_logprobs).reshape(tokens.shape)})["o"])
+    old = (
+      logprob_fn(state.params, prompts, layout, tokens)
+      if c.rl.recompute_old_logprobs
+      else self.batcher.place({"o": np.asarray(rollouts.policy_logprobs).reshape(tokens.shape)})["o"]
+    )
     ref = logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     rewards = future.result()
     valid = rewards.valid
     r = valid.shape[1]
     values, length_in_band = self.length_masked(rewards)
-    rb = self.batcher.place({"v": values.reshape(m, -1, g, r).astype(np.float32),
-                             "ok": valid.reshape(m, -1, g, r)})
+    rb = self.batcher.place({"v": values.reshape(m, -1, g, r).astype(np.float32), "ok": valid.reshape(m, -1, g, r)})
     weights = jnp.asarray(rewards.weights, jnp.float32)
     batch = RolloutBatch(tokens, cmask, old, rb["v"], rb["ok"], weights, ref)
     state, metrics = step_fn(state, prompts, batch, layout)
     out = to_scalars(metrics)
     lengths = np.asarray(rollouts.lengths)
-    out.update({"reward/mean": _weighted_mean(values, valid, rewards.weights),
-                "length/mean": float(lengths.mean()), "length/words": float(rewards.caption_lengths.mean()),
-                "judge/failed": float(sum(rewards.failed_judgments.values()))})
+    out.update(
+      {
+        "reward/mean": _weighted_mean(values, valid, rewards.weights),
+        "length/mean": float(lengths.mean()),
+        "length/words": float(rewards.caption_lengths.mean()),
+        "judge/failed": float(sum(rewards.failed_judgments.values())),
+      }
+    )
     if c.rl.length_mask.dims:
       out["length/in_band"] = length_in_band
     for k, name in enumerate(rewards.names):
@@ -446,9 +526,14 @@ class Trainer:
       raise ValueError(f"rl.length_mask.dims {unknown} are not rewards of this run ({list(rewards.names)})")
     dims = [rewards.names.index(n) for n in lm.dims]
     n, r = rewards.values.shape
-    masked, in_range = apply_length_mask(rewards.values.reshape(n, 1, r).astype(np.float32),
-                                         rewards.caption_lengths.reshape(n, 1), rewards.reference_lengths.reshape(n, 1),
-                                         dims, lm.tau_low, lm.tau_high)
+    masked, in_range = apply_length_mask(
+      rewards.values.reshape(n, 1, r).astype(np.float32),
+      rewards.caption_lengths.reshape(n, 1),
+      rewards.reference_lengths.reshape(n, 1),
+      dims,
+      lm.tau_low,
+      lm.tau_high,
+    )
     return np.asarray(masked).reshape(n, r), float(np.asarray(in_range).mean())
 
   # -------------------------------------------------------------- evaluation and the end
@@ -457,8 +542,13 @@ class Trainer:
     captions, lengths = [], []
     with jax.set_mesh(self.setup.mesh):
       for i in range(0, len(records), batch_size):
-        out = self.sampler(self.batcher.inputs(records[i:i + batch_size]), jax.random.key(0), num_samples=1,
-                           sampling=self.greedy, params=params)
+        out = self.sampler(
+          self.batcher.inputs(records[i : i + batch_size]),
+          jax.random.key(0),
+          num_samples=1,
+          sampling=self.greedy,
+          params=params,
+        )
         captions += out.text
         lengths += np.asarray(out.lengths).tolist()
     return captions, lengths
@@ -468,29 +558,39 @@ class Trainer:
     rubric, its greedy caption is checked against the committee consensus and each failure becomes a weighted
     criterion. Rubrics are saved under workdir/rubrics as they are made, so a resumed run reuses them."""
     from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
+
     store = RubricStore(self.workdir / "rubrics")
     records = self.setup.train_records + self.setup.eval_records
     todo = [r for r in records if r.id not in store]
     if todo:
       bare = [r.id for r in todo if not r.teacher_captions]
       if bare:  # before captioning anything
-        raise ValueError(f"rubrics.source='policy' needs teacher_captions (the committee) in every manifest row; "
-                         f"{len(bare)} rows have none, e.g. {bare[:3]}. Add them, or use rubrics.source='manifest' "
-                         "with rubrics from `python -m jaxcap.synthesize_rubrics`.")
+        raise ValueError(
+          f"rubrics.source='policy' needs teacher_captions (the committee) in every manifest row; "
+          f"{len(bare)} rows have none, e.g. {bare[:3]}. Add them, or use rubrics.source='manifest' "
+          "with rubrics from `python -m jaxcap.synthesize_rubrics`."
+        )
       if step > 0 and jax.process_index() == 0:
-        print(f"warning: {len(todo)} rubrics missing from {store.directory} at RL step {step}; writing them "
-              "against the current policy, not the one RL started from", flush=True)
+        print(
+          f"warning: {len(todo)} rubrics missing from {store.directory} at RL step {step}; writing them "
+          "against the current policy, not the one RL started from",
+          flush=True,
+        )
       t0 = time.perf_counter()
       captions, _ = self.greedy_captions(params, todo, self.config.rubrics.batch_size)
       jobs, _ = jobs_from_records(todo, {r.id: cap for r, cap in zip(todo, captions)})
       cfg = RubricSynthesisConfig(min_agreement=self.config.rubrics.min_agreement)
-      outcomes = _first_process_then_others(
-          lambda: store.synthesize(self.setup.judge, jobs, config=cfg), "jaxcap-rubrics") or []
+      outcomes = (
+        _first_process_then_others(lambda: store.synthesize(self.setup.judge, jobs, config=cfg), "jaxcap-rubrics") or []
+      )
       failed = [o for o in outcomes if o.rubric is None]
       if jax.process_index() == 0:
-        print(f"rubrics: {len(jobs) - len(failed)} written against the policy's captions in "
-              f"{time.perf_counter() - t0:.1f}s, {len(failed)} failed (their captions get no RubiCap reward)"
-              + (f", e.g. {failed[0].image_id}: {failed[0].error}" if failed else ""), flush=True)
+        print(
+          f"rubrics: {len(jobs) - len(failed)} written against the policy's captions in "
+          f"{time.perf_counter() - t0:.1f}s, {len(failed)} failed (their captions get no RubiCap reward)"
+          + (f", e.g. {failed[0].image_id}: {failed[0].error}" if failed else ""),
+          flush=True,
+        )
     attach = lambda rs: [dataclasses.replace(r, rubric=store.load(r.id)) for r in rs]
     self.setup.train_records = attach(self.setup.train_records)
     self.setup.eval_records = attach(self.setup.eval_records)
@@ -498,7 +598,7 @@ class Trainer:
   def evaluate(self, params, phase, step, tag=""):
     """Held-out QA accuracy (every question of each image, caption-only), the run's own reward, and length,
     on greedy captions."""
-    records = self.setup.eval_records[:self.config.eval.num_images]
+    records = self.setup.eval_records[: self.config.eval.num_images]
     if not records:
       return {}
     captions, lengths = self.greedy_captions(params, records, self.config.eval.batch_size)
@@ -527,6 +627,7 @@ class Trainer:
             f.write(json.dumps({"id": rec.id, "caption": cap}) + "\n")
     if jax.process_index() == 0:
       from tqdm.auto import tqdm
+
       tqdm.write(f"eval {phase} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     return metrics
 
@@ -558,4 +659,5 @@ def _jsonable(x):
 
 def _progress(total, initial, desc):
   from tqdm.auto import tqdm
+
   return tqdm(total=total, initial=initial, desc=desc, disable=jax.process_index() != 0, dynamic_ncols=True)

@@ -34,6 +34,7 @@ class MetricsWriter:
       self.directory.mkdir(parents=True, exist_ok=True)
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(str(self.directory / "tensorboard"))
       except ImportError:  # TensorBoard is optional; the JSONL log is complete without it
         self._tb = None
@@ -43,8 +44,12 @@ class MetricsWriter:
     if not (self.enabled and self.path.exists()):
       return
     order = {"vision": 0, "sft": 1, "rl": 2}
-    keep = [line for line in self.path.read_text().splitlines() if line.strip() and
-            (order.get(json.loads(line)["phase"], 0), json.loads(line)["step"]) <= (order.get(phase, 0), step)]
+    keep = [
+      line
+      for line in self.path.read_text().splitlines()
+      if line.strip()
+      and (order.get(json.loads(line)["phase"], 0), json.loads(line)["step"]) <= (order.get(phase, 0), step)
+    ]
     self.path.write_text("".join(line + "\n" for line in keep))
 
   def reset(self) -> None:
@@ -71,10 +76,14 @@ def read_metrics(path: str | Path) -> list[dict]:
   return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_curves(metrics_path: str | Path, out_png: str | Path,
-                keys: tuple[str, ...] = ("reward/mean", "eval/qa_accuracy", "length/mean", "eval/length")) -> Path:
+def plot_curves(
+  metrics_path: str | Path,
+  out_png: str | Path,
+  keys: tuple[str, ...] = ("reward/mean", "eval/qa_accuracy", "length/mean", "eval/length"),
+) -> Path:
   """A PNG with one panel per key that was logged: value vs global step (RL steps continue after SFT's)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

@@ -26,8 +26,14 @@ class TrainState:
     return dataclasses.replace(self, **changes)
 
 
-def learning_rate_schedule(lr: float, total_steps: int, warmup_ratio: float = 0.0, warmup_steps: int = 0,
-                           schedule: str = "cosine", end_lr_ratio: float = 0.0) -> optax.Schedule:
+def learning_rate_schedule(
+  lr: float,
+  total_steps: int,
+  warmup_ratio: float = 0.0,
+  warmup_steps: int = 0,
+  schedule: str = "cosine",
+  end_lr_ratio: float = 0.0,
+) -> optax.Schedule:
   """Linear warm-up (`warmup_steps`, or `warmup_ratio` of `total_steps`) then cosine / linear / constant."""
   warmup = warmup_steps or int(round(warmup_ratio * total_steps))
   decay_steps = max(total_steps - warmup, 1)
@@ -49,22 +55,33 @@ def _decay_mask(params):
   return jax.tree.map(lambda x: x.ndim >= 2, params)
 
 
-def make_optimizer(lr: float, total_steps: int, *, warmup_ratio: float = 0.0, warmup_steps: int = 0,
-                   schedule: str = "cosine", weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8, grad_clip: float = 1.0, frozen: tuple[str, ...] = ()
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+  lr: float,
+  total_steps: int,
+  *,
+  warmup_ratio: float = 0.0,
+  warmup_steps: int = 0,
+  schedule: str = "cosine",
+  weight_decay: float = 0.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  grad_clip: float = 1.0,
+  frozen: tuple[str, ...] = (),
+) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and a warm-up + decay schedule. Parameters under the top-level names in
   `frozen` (e.g. "visual", the vision tower) get zero updates and no optimizer state."""
   sched = learning_rate_schedule(lr, total_steps, warmup_ratio, warmup_steps, schedule)
   tx = optax.chain(
-      optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-      optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask),
+    optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+    optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask),
   )
   if not frozen:
     return tx
   label = lambda path, _: "frozen" if _top_name(path) in frozen else "train"
-  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                               lambda params: jax.tree_util.tree_map_with_path(label, params))
+  return optax.multi_transform(
+    {"train": tx, "frozen": optax.set_to_zero()}, lambda params: jax.tree_util.tree_map_with_path(label, params)
+  )
 
 
 def _top_name(path) -> str:
@@ -72,8 +89,9 @@ def _top_name(path) -> str:
   return str(getattr(k, "key", getattr(k, "name", k)))
 
 
-def init_train_state(params, optimizer: optax.GradientTransformation, key: jax.Array,
-                     with_reference: bool = False) -> TrainState:
+def init_train_state(
+  params, optimizer: optax.GradientTransformation, key: jax.Array, with_reference: bool = False
+) -> TrainState:
   """A fresh state; the optimizer state is created under jit so it inherits the params' shardings."""
   opt_state = jax.jit(optimizer.init)(params)
   ref = jax.tree.map(jnp.copy, params) if with_reference else None

@@ -72,13 +72,17 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   def body(carry, xs):
     loss, metrics, grads = carry
     mb, w = xs
-    (l, m), g = grad_fn(params, mb)
+    (mb_loss, m), g = grad_fn(params, mb)
     f = w / total
-    return (loss + f * l, jax.tree.map(lambda a, b: a + f * b, metrics, m),
-            jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g)), None
+    return (
+      loss + f * mb_loss,
+      jax.tree.map(lambda a, b: a + f * b, metrics, m),
+      jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g),
+    ), None
 
-  (loss, metrics, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_m, zeros_g),
-                                           (batches, weights.astype(jnp.float32)))
+  (loss, metrics, grads), _ = jax.lax.scan(
+    body, (jnp.zeros((), jnp.float32), zeros_m, zeros_g), (batches, weights.astype(jnp.float32))
+  )
   return loss, metrics, grads
 
 
@@ -89,8 +93,9 @@ def _apply(state: TrainState, grads, optimizer: optax.GradientTransformation) ->
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def sequence_logprobs(graphdef, params, prompts: PromptBatch, layout: VisionLayout | None,
-                      tokens: jax.Array) -> jax.Array:
+def sequence_logprobs(
+  graphdef, params, prompts: PromptBatch, layout: VisionLayout | None, tokens: jax.Array
+) -> jax.Array:
   """Teacher-forced log-probs [M, b*G, C] of `tokens` under `params`, one micro-batch at a time (no grad)."""
 
   def one(_, xs):
@@ -103,19 +108,30 @@ def sequence_logprobs(graphdef, params, prompts: PromptBatch, layout: VisionLayo
   return out
 
 
-def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str,
-                  estimator_kwargs: dict | None = None):
+def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str, estimator_kwargs: dict | None = None):
   """Advantages over the whole step's batch (c-GDPO whitens across it): [M, b*G] and validity [M, b*G]."""
   m, b, g, r = rollouts.rewards.shape
-  adv = group_advantages(rollouts.rewards.reshape(m * b, g, r), weights,
-                         rollouts.reward_valid.reshape(m * b, g, r), estimator=estimator,
-                         **(estimator_kwargs or {}))
+  adv = group_advantages(
+    rollouts.rewards.reshape(m * b, g, r),
+    weights,
+    rollouts.reward_valid.reshape(m * b, g, r),
+    estimator=estimator,
+    **(estimator_kwargs or {}),
+  )
   return adv.advantages.reshape(m, b * g), adv.sample_valid.reshape(m, b * g), adv.metrics
 
 
-def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, layout: VisionLayout | None, *,
-            graphdef, optimizer: optax.GradientTransformation, loss_config: PolicyLossConfig,
-            estimator: str = "grpo") -> tuple[TrainState, dict[str, jax.Array]]:
+def rl_step(
+  state: TrainState,
+  prompts: PromptBatch,
+  rollouts: RolloutBatch,
+  layout: VisionLayout | None,
+  *,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+  loss_config: PolicyLossConfig,
+  estimator: str = "grpo",
+) -> tuple[TrainState, dict[str, jax.Array]]:
   """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
   over micro-batches, one optimizer step. Old / reference log-probs come precomputed in `rollouts`, so the
   caller can overlap computing them with judging."""
@@ -128,10 +144,12 @@ def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, lay
   def loss_fn(params, mb):
     pb, tokens, mask, old_lp, ref_lp, adv, valid = mb
     model = nnx.merge(graphdef, params)
-    lp, ent = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout),
-                                  tokens, with_entropy=True)
-    loss, metrics = policy_loss(lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid,
-                                entropy=ent)
+    lp, ent = completion_logprobs(
+      model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tokens, with_entropy=True
+    )
+    loss, metrics = policy_loss(
+      lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid, entropy=ent
+    )
     return loss, metrics
 
   batches = (prompts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
@@ -145,9 +163,16 @@ def rl_step(state: TrainState, prompts: PromptBatch, rollouts: RolloutBatch, lay
   return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
 
 
-def sft_step(state: TrainState, prompts: PromptBatch, targets: jax.Array, target_mask: jax.Array,
-             layout: VisionLayout | None, *, graphdef, optimizer: optax.GradientTransformation
-             ) -> tuple[TrainState, dict[str, jax.Array]]:
+def sft_step(
+  state: TrainState,
+  prompts: PromptBatch,
+  targets: jax.Array,
+  target_mask: jax.Array,
+  layout: VisionLayout | None,
+  *,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+) -> tuple[TrainState, dict[str, jax.Array]]:
   """Supervised fine-tuning on target captions: token-mean negative log-likelihood.
 
   targets int [M, b, C], target_mask bool [M, b, C] (the caption and its end-of-turn token)."""

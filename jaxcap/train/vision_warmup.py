@@ -56,8 +56,15 @@ def cell_targets(scene: Scene, rows: int, cols: int) -> np.ndarray:
   return out
 
 
-def fresh_scenes(world: WorldConfig, *, seed: int, start: int, count: int, image_size: int = 0,
-                 preprocess: VisionPreprocessConfig = VisionPreprocessConfig()) -> CellData:
+def fresh_scenes(
+  world: WorldConfig,
+  *,
+  seed: int,
+  start: int,
+  count: int,
+  image_size: int = 0,
+  preprocess: VisionPreprocessConfig = VisionPreprocessConfig(),
+) -> CellData:
   """Scenes `start .. start + count` of the stream `seed`, rendered as still images (resized to `image_size`
   pixels squared when set, as the run's loader does) and preprocessed as the run's processor does. About
   0.4 ms an image at 84 px, so the warm-up draws a new batch every step: a corpus it cannot memorise."""
@@ -79,8 +86,17 @@ def _split_logits(z: jax.Array) -> list[jax.Array]:
   return jnp.split(z, sizes, axis=-1)
 
 
-def warm_up_vision(tower: VisionTower, batches: Callable[[int], CellData], heldout: CellData | None, *,
-                   steps: int, lr: float, seed: int, mesh, log=None) -> tuple[nnx.State, dict[str, float]]:
+def warm_up_vision(
+  tower: VisionTower,
+  batches: Callable[[int], CellData],
+  heldout: CellData | None,
+  *,
+  steps: int,
+  lr: float,
+  seed: int,
+  mesh,
+  log=None,
+) -> tuple[nnx.State, dict[str, float]]:
   """Trains `tower`'s parameters (sharded as they are) on per-cell classification for `steps` steps, step s on
   `batches(s)` (Adam, cosine-decayed `lr`). Returns the new tower state and the held-out accuracy per attribute
   over cells that hold an object (`vision/<attr>_acc`); `log(step, metrics)` gets loss and grad norm."""
@@ -89,8 +105,12 @@ def warm_up_vision(tower: VisionTower, batches: Callable[[int], CellData], heldo
   num_classes = sum(1 + len(v) for v in ATTRIBUTES.values())
   replicated = NamedSharding(mesh, P())
   put = lambda tree: jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), tree)
-  heads = put({"kernel": 0.02 * np.random.default_rng(seed).standard_normal((width, num_classes), np.float32),
-               "bias": np.zeros(num_classes, np.float32)})
+  heads = put(
+    {
+      "kernel": 0.02 * np.random.default_rng(seed).standard_normal((width, num_classes), np.float32),
+      "bias": np.zeros(num_classes, np.float32),
+    }
+  )
   params = (tower_params, heads)
   opt = optax.adam(optax.cosine_decay_schedule(lr, max(1, steps)))
 
@@ -105,8 +125,10 @@ def warm_up_vision(tower: VisionTower, batches: Callable[[int], CellData], heldo
     # dominate the gradient while the object attributes are still unlearnt.
     occupied = (targets[..., 0] > 0).astype(jnp.float32)
     weight = occupied / jnp.maximum(occupied.sum(), 1) + (1 - occupied) / jnp.maximum((1 - occupied).sum(), 1)
-    return sum((optax.softmax_cross_entropy_with_integer_labels(z, targets[..., i]) * weight).sum() / 2
-               for i, z in enumerate(logits(params, pixels, grid)))
+    return sum(
+      (optax.softmax_cross_entropy_with_integer_labels(z, targets[..., i]) * weight).sum() / 2
+      for i, z in enumerate(logits(params, pixels, grid))
+    )
 
   @functools.partial(jax.jit, static_argnames="grid")
   def step(params, opt_state, pixels, targets, grid):
@@ -118,16 +140,18 @@ def warm_up_vision(tower: VisionTower, batches: Callable[[int], CellData], heldo
   def hits(params, pixels, targets, grid):
     """[attributes] (correct, total) over cells holding an object."""
     occupied = targets[..., 0] > 0
-    correct = jnp.stack([((z.argmax(-1) == targets[..., i]) & occupied).sum()
-                         for i, z in enumerate(logits(params, pixels, grid))])
+    correct = jnp.stack(
+      [((z.argmax(-1) == targets[..., i]) & occupied).sum() for i, z in enumerate(logits(params, pixels, grid))]
+    )
     return correct, occupied.sum()
 
   with jax.set_mesh(mesh):
     opt_state = opt.init(params)
     for s in range(steps):
       batch = batches(s)
-      params, opt_state, out = step(params, opt_state, put(batch.pixels), put(batch.targets),
-                                    tuple(batch.grid_thw.tolist()))
+      params, opt_state, out = step(
+        params, opt_state, put(batch.pixels), put(batch.targets), tuple(batch.grid_thw.tolist())
+      )
       if log is not None and (s % 25 == 0 or s == steps - 1):
         log(s + 1, {k: float(v) for k, v in out.items()})
     metrics = {}

@@ -19,8 +19,9 @@ from hf_reference import hf_inputs, save_tiny_checkpoint
 
 def _batch(proc):
   img = (np.random.RandomState(0).rand(84, 112, 3) * 255).astype(np.uint8)
-  return proc([[{"role": "user", "content": [{"type": "image", "image": img},
-                                             {"type": "text", "text": "describe the image ."}]}]])
+  return proc(
+    [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "describe the image ."}]}]]
+  )
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,9 @@ def test_round_trip_gives_identical_tensors_and_logits(checkpoint, tmp_path, sha
   model = load_hf_checkpoint(src)
   out = save_hf_checkpoint(model, tmp_path / "out", tokenizer_dir=src, max_shard_bytes=shard_bytes)
   assert (out / "model.safetensors.index.json").exists() == (shard_bytes < 2**30)
-  back = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out, attn_implementation="eager").float().eval()
+  back = (
+    transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out, attn_implementation="eager").float().eval()
+  )
   want_sd = {k: v for k, v in ref.state_dict().items()}
   got_sd = back.state_dict()
   assert set(got_sd) == set(want_sd)
@@ -45,8 +48,9 @@ def test_round_trip_gives_identical_tensors_and_logits(checkpoint, tmp_path, sha
   proc = Processor.from_pretrained(out)  # tokenizer files were copied
   batch = _batch(proc)
   with torch.no_grad():
-    np.testing.assert_array_equal(back(**hf_inputs(batch, proc.cfg)).logits.numpy(),
-                                  ref(**hf_inputs(batch, proc.cfg)).logits.numpy())
+    np.testing.assert_array_equal(
+      back(**hf_inputs(batch, proc.cfg)).logits.numpy(), ref(**hf_inputs(batch, proc.cfg)).logits.numpy()
+    )
   # and the re-exported checkpoint loads back into jaxcap with the same params
   again = load_hf_checkpoint(out)
   for a, b in zip(jax.tree.leaves(nnx_params(model)), jax.tree.leaves(nnx_params(again))):
@@ -55,6 +59,7 @@ def test_round_trip_gives_identical_tensors_and_logits(checkpoint, tmp_path, sha
 
 def nnx_params(model):
   from flax import nnx
+
   return nnx.to_pure_dict(nnx.split(model, nnx.Param)[1])
 
 
@@ -81,8 +86,7 @@ def test_bf16_forward_close_to_f32(checkpoint):
   src, _ = checkpoint
   proc = Processor.from_pretrained(src)
   batch = _batch(proc)
-  args = (jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
-          batch.vision())
+  args = (jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision())
   f32, _ = load_hf_checkpoint(src)(*args)
   bf16, _ = load_hf_checkpoint(src, param_dtype=jnp.bfloat16)(*args)
   assert bf16.dtype == jnp.float32  # logits are always f32

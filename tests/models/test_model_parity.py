@@ -34,9 +34,9 @@ def _conversations(kind):
     return [[{"role": "user", "content": [txt("what shape is on the left of the red square ?")]}]]
   if kind == "padded_batch":
     return [
-        [{"role": "user", "content": [img(5, 56, 56), txt("describe the image .")]}],
-        [{"role": "user", "content": [img(6, 112, 140), txt("what colour is the large triangle on the top left ?")]}],
-        [{"role": "user", "content": [txt("a red square")]}],
+      [{"role": "user", "content": [img(5, 56, 56), txt("describe the image .")]}],
+      [{"role": "user", "content": [img(6, 112, 140), txt("what colour is the large triangle on the top left ?")]}],
+      [{"role": "user", "content": [txt("a red square")]}],
     ]
   raise KeyError(kind)
 
@@ -60,8 +60,13 @@ def test_position_ids_equal_get_rope_index(models, kind, side):
   batch = proc(_conversations(kind), padding_side=side)
   kw = hf_inputs(batch, proc.cfg)
   pos, deltas = ref.model.get_rope_index(
-      kw["input_ids"], kw["mm_token_type_ids"], kw.get("image_grid_thw"), kw.get("video_grid_thw"),
-      kw.get("second_per_grid_ts"), kw["attention_mask"])
+    kw["input_ids"],
+    kw["mm_token_type_ids"],
+    kw.get("image_grid_thw"),
+    kw.get("video_grid_thw"),
+    kw.get("second_per_grid_ts"),
+    kw["attention_mask"],
+  )
   np.testing.assert_array_equal(batch.positions, pos.numpy())
   np.testing.assert_array_equal(batch.rope_deltas, deltas.numpy()[:, 0])
 
@@ -82,8 +87,9 @@ def test_logits_match(models, kind):
   batch = proc(_conversations(kind), padding_side="left")
   with torch.no_grad():
     want = ref(**hf_inputs(batch, proc.cfg), position_ids=torch.as_tensor(batch.positions, dtype=torch.long))
-  got, _ = ours(jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
-                batch.vision())
+  got, _ = ours(
+    jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
+  )
   valid = batch.attention_mask
   np.testing.assert_allclose(np.asarray(got)[valid], want.logits.numpy()[valid], atol=ATOL, rtol=0)
 
@@ -94,8 +100,9 @@ def test_logits_match_when_reference_computes_its_own_positions(models):
   batch = proc(_conversations("two_images"))
   with torch.no_grad():
     want = ref(**hf_inputs(batch, proc.cfg)).logits.numpy()
-  got, _ = ours(jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
-                batch.vision())
+  got, _ = ours(
+    jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
+  )
   np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
 
 
@@ -103,6 +110,7 @@ def test_logits_match_when_reference_computes_its_own_positions(models):
 def test_image_preprocessing_equals_hf_processor(size):
   from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
   from jaxcap.processing import preprocess_image, VisionPreprocessConfig
+
   image = Image.fromarray(_image(7, *size))
   vcfg = VisionPreprocessConfig(max_pixels=28 * 28 * 64)
   hf = Qwen2VLImageProcessorPil(min_pixels=vcfg.min_pixels, max_pixels=vcfg.max_pixels)(image, return_tensors="np")

@@ -20,12 +20,15 @@ def setup(tmp_path_factory):
   save_tiny_checkpoint(M.tiny(), 5, directory)
   proc = Processor.from_pretrained(directory)
   imgs = [(np.random.RandomState(i).rand(56 + 28 * i, 84, 3) * 255).astype(np.uint8) for i in range(4)]
-  convs = [[{"role": "user", "content": [{"type": "image", "image": im},
-                                         {"type": "text", "text": "describe the image ."}]}] for im in imgs]
+  convs = [
+    [{"role": "user", "content": [{"type": "image", "image": im}, {"type": "text", "text": "describe the image ."}]}]
+    for im in imgs
+  ]
   batch = proc(convs)
   model = load_hf_checkpoint(directory)
-  want, _ = model(jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
-                  batch.vision())
+  want, _ = model(
+    jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
+  )
   return directory, batch, np.asarray(want)
 
 
@@ -35,8 +38,9 @@ def _forward(graphdef, params, ids, pos, mask, vision):
   return logits
 
 
-@pytest.mark.parametrize("shape", [{"data": 8}, {"fsdp": 8}, {"tensor": 2, "fsdp": 4},
-                                   {"data": 2, "fsdp": 2, "tensor": 2}], ids=str)
+@pytest.mark.parametrize(
+  "shape", [{"data": 8}, {"fsdp": 8}, {"tensor": 2, "fsdp": 4}, {"data": 2, "fsdp": 2, "tensor": 2}], ids=str
+)
 def test_mesh_forward_equals_single_device(setup, shape):
   assert jax.device_count() == 8
   directory, batch, want = setup
@@ -47,8 +51,14 @@ def test_mesh_forward_equals_single_device(setup, shape):
   if shape.get("tensor", 1) > 1 or shape.get("fsdp", 1) > 1:  # weights really are split over devices
     assert any(len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated for x in leaves)
   with jax.set_mesh(mesh):
-    got = _forward(graphdef, params, jnp.asarray(batch.input_ids), jnp.asarray(batch.positions),
-                   jnp.asarray(batch.attention_mask), batch.vision())
+    got = _forward(
+      graphdef,
+      params,
+      jnp.asarray(batch.input_ids),
+      jnp.asarray(batch.positions),
+      jnp.asarray(batch.attention_mask),
+      batch.vision(),
+    )
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
 
 

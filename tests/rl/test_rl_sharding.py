@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent(
-    """
+  """
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from jaxcap import rl
@@ -47,11 +47,11 @@ SCRIPT = textwrap.dedent(
 
 
 def test_sharded_mesh_matches_single_device():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "OK" in result.stdout
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH", "")]))
+  result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert "OK" in result.stdout

@@ -15,15 +15,16 @@ def image(seed: int, h: int, w: int) -> np.ndarray:
 
 
 def user(*items) -> list[dict]:
-  content = [{"type": "image", "image": it} if isinstance(it, np.ndarray) else {"type": "text", "text": it}
-             for it in items]
+  content = [
+    {"type": "image", "image": it} if isinstance(it, np.ndarray) else {"type": "text", "text": it} for it in items
+  ]
   return [{"role": "user", "content": content}]
 
 
 PADDED_BATCH = [
-    user(image(5, 56, 56), "describe the image ."),
-    user(image(6, 112, 140), "what colour is the large triangle on the top left ?"),
-    user("a red square"),
+  user(image(5, 56, 56), "describe the image ."),
+  user(image(6, 112, 140), "what colour is the large triangle on the top left ?"),
+  user("a red square"),
 ]
 TWO_IMAGES = [user(image(3, 56, 112), "and", image(4, 112, 84), "describe .")]
 

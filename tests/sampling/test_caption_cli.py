@@ -33,13 +33,26 @@ def setup(tmp_path_factory):
     ids.append(rel)
   (images / "garbage.png").write_bytes(b"not an image at all")
   good = (images / "img01.png").read_bytes()
-  (images / "truncated.png").write_bytes(good[:len(good) // 2])  # header readable, pixels not
+  (images / "truncated.png").write_bytes(good[: len(good) // 2])  # header readable, pixels not
   return root, sorted(ids)
 
 
 def _args(root, out, *extra):
-  return ["--checkpoint", str(root / "ckpt"), "--images", str(root / "images"), "--out", str(out),
-          "--batch_size", "2", "--max_new_tokens", "4", "--prompt", "describe the image .", *extra]
+  return [
+    "--checkpoint",
+    str(root / "ckpt"),
+    "--images",
+    str(root / "images"),
+    "--out",
+    str(out),
+    "--batch_size",
+    "2",
+    "--max_new_tokens",
+    "4",
+    "--prompt",
+    "describe the image .",
+    *extra,
+  ]
 
 
 def _rows(path):
@@ -52,8 +65,12 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
   errors = out.with_name("captions.errors.jsonl")
   log = root / "first_run.log"
   with open(log, "wb") as stderr:
-    proc = subprocess.Popen([sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
-                            stdout=subprocess.DEVNULL, stderr=stderr, env=os.environ.copy())
+    proc = subprocess.Popen(
+      [sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
+      stdout=subprocess.DEVNULL,
+      stderr=stderr,
+      env=os.environ.copy(),
+    )
   deadline = time.time() + 120
   while len(_rows(out)) < 2 and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -66,7 +83,7 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
 
   assert caption.main(_args(root, out, "--no_progress")) == 0
   rows = _rows(out)
-  assert [r["id"] for r in rows[:len(partial)]] == [r["id"] for r in partial]  # finished lines untouched
+  assert [r["id"] for r in rows[: len(partial)]] == [r["id"] for r in partial]  # finished lines untouched
   assert sorted(r["id"] for r in rows) == ids  # each image exactly once
   assert all(isinstance(r["caption"], str) and 0 <= r["tokens"] <= 4 for r in rows)
   errs = {r["id"]: r["error"] for r in _rows(errors)}
@@ -89,8 +106,9 @@ def test_process_shards_split_the_work(setup):
 def test_listing_sources(setup, tmp_path):
   root, ids = setup
   manifest = tmp_path / "m.jsonl"
-  manifest.write_text("".join(json.dumps({"id": f"x{i}", "image": str(root / "images" / rel)}) + "\n"
-                              for i, rel in enumerate(ids[:3])))
+  manifest.write_text(
+    "".join(json.dumps({"id": f"x{i}", "image": str(root / "images" / rel)}) + "\n" for i, rel in enumerate(ids[:3]))
+  )
   assert [it.id for it in caption.list_images(manifest)] == ["x0", "x1", "x2"]
   manifest.write_text(manifest.read_text() + json.dumps({"id": "x0", "image": "a.png"}) + "\n")
   with pytest.raises(ValueError, match="x0"):

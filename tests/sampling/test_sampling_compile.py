@@ -22,8 +22,9 @@ def models(checkpoint_dir):
 
 
 def _batch(rows, seed, words):
-  return [user(image(seed + i, 56, 84), " ".join(["describe the image"] + ["."] * ((i + words) % 4)))
-          for i in range(rows)]
+  return [
+    user(image(seed + i, 56, 84), " ".join(["describe the image"] + ["."] * ((i + words) % 4))) for i in range(rows)
+  ]
 
 
 def test_compiles_once_per_bucket(models):
@@ -87,7 +88,8 @@ def test_model_with_remat_samples_like_without(models):
   conversations = _batch(2, 60, 0)
   want = Sampler(model, processor=proc, sampling=sampling)(conversations, jax.random.key(2))
   params = nnx.state(model)
-  remat_model = nnx.merge(nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(model.cfg.replace(remat="full"),
-                                                                      rngs=nnx.Rngs(0))))[0], params)
+  remat_model = nnx.merge(
+    nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(model.cfg.replace(remat="full"), rngs=nnx.Rngs(0))))[0], params
+  )
   got = Sampler(remat_model, processor=proc, sampling=sampling)(conversations, jax.random.key(2))
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))

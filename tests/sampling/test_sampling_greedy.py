@@ -20,9 +20,14 @@ def models(request, tmp_path_factory):
 def _hf_greedy(ref, proc, conversations, stop_ids):
   batch = proc(conversations, padding_side="left")
   with torch.no_grad():
-    out = ref.generate(**hf_inputs(batch, proc.cfg), do_sample=False, max_new_tokens=NEW,
-                       eos_token_id=list(stop_ids), pad_token_id=proc.tokenizer.pad_token_id)
-  return out[:, batch.input_ids.shape[1]:].numpy()
+    out = ref.generate(
+      **hf_inputs(batch, proc.cfg),
+      do_sample=False,
+      max_new_tokens=NEW,
+      eos_token_id=list(stop_ids),
+      pad_token_id=proc.tokenizer.pad_token_id,
+    )
+  return out[:, batch.input_ids.shape[1] :].numpy()
 
 
 def _assert_same(tokens, want, pad_id):
@@ -46,8 +51,7 @@ def test_greedy_per_sequence_stop_and_shared_prefill(models):
   free = _hf_greedy(ref, proc, PADDED_BATCH, [proc.cfg.eos_token_id])
   stops = (int(free[0, 2]), int(free[1, 5]))  # row 0 stops by step 2, row 1 by step 5
   want = _hf_greedy(ref, proc, PADDED_BATCH, stops)
-  sampler = Sampler(model, processor=proc, sampling=SamplingConfig(temperature=0, max_new_tokens=NEW,
-                                                                   stop_ids=stops))
+  sampler = Sampler(model, processor=proc, sampling=SamplingConfig(temperature=0, max_new_tokens=NEW, stop_ids=stops))
   got = sampler(PADDED_BATCH, jax.random.key(0), num_samples=3)
   tokens = np.asarray(got.tokens).reshape(3, 3, NEW)
   for g in range(3):

@@ -29,7 +29,7 @@ def _teacher_forced_logits(model, proc, conversations, out):
   # <|image_pad|>, which must not pick up image features here.
   x = jnp.concatenate([model.embed(jnp.asarray(batch.input_ids), batch.vision()), model.embed(jnp.asarray(tokens))], 1)
   hidden, _ = model.decode(x, jnp.asarray(positions), jnp.asarray(attn))
-  return np.asarray(model.logits(hidden))[:, t - 1:t - 1 + NEW]
+  return np.asarray(model.logits(hidden))[:, t - 1 : t - 1 + NEW]
 
 
 def _log_softmax(z):
@@ -52,9 +52,11 @@ def _tempered_top_p(z, temperature, top_p):
   return _log_softmax(np.where(keep, z, -np.inf))
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0, max_new_tokens=NEW),
-                                      SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=NEW)],
-                         ids=["t1", "t0.7_p0.9"])
+@pytest.mark.parametrize(
+  "sampling",
+  [SamplingConfig(temperature=1.0, max_new_tokens=NEW), SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=NEW)],
+  ids=["t1", "t0.7_p0.9"],
+)
 def test_logprobs_equal_teacher_forced(models, sampling):
   _, model, proc = models
   sampler = Sampler(model, processor=proc, sampling=sampling)

@@ -25,7 +25,7 @@ def _reference_probs(logits, cfg: SamplingConfig):
   z = np.asarray(logits, np.float64) / cfg.temperature
   order = np.argsort(-z)
   keep = np.zeros(z.shape, bool)
-  keep[order[:cfg.top_k or len(z)]] = True
+  keep[order[: cfg.top_k or len(z)]] = True
   p = np.exp(z - z.max()) * keep
   p /= p.sum()
   if cfg.top_p < 1:
@@ -45,11 +45,17 @@ def _chi_square_p(counts, probs):
 LOGITS = np.array([2.0, 1.6, 1.1, 0.7, 0.2, -0.4, -1.0, -2.5], np.float32)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6),
-                                 SamplingConfig(temperature=1.3, top_p=0.8),
-                                 SamplingConfig(temperature=2.0, top_k=3),
-                                 SamplingConfig(temperature=0.9, top_k=5, top_p=0.7)],
-                         ids=lambda c: f"T{c.temperature}_k{c.top_k}_p{c.top_p}")
+@pytest.mark.parametrize(
+  "cfg",
+  [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.6),
+    SamplingConfig(temperature=1.3, top_p=0.8),
+    SamplingConfig(temperature=2.0, top_k=3),
+    SamplingConfig(temperature=0.9, top_k=5, top_p=0.7),
+  ],
+  ids=lambda c: f"T{c.temperature}_k{c.top_k}_p{c.top_p}",
+)
 def test_token_frequencies_match_distribution(cfg):
   logits = jnp.broadcast_to(jnp.asarray(LOGITS), (DRAWS, LOGITS.size))
   tokens, sample_lp, _ = sample_tokens(jax.random.key(0), logits, cfg)

@@ -31,9 +31,17 @@ def test_paper_hyper_parameters():
   assert (r.rl.optim.lr, r.rl.optim.warmup_ratio, r.rl.optim.schedule, r.rl.num_samples) == (1e-5, 0.01, "cosine", 4)
   b = _load("balcaprl", "paper")
   assert (b.rl.optim.lr, b.rl.num_samples, b.rl.batch_size, b.rl.estimator) == (5e-6, 8, 256, "c_gdpo")
-  assert b.rl.length_mask.dims == ["balcaprl/linguistic"] and (b.rl.length_mask.tau_low, b.rl.length_mask.tau_high) == (0.5, 2.0)
+  assert b.rl.length_mask.dims == ["balcaprl/linguistic"] and (b.rl.length_mask.tau_low, b.rl.length_mask.tau_high) == (
+    0.5,
+    2.0,
+  )
   c = _load("caprl", "paper")
-  assert (c.rl.estimator, c.rl.optim.lr, c.rl.loss.kl_coef, c.reward.caprl.preset) == ("rloo", 1e-6, 0.0, "released_code")
+  assert (c.rl.estimator, c.rl.optim.lr, c.rl.loss.kl_coef, c.reward.caprl.preset) == (
+    "rloo",
+    1e-6,
+    0.0,
+    "released_code",
+  )
   for cfg in (r, b, c):
     assert cfg.sampling.max_new_tokens >= 1024 and cfg.judge.kind == "http" and cfg.sft.steps == 0
   s = _load("sft", "paper")

@@ -31,8 +31,14 @@ def test_smoke_runs_on_cpu(tmp_path):
   out = tmp_path / "gpu.json"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   t0 = time.perf_counter()
-  proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--peak_tflops", "1", "--out", str(out)], env=env,
-                        cwd=ROOT, capture_output=True, text=True, timeout=170)
+  proc = subprocess.run(
+    [sys.executable, str(SCRIPT), "--smoke", "--peak_tflops", "1", "--out", str(out)],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=170,
+  )
   elapsed = time.perf_counter() - t0
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   summary = json.loads(out.read_text())

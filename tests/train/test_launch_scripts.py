@@ -11,15 +11,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
-SCRIPTS = {"tpu_pod.sh": "python3 -m jaxcap.launch", "slurm_gpu.sbatch": "python -m jaxcap.launch",
-           "judge_fleet.sh": "vllm serve"}
+SCRIPTS = {
+  "tpu_pod.sh": "python3 -m jaxcap.launch",
+  "slurm_gpu.sbatch": "python -m jaxcap.launch",
+  "judge_fleet.sh": "vllm serve",
+}
 
 
 def _dry_run(script, *args, **env):
   full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
   full.update(DRY_RUN="1", **env)
-  out = subprocess.run(["bash", str(LAUNCH / script), *args], env=full, cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+  out = subprocess.run(
+    ["bash", str(LAUNCH / script), *args], env=full, cwd=ROOT, capture_output=True, text=True, timeout=60
+  )
   assert out.returncode == 0, out.stderr
   return out.stdout
 

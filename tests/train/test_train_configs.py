@@ -9,21 +9,50 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--config.sft.steps=2", "--config.sft.batch_size=4", "--config.rl.steps=2", "--config.rl.batch_size=2",
-        "--config.rl.num_samples=2", "--config.sampling.max_new_tokens=8", "--config.sft.max_target_tokens=16",
-        "--config.world.train_scenes=8", "--config.world.eval_scenes=4", "--config.eval.num_images=4",
-        "--config.model.student.text_layers=1", "--config.model.student.vision_depth=1", "--config.export.hf=False", "--config.vision_warmup.steps=2",
-        "--config.vision_warmup.batch_size=4"]
+TINY = [
+  "--config.sft.steps=2",
+  "--config.sft.batch_size=4",
+  "--config.rl.steps=2",
+  "--config.rl.batch_size=2",
+  "--config.rl.num_samples=2",
+  "--config.sampling.max_new_tokens=8",
+  "--config.sft.max_target_tokens=16",
+  "--config.world.train_scenes=8",
+  "--config.world.eval_scenes=4",
+  "--config.eval.num_images=4",
+  "--config.model.student.text_layers=1",
+  "--config.model.student.vision_depth=1",
+  "--config.export.hf=False",
+  "--config.vision_warmup.steps=2",
+  "--config.vision_warmup.batch_size=4",
+]
 
 
-@pytest.mark.parametrize("config, reward", [("rubicap", "reward/rubicap/pass_rate"),
-                                            ("balcaprl", "reward/balcaprl/precision"),
-                                            ("caprl_video", "reward/caprl/accuracy")])
+@pytest.mark.parametrize(
+  "config, reward",
+  [
+    ("rubicap", "reward/rubicap/pass_rate"),
+    ("balcaprl", "reward/balcaprl/precision"),
+    ("caprl_video", "reward/caprl/accuracy"),
+  ],
+)
 def test_config_runs_and_logs_its_rewards(tmp_path, config, reward):
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run([sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / f'{config}.py'}",
-                        f"--config.workdir={tmp_path}", *TINY], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxcap.launch",
+      f"--config={ROOT / 'configs' / f'{config}.py'}",
+      f"--config.workdir={tmp_path}",
+      *TINY,
+    ],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   rl = [r for r in rows if r["phase"] == "rl" and "loss" in r]
@@ -39,9 +68,21 @@ def test_config_runs_and_logs_its_rewards(tmp_path, config, reward):
 def test_sft_config_runs_without_rl(tmp_path):
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
   args = [a for a in TINY if not a.startswith("--config.rl.")]
-  out = subprocess.run([sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'sft.py'}",
-                        f"--config.workdir={tmp_path}", *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxcap.launch",
+      f"--config={ROOT / 'configs' / 'sft.py'}",
+      f"--config.workdir={tmp_path}",
+      *args,
+    ],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert {r["phase"] for r in rows} == {"vision", "sft"}  # the embedded student's ViT warm-up, then SFT
@@ -62,8 +103,14 @@ def test_rubicap_rubrics_are_written_against_the_policy_entering_rl(tmp_path):
   from jaxcap.rewards.rubric import RubricStore
 
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  cmd = [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'rubicap.py'}",
-         f"--config.workdir={tmp_path}", *TINY]
+  cmd = [
+    sys.executable,
+    "-m",
+    "jaxcap.launch",
+    f"--config={ROOT / 'configs' / 'rubicap.py'}",
+    f"--config.workdir={tmp_path}",
+    *TINY,
+  ]
   out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "rubrics: 12 written against the policy's captions" in out.stdout + out.stderr
@@ -77,8 +124,8 @@ def test_rubicap_rubrics_are_written_against_the_policy_entering_rl(tmp_path):
   reward = RubiCapReward(judge, store=store)
   rates = reward([start[r.id] for r in records], [r.__class__(id=r.id) for r in records]).values[:, 0]
   from jaxcap.judges.protocol import CoverageRequest
-  coverage = judge.match_reference_units([CoverageRequest(r.image_id, r.student_caption, r.consensus)
-                                          for r in rubrics])
+
+  coverage = judge.match_reference_units([CoverageRequest(r.image_id, r.student_caption, r.consensus) for r in rubrics])
   for rubric, rate, cov in zip(rubrics, rates, coverage):
     only_states = all(c.text.startswith("The caption states: ") for c in rubric.criteria)
     no_failures = all(cov.covered) and only_states

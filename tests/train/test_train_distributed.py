@@ -11,22 +11,44 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["--config.sft.steps=3", "--config.rl.steps=2", "--config.rl.num_samples=2",
-          "--config.sampling.max_new_tokens=8", "--config.rl.loss.entropy_coef=0.01", "--config.world.train_scenes=16",
-          "--config.world.eval_scenes=4", "--config.eval.num_images=0", "--config.model.student.text_layers=1",
-          "--config.model.student.vision_depth=1", "--config.sft.max_target_tokens=16", "--config.checkpoint.every=2",
-          "--config.export.hf=False", "--config.vision_warmup.steps=2",
-        "--config.vision_warmup.batch_size=4"]
+COMMON = [
+  "--config.sft.steps=3",
+  "--config.rl.steps=2",
+  "--config.rl.num_samples=2",
+  "--config.sampling.max_new_tokens=8",
+  "--config.rl.loss.entropy_coef=0.01",
+  "--config.world.train_scenes=16",
+  "--config.world.eval_scenes=4",
+  "--config.eval.num_images=0",
+  "--config.model.student.text_layers=1",
+  "--config.model.student.vision_depth=1",
+  "--config.sft.max_target_tokens=16",
+  "--config.checkpoint.every=2",
+  "--config.export.hf=False",
+  "--config.vision_warmup.steps=2",
+  "--config.vision_warmup.batch_size=4",
+]
 
 
 def _cmd(workdir, *extra):
-  return [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}",
-          f"--config.workdir={workdir}", *COMMON, *extra]
+  return [
+    sys.executable,
+    "-m",
+    "jaxcap.launch",
+    f"--config={ROOT / 'configs' / 'caprl.py'}",
+    f"--config.workdir={workdir}",
+    *COMMON,
+    *extra,
+  ]
 
 
 def _env(devices):
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+  return {
+    **os.environ,
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    "JAX_PLATFORMS": "cpu",
+    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+  }
 
 
 def _losses(workdir):
@@ -35,22 +57,48 @@ def _losses(workdir):
 
 
 def test_two_processes_match_one(tmp_path):
-  one = subprocess.run(_cmd(tmp_path / "one", "--config.sft.batch_size=4", "--config.rl.batch_size=4"), env=_env(2), cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+  one = subprocess.run(
+    _cmd(tmp_path / "one", "--config.sft.batch_size=4", "--config.rl.batch_size=4"),
+    env=_env(2),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert one.returncode == 0, one.stderr[-3000:]
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  procs = [subprocess.Popen(_cmd(tmp_path / "two", "--config.sft.batch_size=2", "--config.rl.batch_size=2",  # per process
-                                 f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-                                 "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"),
-                            env=_env(1), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      _cmd(
+        tmp_path / "two",
+        "--config.sft.batch_size=2",
+        "--config.rl.batch_size=2",  # per process
+        f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+        "--config.distributed.num_processes=2",
+        f"--config.distributed.process_id={i}",
+      ),
+      env=_env(1),
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=600)[0] for p in procs]
   assert all(p.returncode == 0 for p in procs), outs[0][-2000:] + outs[1][-2000:]
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
-  assert [(p, s) for p, s, *_ in got] == [("vision", 1), ("vision", 2), ("sft", 1), ("sft", 2), ("sft", 3),
-                                          ("rl", 1), ("rl", 2)]
+  assert [(p, s) for p, s, *_ in got] == [
+    ("vision", 1),
+    ("vision", 2),
+    ("sft", 1),
+    ("sft", 2),
+    ("sft", 3),
+    ("rl", 1),
+    ("rl", 2),
+  ]
   assert all(g > 0 for *_, g in got)
   for (_, _, l2, g2), (_, _, l1, g1) in zip(got, want):
     assert abs(l2 - l1) <= 1e-5 * abs(l1) and abs(g2 - g1) <= 1e-4 * abs(g1)

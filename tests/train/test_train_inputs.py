@@ -41,6 +41,7 @@ def test_missing_image_is_named_before_any_compute(tmp_path):
 
 def test_loader_is_resumable_and_sharded(tmp_path):
   from jaxcap.rewards.record import ImageRecord
+
   records = [ImageRecord(id=str(i), image="x") for i in range(10)]
   it = record_loader(records, 3, seed=0, process_index=0, process_count=1)
   [next(it) for _ in range(2)]
@@ -68,6 +69,11 @@ def test_invalid_values_are_all_reported():
 
 
 def test_unknown_config_key_on_the_command_line_is_rejected():
-  out = subprocess.run([sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}",
-                        "--config.rl.stepz=3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", "--config.rl.stepz=3"],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=120,
+  )
   assert out.returncode != 0 and "stepz" in out.stderr

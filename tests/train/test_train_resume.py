@@ -12,23 +12,42 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--config.sft.steps=4", "--config.sft.batch_size=8", "--config.rl.steps=6", "--config.rl.batch_size=4",
-        "--config.rl.num_samples=4", "--config.sampling.max_new_tokens=16", "--config.sft.max_target_tokens=32",
-        "--config.world.train_scenes=32", "--config.world.eval_scenes=8", "--config.eval.num_images=8",
-        "--config.eval.every=0", "--config.checkpoint.every=2", "--config.model.student.text_layers=1",
-        "--config.model.student.vision_depth=1", "--config.vision_warmup.steps=2",
-        "--config.vision_warmup.batch_size=4"]
+TINY = [
+  "--config.sft.steps=4",
+  "--config.sft.batch_size=8",
+  "--config.rl.steps=6",
+  "--config.rl.batch_size=4",
+  "--config.rl.num_samples=4",
+  "--config.sampling.max_new_tokens=16",
+  "--config.sft.max_target_tokens=32",
+  "--config.world.train_scenes=32",
+  "--config.world.eval_scenes=8",
+  "--config.eval.num_images=8",
+  "--config.eval.every=0",
+  "--config.checkpoint.every=2",
+  "--config.model.student.text_layers=1",
+  "--config.model.student.vision_depth=1",
+  "--config.vision_warmup.steps=2",
+  "--config.vision_warmup.batch_size=4",
+]
 
 
 def _launch(workdir, extra=(), **kw):
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  cmd = [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}",
-         f"--config.workdir={workdir}", *TINY, *extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "jaxcap.launch",
+    f"--config={ROOT / 'configs' / 'caprl.py'}",
+    f"--config.workdir={workdir}",
+    *TINY,
+    *extra,
+  ]
   return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def _metrics(workdir):
-  rows = [json.loads(l) for l in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
   return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
@@ -48,6 +67,7 @@ def test_run_writes_everything(uninterrupted):
   summary = json.loads((w / "summary.json").read_text())
   assert {"sft_end", "rl_start", "rl_end"} <= set(summary)
   from jaxcap.eval.captioners import read_caption_jsonl  # held-out captions the evaluator reads
+
   for name in ("sft_end", "rl_end"):
     assert len(read_caption_jsonl(w / "captions" / f"{name}.jsonl").captions) == 8
   rows = _metrics(w)

@@ -26,9 +26,15 @@ def _prompts(num_micro, rng):
   grid = np.array([[1, 2, 2]] * B)
   pixels = rng.normal(size=(B * 4, CFG.vision.patch_dim)).astype(np.float32)
   m = num_micro
-  return (PromptBatch(ids.reshape(m, B // m, P), pos.reshape(3, m, B // m, P).transpose(1, 0, 2, 3),
-                      mask.reshape(m, B // m, P), pixels.reshape(m, -1, CFG.vision.patch_dim)),
-          vision_layout(grid[:B // m], CFG.vision))
+  return (
+    PromptBatch(
+      ids.reshape(m, B // m, P),
+      pos.reshape(3, m, B // m, P).transpose(1, 0, 2, 3),
+      mask.reshape(m, B // m, P),
+      pixels.reshape(m, -1, CFG.vision.patch_dim),
+    ),
+    vision_layout(grid[: B // m], CFG.vision),
+  )
 
 
 def _state(lr=1e-2):
@@ -86,8 +92,9 @@ def test_a_frozen_vision_tower_keeps_its_parameters_while_the_decoder_learns():
   state = init_train_state(state.params, opt, jax.random.key(0))
   new, _ = jax.jit(lambda s: sft_step(s, prompts, t, mask, layout, graphdef=graphdef, optimizer=opt))(state)
   for name in state.params.keys():
-    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params[name]),
-                                                      jax.tree.leaves(new.params[name]))]
+    moved = [
+      not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params[name]), jax.tree.leaves(new.params[name]))
+    ]
     assert (not any(moved)) if name == "visual" else all(moved), name
 
 
@@ -100,10 +107,19 @@ def test_rl_step_raises_the_probability_of_advantaged_completions():
   old = sequence_logprobs(graphdef, state.params, prompts, layout, jnp.asarray(tokens))
   rewards = np.zeros((2, B // 2, G, 1), np.float32)
   rewards[:, :, 0] = 1.0  # sample 0 of every prompt is the good one
-  batch = RolloutBatch(jnp.asarray(tokens), jnp.asarray(mask), old, jnp.asarray(rewards),
-                       jnp.ones(rewards.shape, bool), jnp.ones((1,), jnp.float32))
-  step = jax.jit(lambda s, b: rl_step(s, prompts, b, layout, graphdef=graphdef, optimizer=opt,
-                                      loss_config=PolicyLossConfig(), estimator="grpo"))
+  batch = RolloutBatch(
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    old,
+    jnp.asarray(rewards),
+    jnp.ones(rewards.shape, bool),
+    jnp.ones((1,), jnp.float32),
+  )
+  step = jax.jit(
+    lambda s, b: rl_step(
+      s, prompts, b, layout, graphdef=graphdef, optimizer=opt, loss_config=PolicyLossConfig(), estimator="grpo"
+    )
+  )
   new, metrics = step(state, batch)
   after = sequence_logprobs(graphdef, new.params, prompts, layout, jnp.asarray(tokens))
   delta = np.asarray((after - old).sum(-1)).reshape(2, B // 2, G)

@@ -13,10 +13,15 @@ from jaxcap.train.vision_warmup import ATTRIBUTES, cell_targets, fresh_scenes, w
 
 
 def test_cell_targets_name_the_object_centred_in_each_cell():
-  scene = Scene("s", (SceneObject("red", "star", "large", (0.1, 0.9)),  # bottom left = cell 6 of 3x3
-                      SceneObject("blue", "circle", "small", (0.55, 0.4)),  # center = cell 4
-                      SceneObject("green", "square", "medium", (0.9, 0.1), appear_frame=2)),  # not in frame 0
-                "grey")
+  scene = Scene(
+    "s",
+    (
+      SceneObject("red", "star", "large", (0.1, 0.9)),  # bottom left = cell 6 of 3x3
+      SceneObject("blue", "circle", "small", (0.55, 0.4)),  # center = cell 4
+      SceneObject("green", "square", "medium", (0.9, 0.1), appear_frame=2),
+    ),  # not in frame 0
+    "grey",
+  )
   t = cell_targets(scene, 3, 3)
   want = np.zeros((9, 3), np.int32)
   want[6] = [1 + list(V.COLOURS).index("red"), 1 + V.SHAPES.index("star"), 1 + list(V.SIZES).index("large")]
@@ -45,15 +50,17 @@ def test_warm_up_teaches_a_random_vit_object_colours():
   world = WorldConfig(image_size=84, min_objects=1, max_objects=2, label_probability=0.0)
   heldout = fresh_scenes(world, seed=1, start=0, count=128)
   batches = lambda step: fresh_scenes(world, seed=0, start=32 * step, count=32)
-  cfg = VisionConfig(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=64,
-                     fullatt_block_indexes=(0,))
+  cfg = VisionConfig(
+    depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=64, fullatt_block_indexes=(0,)
+  )
   tower = VisionTower(cfg, rngs=nnx.Rngs(0))
   before = jax.tree.leaves(jax.tree.map(np.asarray, nnx.state(tower)))
   mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
   logged = []
   _, untrained = warm_up_vision(tower, batches, heldout, steps=0, lr=3e-3, seed=0, mesh=mesh)
-  state, trained = warm_up_vision(tower, batches, heldout, steps=150, lr=3e-3, seed=0, mesh=mesh,
-                                  log=lambda s, m: logged.append(m))
+  state, trained = warm_up_vision(
+    tower, batches, heldout, steps=150, lr=3e-3, seed=0, mesh=mesh, log=lambda s, m: logged.append(m)
+  )
   # chance over 8 colours is 1/8, and the untrained heads are near it
   assert untrained["vision/colour_acc"] < 0.3 and trained["vision/colour_acc"] > 0.8, (untrained, trained)
   assert trained["vision/size_acc"] > untrained["vision/size_acc"] + 0.2

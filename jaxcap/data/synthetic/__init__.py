@@ -7,13 +7,18 @@ modules while the dataset writer here uses that judge for curation.
 import importlib
 
 _EXPORTS = {
-    "Scene": "scene", "SceneObject": "scene", "WorldConfig": "scene", "sample_scene": "scene",
-    "generate_dataset": "manifest", "judge_for_manifest": "manifest", "read_manifest": "manifest",
+  "Scene": "scene",
+  "SceneObject": "scene",
+  "WorldConfig": "scene",
+  "sample_scene": "scene",
+  "generate_dataset": "manifest",
+  "judge_for_manifest": "manifest",
+  "read_manifest": "manifest",
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'jaxcap.data.synthetic' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"jaxcap.data.synthetic.{_EXPORTS[name]}"), name)
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'jaxcap.data.synthetic' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"jaxcap.data.synthetic.{_EXPORTS[name]}"), name)

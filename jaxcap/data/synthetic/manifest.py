@@ -26,79 +26,86 @@ from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
 MANIFEST_NAME = "manifest.jsonl"
 
 
-def generate_dataset(out_dir: str | os.PathLike, num_scenes: int, *, seed: int = 0,
-                     config: WorldConfig = WorldConfig(), questions_per_scene: int = 5,
-                     curation: CurationConfig = CurationConfig(), with_rubrics: bool = True,
-                     id_prefix: str = "scene") -> pathlib.Path:
-    """Generates `num_scenes` scenes (a `config.clip_fraction` share are clips); returns the manifest path.
+def generate_dataset(
+  out_dir: str | os.PathLike,
+  num_scenes: int,
+  *,
+  seed: int = 0,
+  config: WorldConfig = WorldConfig(),
+  questions_per_scene: int = 5,
+  curation: CurationConfig = CurationConfig(),
+  with_rubrics: bool = True,
+  id_prefix: str = "scene",
+) -> pathlib.Path:
+  """Generates `num_scenes` scenes (a `config.clip_fraction` share are clips); returns the manifest path.
 
-    Deterministic in (seed, config, num_scenes): scene i uses its own random stream, so the first k scenes
-    of a bigger dataset equal a dataset of k scenes.
-    """
-    if num_scenes < 1:
-        raise ValueError(f"num_scenes={num_scenes}: generate at least one scene.")
-    out = pathlib.Path(out_dir)
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    judge = RuleBasedJudge()
-    bundles, media = [], []
-    for i in range(num_scenes):
-        rng = scene_rng(seed, i)
-        clip = bool(rng.random() < config.clip_fraction)
-        bundle = build_bundle(f"{id_prefix}{i:06d}", rng, judge, config, clip, questions_per_scene, curation)
-        bundles.append(bundle)
-        media.append(_write_media(out, bundle.scene, config.image_size))
-    rubrics = {}
-    if with_rubrics:
-        store = RubricStore(out / "rubrics")
-        jobs = [RubricJob(b.scene.id, tuple(b.teacher_captions.values()), b.student_caption) for b in bundles]
-        for outcome in store.synthesize(judge, jobs, overwrite=True, config=RubricSynthesisConfig()):
-            rubrics[outcome.image_id] = outcome.rubric
-    manifest = out / MANIFEST_NAME
-    with open(manifest, "w") as f:
-        for bundle, (image, frames) in zip(bundles, media):
-            row = bundle.record(image, frames, rubrics.get(bundle.scene.id)).to_json()
-            row["media_type"] = "video" if bundle.scene.is_clip else "image"
-            row["scene"] = bundle.scene.to_graph()
-            f.write(json.dumps(row) + "\n")
-    return manifest
+  Deterministic in (seed, config, num_scenes): scene i uses its own random stream, so the first k scenes
+  of a bigger dataset equal a dataset of k scenes.
+  """
+  if num_scenes < 1:
+    raise ValueError(f"num_scenes={num_scenes}: generate at least one scene.")
+  out = pathlib.Path(out_dir)
+  (out / "images").mkdir(parents=True, exist_ok=True)
+  judge = RuleBasedJudge()
+  bundles, media = [], []
+  for i in range(num_scenes):
+    rng = scene_rng(seed, i)
+    clip = bool(rng.random() < config.clip_fraction)
+    bundle = build_bundle(f"{id_prefix}{i:06d}", rng, judge, config, clip, questions_per_scene, curation)
+    bundles.append(bundle)
+    media.append(_write_media(out, bundle.scene, config.image_size))
+  rubrics = {}
+  if with_rubrics:
+    store = RubricStore(out / "rubrics")
+    jobs = [RubricJob(b.scene.id, tuple(b.teacher_captions.values()), b.student_caption) for b in bundles]
+    for outcome in store.synthesize(judge, jobs, overwrite=True, config=RubricSynthesisConfig()):
+      rubrics[outcome.image_id] = outcome.rubric
+  manifest = out / MANIFEST_NAME
+  with open(manifest, "w") as f:
+    for bundle, (image, frames) in zip(bundles, media):
+      row = bundle.record(image, frames, rubrics.get(bundle.scene.id)).to_json()
+      row["media_type"] = "video" if bundle.scene.is_clip else "image"
+      row["scene"] = bundle.scene.to_graph()
+      f.write(json.dumps(row) + "\n")
+  return manifest
 
 
 def _write_media(out: pathlib.Path, scene: Scene, image_size: int) -> tuple[str, tuple[str, ...]]:
-    if not scene.is_clip:
-        rel = f"images/{scene.id}.png"
-        render_frame(scene, 0, image_size).save(out / rel)
-        return rel, ()
-    (out / "frames" / scene.id).mkdir(parents=True, exist_ok=True)
-    frames = []
-    for t, image in enumerate(render_clip(scene, image_size)):
-        rel = f"frames/{scene.id}/frame_{t:02d}.png"
-        image.save(out / rel)
-        frames.append(rel)
-    return frames[0], tuple(frames)
+  if not scene.is_clip:
+    rel = f"images/{scene.id}.png"
+    render_frame(scene, 0, image_size).save(out / rel)
+    return rel, ()
+  (out / "frames" / scene.id).mkdir(parents=True, exist_ok=True)
+  frames = []
+  for t, image in enumerate(render_clip(scene, image_size)):
+    rel = f"frames/{scene.id}/frame_{t:02d}.png"
+    image.save(out / rel)
+    frames.append(rel)
+  return frames[0], tuple(frames)
 
 
 def read_manifest(path: str | os.PathLike) -> tuple[list[ImageRecord], dict[str, Scene]]:
-    """Records for the rewards and, where rows carry a `scene`, the ground truth for the rule-based judge."""
-    records, scenes = [], {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n} is not valid JSON ({e}); each manifest line must be one object.")
-            records.append(ImageRecord.from_json(row))
-            if row.get("scene"):
-                scenes[row["id"]] = Scene.from_graph(row["scene"])
-    return records, scenes
+  """Records for the rewards and, where rows carry a `scene`, the ground truth for the rule-based judge."""
+  records, scenes = [], {}
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n} is not valid JSON ({e}); each manifest line must be one object.")
+      records.append(ImageRecord.from_json(row))
+      if row.get("scene"):
+        scenes[row["id"]] = Scene.from_graph(row["scene"])
+  return records, scenes
 
 
 def judge_for_manifest(path: str | os.PathLike, **judge_options) -> tuple[list[ImageRecord], RuleBasedJudge]:
-    """Records plus a rule-based judge that knows every scene of the manifest."""
-    records, scenes = read_manifest(path)
-    return records, RuleBasedJudge(scenes, **judge_options)
+  """Records plus a rule-based judge that knows every scene of the manifest."""
+  records, scenes = read_manifest(path)
+  return records, RuleBasedJudge(scenes, **judge_options)
 
 
 def scene_ids(records: Sequence[ImageRecord]) -> list[str]:
-    return [r.id for r in records]
+  return [r.id for r in records]
