@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 from jaxcap.data.synthetic.curation import CurationConfig
 from jaxcap.judges.parsing import LETTERS, ReplyParseError, parse_letter
 from jaxcap.judges.protocol import MultipleChoiceReply, MultipleChoiceRequest, VisualQuestionRequest
-from jaxcap.rewards.record import ImageRecord, MultipleChoiceQuestion
+from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 
 
 class VisualAnswerer(Protocol):
@@ -96,6 +96,7 @@ def curate(
 
 
 def main(argv: list[str] | None = None) -> int:
+  from jaxcap.data.manifest import read_manifest
   from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
 
   parser = argparse.ArgumentParser(
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
   config = CurationConfig(rotations=args.rotations, min_with=args.min_with, max_without=args.max_without)
 
   rows = [json.loads(line) for line in open(args.manifest) if line.strip()]
-  records = [ImageRecord.from_json(row) for row in rows]
+  records = read_manifest(args.manifest, require_media=False).records  # media paths resolved; rows kept verbatim
   kept_total = failed_total = asked_total = 0
   with judge_from_args(args, args.manifest, records) as judge, open(args.out, "w") as out:
     answerer = (

@@ -14,11 +14,11 @@ import argparse
 import json
 import sys
 
-from jaxcap.rewards.record import ImageRecord
 from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
 
 
 def main(argv: list[str] | None = None) -> int:
+  from jaxcap.data.manifest import read_manifest
   from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
 
   parser = argparse.ArgumentParser(
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
   add_judge_arguments(parser)
   args = parser.parse_args(argv)
 
-  records = [ImageRecord.from_json(json.loads(line)) for line in open(args.manifest) if line.strip()]
+  records = read_manifest(args.manifest, require_media=False).records
   students = {}
   if args.student_captions:
     students = {str(row["id"]): row["caption"] for row in map(json.loads, open(args.student_captions))}

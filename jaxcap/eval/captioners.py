@@ -21,7 +21,7 @@ import json
 import os
 from typing import Callable, Mapping, Sequence
 
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 CaptionFn = Callable[[Sequence[ImageRecord]], list[str]]
 

@@ -19,7 +19,7 @@ from jaxcap.eval.captioners import CaptionSet
 from jaxcap.eval.metrics import RatioMetric, SuiteResult
 from jaxcap.eval.questions import chosen_index, is_yes_no, option_order, presented_options, truncate_words
 from jaxcap.judges.protocol import Judge, MultipleChoiceRequest
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 CANNOT_ANSWER = "Cannot answer from the caption"
 

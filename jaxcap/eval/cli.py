@@ -7,7 +7,6 @@ bootstrap, out_dir. Captioner specs are described in `jaxcap.eval.captioners`.
 
 from __future__ import annotations
 
-import importlib
 import pathlib
 from typing import Any, Mapping, Sequence
 
@@ -19,7 +18,7 @@ from jaxcap.eval.evaluate import SUITES, EvalConfig, evaluate
 from jaxcap.eval.prism import PrismConfig
 from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.report import write_report
-from jaxcap.judges.protocol import Judge
+from jaxcap.judges.factory import build_judge, judge_name
 
 
 def _plain(value: Any) -> Any:
@@ -68,37 +67,10 @@ def eval_config(config: Mapping[str, Any]) -> EvalConfig:
   )
 
 
-def build_judge(judge_config: Mapping[str, Any], scenes) -> tuple[Judge, str]:
-  """The rule-based judge over the manifest's scenes, or `factory` ("module:function") called with `options`."""
-  kind = judge_config.get("kind", "rule_based")
-  if kind == "rule_based":
-    from jaxcap.judges.rule_based import RuleBasedJudge
-
-    if not scenes:
-      raise ValueError(
-        "judge.kind='rule_based' needs ground-truth scenes in the manifest (synthetic world); "
-        "for other data set judge.kind='factory' and judge.factory='module:function'."
-      )
-    return RuleBasedJudge(
-      scenes, failure_rate=float(judge_config.get("failure_rate", 0.0)), seed=int(judge_config.get("seed", 0))
-    ), "rule_based"
-  if kind == "factory":
-    module, _, attr = str(judge_config.get("factory", "")).rpartition(":")
-    if not module:
-      raise ValueError(f"judge.factory={judge_config.get('factory')!r}: write 'package.module:function'.")
-    judge = getattr(importlib.import_module(module), attr)(**judge_config.get("options", {}))
-    if not isinstance(judge, Judge):
-      raise TypeError(
-        f"judge.factory {judge_config['factory']!r} returned {type(judge).__name__}, which lacks "
-        "the jaxcap.judges.protocol.Judge methods."
-      )
-    return judge, judge_config["factory"]
-  raise ValueError(f"judge.kind={kind!r}: use 'rule_based' or 'factory'.")
-
-
 def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> dict[str, pathlib.Path]:
   """Evaluates the configured captioners and writes the report; returns the written files by kind."""
-  from jaxcap.data.synthetic.manifest import generate_dataset, read_manifest
+  from jaxcap.data.manifest import read_manifest
+  from jaxcap.data.synthetic.manifest import generate_dataset
 
   config = _plain(config)
   settings = eval_config(config)  # validate before any work
@@ -112,8 +84,9 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
       seed=int(syn.get("seed", 0)),
       questions_per_scene=int(syn.get("questions_per_scene", 5)),
     )
-  records, scenes = read_manifest(manifest)
-  judge, judge_name = build_judge(config.get("judge", {}), scenes)
+  records, scenes = read_manifest(manifest, require_media=False)
+  judge_cfg = config.get("judge", {})
+  judge = build_judge(judge_cfg, scenes=scenes, records=records)
   specs = dict(captioner_overrides) if captioner_overrides else parse_captioner_flags(config["captioners"])
   if not specs:
     raise ValueError("No captioners to evaluate; set config.captioners or pass --captioner NAME=SPEC.")
@@ -128,7 +101,7 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
     baselines=baselines,
     honest=honest,
     config=settings,
-    judge_name=judge_name,
+    judge_name=judge_name(judge_cfg),
     settings={"manifest": str(manifest), "captioners": specs},
   )
   return write_report(report, out_dir)

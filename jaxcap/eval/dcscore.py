@@ -19,7 +19,7 @@ import numpy as np
 from jaxcap.eval.captioners import CaptionSet
 from jaxcap.eval.metrics import RatioMetric, SuiteResult
 from jaxcap.judges.protocol import CaptionRequest, ClaimVerificationRequest, CoverageRequest, Judge
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 
 @dataclasses.dataclass(frozen=True)

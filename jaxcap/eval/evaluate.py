@@ -23,7 +23,7 @@ from jaxcap.eval.prism import PrismConfig, run_prism
 from jaxcap.eval.redteam import RedTeamConfig, run_redteam
 from jaxcap.eval.report import EvalReport, ModelEvaluation
 from jaxcap.judges.protocol import Judge
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 SUITES = ("prism", "captionqa", "dcscore", "caparena")
 

@@ -19,7 +19,7 @@ from jaxcap.eval.captioners import CaptionSet
 from jaxcap.eval.metrics import RatioMetric, SuiteResult
 from jaxcap.eval.questions import chosen_index, option_order, presented_options
 from jaxcap.judges.protocol import Judge, MultipleChoiceRequest
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxcap.rewards.caprl import parse_choice
-from jaxcap.rewards.record import MultipleChoiceQuestion
+from jaxcap.data.records import MultipleChoiceQuestion
 
 
 def option_order(seed: int, image_id: str, question_id: str, num_options: int, shuffle: bool = True) -> np.ndarray:

@@ -26,7 +26,7 @@ from jaxcap.data.synthetic import vocabulary as V
 from jaxcap.eval.captioners import CaptionSet
 from jaxcap.judges.protocol import Judge
 from jaxcap.rewards.mix import build_reward
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 ATTACKS: dict[str, str] = {
   "empty": "the empty caption",

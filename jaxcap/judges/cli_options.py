@@ -1,18 +1,19 @@
-"""Command-line options that choose a judge (rule-based from a manifest, or HTTP endpoints) for the CLIs."""
+"""Command-line options that choose a judge for the CLIs; they fill the same judge config as the trainer's
+(`jaxcap.judges.factory.judge_config`) and go through the same factory."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from typing import Iterator
 
-from jaxcap.judges.endpoint import Endpoint
-from jaxcap.judges.fleet import JudgeFleet, RoleConfig
+import ml_collections
+
+from jaxcap.judges.factory import JUDGE_KINDS, build_judge, judge_config, opened_judge
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-  group = parser.add_argument_group("judge")
+  group = parser.add_argument_group("judge", f"judge kinds: {', '.join(JUDGE_KINDS)} (jaxcap.judges.factory)")
   group.add_argument(
     "--rule-based",
     action="store_true",
@@ -25,6 +26,7 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several)",
   )
   group.add_argument("--fleet-config", help="JSON file: {role: {endpoints: [...], model: ..., ...}}")
+  group.add_argument("--factory", help="package.module:function returning a Judge")
   group.add_argument("--model", default="judge", help="model name sent to the endpoints")
   group.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
   group.add_argument("--send-images", action="store_true", help="attach images (MLLM / VLM judges)")
@@ -33,36 +35,33 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
 
 
-def fleet_from_args(args: argparse.Namespace) -> JudgeFleet:
-  if args.fleet_config:
-    with open(args.fleet_config) as f:
-      roles = {name: RoleConfig.from_json(row) for name, row in json.load(f).items()}
-    return JudgeFleet(roles)
-  if not args.endpoint:
-    raise SystemExit("Choose a judge: --rule-based, --endpoint URL (repeatable) or --fleet-config FILE.")
-  role = RoleConfig(
-    endpoints=tuple(Endpoint(u, args.api_key_env) for u in args.endpoint),
+def judge_config_from_args(args: argparse.Namespace) -> ml_collections.ConfigDict:
+  """The judge config the flags describe."""
+  if args.rule_based:
+    return judge_config(kind="rule_based")
+  if getattr(args, "factory", None):
+    return judge_config(kind="factory", factory=args.factory)
+  if not args.endpoint and not args.fleet_config:
+    raise SystemExit("Choose a judge: --rule-based, --endpoint URL (repeatable), --fleet-config FILE or --factory.")
+  return judge_config(
+    kind="http",
+    endpoints=",".join(args.endpoint),
+    fleet_config=args.fleet_config or "",
     model=args.model,
+    api_key_env=args.api_key_env or "",
     send_images=args.send_images,
     structured_output=args.structured_output,
     max_concurrency=args.max_concurrency,
     timeout_s=args.timeout,
   )
-  return JudgeFleet({"judge": role})
 
 
 @contextlib.contextmanager
 def judge_from_args(args: argparse.Namespace, manifest: str, records) -> Iterator[object]:
-  """Yields a Judge (RuleBasedJudge or HttpJudge) and closes its fleet afterwards."""
-  if args.rule_based:
-    from jaxcap.data.synthetic.manifest import judge_for_manifest
+  """Yields the judge the flags choose (over the manifest's scenes and images) and closes its fleet afterwards."""
+  from jaxcap.data.manifest import read_manifest
 
-    yield judge_for_manifest(manifest)[1]
-    return
-  import pathlib
-
-  from jaxcap.judges.http_judge import HttpJudge, images_from_records
-
-  with fleet_from_args(args) as fleet:
-    yield HttpJudge(fleet, images=images_from_records(records, pathlib.Path(manifest).parent))
-    print(json.dumps(fleet.metrics(), indent=1))
+  config = judge_config_from_args(args)
+  scenes = read_manifest(manifest, require_media=False).scenes if config.kind == "rule_based" else {}
+  with opened_judge(build_judge(config, scenes=scenes, records=records), report=config.kind == "http") as judge:
+    yield judge

@@ -44,7 +44,7 @@ from jaxcap.judges.protocol import (
   VisualQuestionRequest,
   WrittenCriteria,
 )
-from jaxcap.rewards.record import Criterion, ImageRecord
+from jaxcap.data.records import Criterion, ImageRecord
 
 ROLES = {
   "answer_multiple_choice": "answerer",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, Sequence, runtime_checkable
 
-from jaxcap.rewards.record import Criterion
+from jaxcap.data.records import Criterion
 
 
 @dataclasses.dataclass(frozen=True)

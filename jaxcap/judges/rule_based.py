@@ -45,7 +45,7 @@ from jaxcap.judges.protocol import (
   PairwiseVerdict,
   WrittenCriteria,
 )
-from jaxcap.rewards.record import Criterion
+from jaxcap.data.records import Criterion
 
 LETTERS = "ABCDEFGHI"
 _STUTTER_RE = re.compile(r"\b(\w+)(?:\s+\1\b)+", re.I)

@@ -148,9 +148,9 @@ def rule_based_app_for_manifest(
   manifest: str, *, added_latency_s: float = 0.0, failure_rate: float = 0.0, seed: int = 0
 ) -> FastAPI:
   """The app for a dataset manifest whose rows carry their scene graph (synthetic world)."""
-  from jaxcap.data.synthetic.manifest import read_manifest
+  from jaxcap.data.manifest import read_manifest
 
-  records, scenes = read_manifest(manifest)
+  records, scenes = read_manifest(manifest, require_media=False)
   if not scenes:
     raise ValueError(
       f"Manifest {manifest} has no 'scene' fields; the rule-based judge needs the synthetic "

@@ -319,3 +319,11 @@ def mid(**overrides) -> Qwen25VLConfig:
 
 
 PRESETS = {"qwen2.5-vl-3b": qwen25vl_3b, "qwen2.5-vl-7b": qwen25vl_7b, "tiny": tiny, "mid": mid}
+
+
+def dtype_from_name(name: str):
+  """'float32' / 'bfloat16' (config spelling) -> the jnp scalar type."""
+  dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+  if name not in dtypes:
+    raise ValueError(f"dtype {name!r}: use float32 or bfloat16")
+  return dtypes[name]

@@ -3,38 +3,24 @@
 The training loop calls any reward function as
     batch = reward_fn(captions, records, step=step)   # captions [B*G], records [B*G] or [B]
 and reads batch.values [B*G, R], batch.valid [B*G, R], batch.names, batch.weights [R],
-batch.caption_lengths / batch.reference_lengths [B*G].
-Names below are imported lazily: `jaxcap.rewards.record` is shared with the judges, which the reward
-modules import in turn.
+batch.caption_lengths / batch.reference_lengths [B*G]. Reward families register themselves in
+`REWARD_FAMILIES` when their module is imported; importing this package imports them all.
 """
 
-import importlib
+# the families first, in the order configs and messages list them
+from jaxcap.rewards.caprl import CapRLConfig, CapRLReward
+from jaxcap.rewards.rubicap import RubiCapConfig, RubiCapReward
+from jaxcap.rewards.balcaprl import BalCapRLConfig, BalCapRLReward
+from jaxcap.rewards.likert import LikertReward
+from jaxcap.rewards.batch import RewardBatch, RewardFunction
+from jaxcap.rewards.families import REWARD_FAMILIES, RewardFamily, RLStart, reward_family
+from jaxcap.rewards.length_mask import LengthMaskedReward
+from jaxcap.rewards.mix import RewardMix, build_reward
+from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig, synthesize_rubrics
 
-_EXPORTS = {
-  "BalCapRLConfig": "balcaprl",
-  "BalCapRLReward": "balcaprl",
-  "RewardBatch": "batch",
-  "RewardFunction": "batch",
-  "CapRLConfig": "caprl",
-  "CapRLReward": "caprl",
-  "LikertReward": "likert",
-  "RewardMix": "mix",
-  "build_reward": "mix",
-  "Criterion": "record",
-  "ImageRecord": "record",
-  "MultipleChoiceQuestion": "record",
-  "Rubric": "record",
-  "RubiCapConfig": "rubicap",
-  "RubiCapReward": "rubicap",
-  "RubricJob": "rubric",
-  "RubricStore": "rubric",
-  "RubricSynthesisConfig": "rubric",
-  "synthesize_rubrics": "rubric",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name not in _EXPORTS:
-    raise AttributeError(f"module 'jaxcap.rewards' has no attribute {name!r}")
-  return getattr(importlib.import_module(f"jaxcap.rewards.{_EXPORTS[name]}"), name)
+__all__ = [
+  "BalCapRLConfig", "BalCapRLReward", "CapRLConfig", "CapRLReward", "LengthMaskedReward", "LikertReward",
+  "REWARD_FAMILIES", "RLStart", "RewardBatch", "RewardFamily", "RewardFunction", "RewardMix", "RubiCapConfig",
+  "RubiCapReward", "RubricJob", "RubricStore", "RubricSynthesisConfig", "build_reward", "reward_family",
+  "synthesize_rubrics",
+]  # fmt: skip

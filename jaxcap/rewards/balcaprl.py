@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxcap.judges.protocol import CaptionRequest, ClaimVerificationRequest, CoverageRequest, Judge
 from jaxcap.rewards.batch import RewardBatch, make_batch
-from jaxcap.rewards.record import ImageRecord, align_records
+from jaxcap.data.records import ImageRecord, align_records
+from jaxcap.rewards.families import reward_family
 
 NAMES = ("balcaprl/precision", "balcaprl/recall", "balcaprl/linguistic")
 
@@ -106,3 +107,10 @@ class BalCapRLReward:
       mapped = [(min(10.0, max(1.0, float(x))) - 1) / 9 for x in (rt.clarity, rt.fluency, rt.coherence)]
       values[i, 2], valid[i, 2] = sum(mapped) / 3, True
     return make_batch(self.names, values, valid, self.config.weights, captions, records, failed)
+
+
+@reward_family("balcaprl", options=BalCapRLConfig)
+def balcaprl_reward(judge: Judge, **options) -> BalCapRLReward:
+  if "weights" in options:
+    options["weights"] = tuple(options["weights"])
+  return BalCapRLReward(judge, BalCapRLConfig(**options))

@@ -8,7 +8,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,7 @@ class RewardBatch:
   caption_lengths / reference_lengths: int32 [N], whitespace words of the caption and of the image's
     reference caption (0 when there is none); BalCapRL's length-conditional mask uses their ratio.
   failed_judgments: judge primitive -> number of failed results during this call.
+  extras: scalars a reward wrapper reports for logging, e.g. {"length/in_band": share of captions in band}.
   """
 
   names: tuple[str, ...]
@@ -31,6 +32,7 @@ class RewardBatch:
   caption_lengths: np.ndarray
   reference_lengths: np.ndarray
   failed_judgments: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  extras: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     n, r = len(self.caption_lengths), len(self.names)

@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxcap.judges.protocol import Judge, MultipleChoiceRequest
 from jaxcap.rewards.batch import RewardBatch, make_batch
-from jaxcap.rewards.record import ImageRecord, align_records
+from jaxcap.data.records import ImageRecord, align_records
+from jaxcap.rewards.families import reward_family
 
 LETTERS = "ABCDEFGHI"
 RELEASED_CANNOT_ANSWER = "Can not answer based on the caption"
@@ -128,3 +129,11 @@ class CapRLReward:
     return make_batch(
       self.names, (self.config.reward_scale * accuracy)[:, None], valid[:, None], [1.0], captions, records, failed
     )
+
+
+@reward_family("caprl", options=CapRLConfig, extra_options=("preset",))
+def caprl_reward(judge: Judge, *, preset: str = "paper", **options) -> CapRLReward:
+  """CapRL; `preset` 'paper' or 'released_code' sets the defaults the other options override."""
+  if preset not in ("paper", "released_code"):
+    raise ValueError(f"reward.caprl.preset={preset!r}: use 'paper' or 'released_code'.")
+  return CapRLReward(judge, getattr(CapRLConfig, preset)(**options))

@@ -10,7 +10,8 @@ import numpy as np
 
 from jaxcap.judges.protocol import Judge, LikertRequest
 from jaxcap.rewards.batch import RewardBatch, make_batch
-from jaxcap.rewards.record import ImageRecord, align_records
+from jaxcap.data.records import ImageRecord, align_records
+from jaxcap.rewards.families import reward_family
 
 
 class LikertReward:
@@ -44,3 +45,13 @@ class LikertReward:
         continue
       values[i], valid[i] = (min(10.0, max(1.0, float(s.score))) - 1) / 9, True
     return make_batch(self.names, values[:, None], valid[:, None], [1.0], captions, records, failed)
+
+
+@reward_family("likert_direct", options=("name",))
+def likert_direct_reward(judge: Judge, *, name: str | None = None) -> LikertReward:
+  return LikertReward(judge, reference=False, name=name)
+
+
+@reward_family("likert_reference", options=("name",))
+def likert_reference_reward(judge: Judge, *, name: str | None = None) -> LikertReward:
+  return LikertReward(judge, reference=True, name=name)

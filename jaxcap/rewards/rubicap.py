@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from typing import Sequence
 
 import numpy as np
 
 from jaxcap.judges.protocol import CriterionRequest, Judge
 from jaxcap.rewards.batch import RewardBatch, make_batch
-from jaxcap.rewards.record import ImageRecord, align_records
-from jaxcap.rewards.rubric import RubricStore
+from jaxcap.data.records import ImageRecord, align_records
+from jaxcap.rewards.families import RLStart, reward_family
+from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,3 +65,61 @@ class RubiCapReward:
     valid = (judged > 0) & (judged >= self.config.min_judged_weight_fraction * total_weight - 1e-9)
     rate = np.divide(passed, judged, out=np.zeros_like(passed), where=judged > 0)
     return make_batch(self.names, rate[:, None], valid[:, None], [1.0], captions, records, failed)
+
+
+def _policy_rubrics(run_config) -> bool:
+  return run_config.rubrics.source == "policy"
+
+
+def drop_manifest_rubrics(run_config, records: list[ImageRecord]) -> list[ImageRecord]:
+  """With rubrics.source='policy' the manifest's rubrics are not this run's: RL writes its own (`write_rubrics`)."""
+  if not _policy_rubrics(run_config):
+    return records
+  return [dataclasses.replace(r, rubric=None) for r in records]
+
+
+def write_rubrics(run: RLStart) -> tuple[list[ImageRecord], list[ImageRecord]]:
+  """RubiCap stage 1 against the policy entering RL (rubrics.source='policy'): for every train and held-out
+  image without a stored rubric, its greedy caption is checked against the committee consensus and each failure
+  becomes a weighted criterion. Rubrics are saved under workdir/rubrics as they are made, so a resumed run
+  reuses them; the records come back with their rubrics attached."""
+  if not _policy_rubrics(run.config):
+    return run.train_records, run.eval_records
+  from jaxcap.multihost import first_process_then_others, is_lead_process
+
+  store = RubricStore(run.workdir / "rubrics")
+  todo = [r for r in run.train_records + run.eval_records if r.id not in store]
+  if todo:
+    bare = [r.id for r in todo if not r.teacher_captions]
+    if bare:  # before captioning anything
+      raise ValueError(
+        f"rubrics.source='policy' needs teacher_captions (the committee) in every manifest row; "
+        f"{len(bare)} rows have none, e.g. {bare[:3]}. Add them, or use rubrics.source='manifest' "
+        "with rubrics from `python -m jaxcap.synthesize_rubrics`."
+      )
+    if run.step > 0 and is_lead_process():
+      print(
+        f"warning: {len(todo)} rubrics missing from {store.directory} at RL step {run.step}; writing them "
+        "against the current policy, not the one RL started from",
+        flush=True,
+      )
+    t0 = time.perf_counter()
+    captions = run.captions(todo, run.config.rubrics.batch_size)
+    jobs, _ = jobs_from_records(todo, {r.id: cap for r, cap in zip(todo, captions)})
+    cfg = RubricSynthesisConfig(min_agreement=run.config.rubrics.min_agreement)
+    outcomes = first_process_then_others(lambda: store.synthesize(run.judge, jobs, config=cfg), "jaxcap-rubrics") or []
+    failed = [o for o in outcomes if o.rubric is None]
+    if is_lead_process():
+      print(
+        f"rubrics: {len(jobs) - len(failed)} written against the policy's captions in "
+        f"{time.perf_counter() - t0:.1f}s, {len(failed)} failed (their captions get no RubiCap reward)"
+        + (f", e.g. {failed[0].image_id}: {failed[0].error}" if failed else ""),
+        flush=True,
+      )
+  attach = lambda rs: [dataclasses.replace(r, rubric=store.load(r.id)) for r in rs]
+  return attach(run.train_records), attach(run.eval_records)
+
+
+@reward_family("rubicap", options=RubiCapConfig, prepare_records=drop_manifest_rubrics, before_rl=write_rubrics)
+def rubicap_reward(judge: Judge, **options) -> RubiCapReward:
+  return RubiCapReward(judge, RubiCapConfig(**options))

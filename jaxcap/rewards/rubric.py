@@ -25,7 +25,7 @@ from jaxcap.judges.protocol import (
   CriteriaWritingRequest,
   Judge,
 )
-from jaxcap.rewards.record import Rubric
+from jaxcap.data.records import Rubric
 
 
 @dataclasses.dataclass(frozen=True)

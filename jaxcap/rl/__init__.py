@@ -2,9 +2,8 @@
 
 from jaxcap.rl.advantages import (
   DEFAULT_EPS,
-  ESTIMATORS,
+  ADVANTAGE_ESTIMATORS,
   Advantages,
-  Estimator,
   c_gdpo_advantages,
   dr_grpo_advantages,
   group_advantages,
@@ -15,10 +14,8 @@ from jaxcap.rl.advantages import (
   weighted_reward,
 )
 from jaxcap.rl.losses import (
-  AGGREGATIONS,
+  LOSS_AGGREGATIONS,
   KL_ESTIMATORS,
-  Aggregation,
-  KLEstimator,
   PolicyLossConfig,
   aggregate_loss,
   entropy_from_logits,
@@ -36,32 +33,9 @@ from jaxcap.rl.masks import (
 )
 
 __all__ = [
-  "AGGREGATIONS",
-  "Advantages",
-  "Aggregation",
-  "DEFAULT_EPS",
-  "ESTIMATORS",
-  "Estimator",
-  "KLEstimator",
-  "KL_ESTIMATORS",
-  "LengthMaskConfig",
-  "LengthUnit",
-  "PolicyLossConfig",
-  "aggregate_loss",
-  "apply_length_mask",
-  "apply_length_mask_config",
-  "c_gdpo_advantages",
-  "caption_lengths",
-  "dr_grpo_advantages",
-  "entropy_from_logits",
-  "group_advantages",
-  "grpo_advantages",
-  "kl_penalty",
-  "length_in_range",
-  "length_ratio",
-  "policy_loss",
-  "reward_means",
-  "rloo_advantages",
-  "sample_validity",
-  "weighted_reward",
-]
+  "ADVANTAGE_ESTIMATORS", "Advantages", "DEFAULT_EPS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "LengthMaskConfig",
+  "LengthUnit", "PolicyLossConfig", "aggregate_loss", "apply_length_mask", "apply_length_mask_config",
+  "c_gdpo_advantages", "caption_lengths", "dr_grpo_advantages", "entropy_from_logits", "group_advantages",
+  "grpo_advantages", "kl_penalty", "length_in_range", "length_ratio", "policy_loss", "reward_means",
+  "rloo_advantages", "sample_validity", "weighted_reward",
+]  # fmt: skip

@@ -22,15 +22,18 @@ ulp / (0 + eps) is not small).
 
 from __future__ import annotations
 
-from typing import Callable, Literal, NamedTuple
+from typing import Callable, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
-Estimator = Literal["grpo", "dr_grpo", "rloo", "c_gdpo"]
+from jaxcap.registry import Registry
 
 DEFAULT_EPS = 1e-6
+
+# name -> estimator(rewards [B, G, R], weights [R], valid [B, G, R] | None, **options) -> Advantages
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., "Advantages"]] = Registry("advantage estimator", field="rl.estimator")
 
 
 class Advantages(NamedTuple):
@@ -126,6 +129,7 @@ def _sum_then_normalise(rewards, weights, valid, *, scale_by_std: bool, eps: flo
   return Advantages(adv, sample_valid, _metrics(rewards, valid, sample_valid, adv, stats.degenerate))
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo")
 def grpo_advantages(rewards, weights, valid=None, *, eps: float = DEFAULT_EPS) -> Advantages:
   """GRPO: s = sum_k w_k r_k, then A = (s - mean_G s) / (std_G s + eps), std with N - 1.
 
@@ -137,6 +141,7 @@ def grpo_advantages(rewards, weights, valid=None, *, eps: float = DEFAULT_EPS) -
   return _sum_then_normalise(rewards, weights, valid, scale_by_std=True, eps=eps, loo=False)
 
 
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
 def dr_grpo_advantages(rewards, weights, valid=None) -> Advantages:
   """Dr.GRPO: A = s - mean_G s with s = sum_k w_k r_k; no std division (in reward units).
 
@@ -145,6 +150,7 @@ def dr_grpo_advantages(rewards, weights, valid=None) -> Advantages:
   return _sum_then_normalise(rewards, weights, valid, scale_by_std=False, eps=0.0, loo=False)
 
 
+@ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo_advantages(rewards, weights, valid=None) -> Advantages:
   """RLOO: A_i = s_i - mean_{j != i} s_j = G / (G - 1) * (s_i - mean_G s) (reward units).
 
@@ -153,6 +159,7 @@ def rloo_advantages(rewards, weights, valid=None) -> Advantages:
   return _sum_then_normalise(rewards, weights, valid, scale_by_std=False, eps=0.0, loo=True)
 
 
+@ADVANTAGE_ESTIMATORS.register("c_gdpo")
 def c_gdpo_advantages(
   rewards, weights, valid=None, *, eps: float = DEFAULT_EPS, normalize_batch: bool = True
 ) -> Advantages:
@@ -179,22 +186,10 @@ def c_gdpo_advantages(
   return Advantages(adv, sample_valid, _metrics(rewards, valid, sample_valid, adv, stats.degenerate))
 
 
-ESTIMATORS: dict[str, Callable[..., Advantages]] = {
-  "grpo": grpo_advantages,
-  "dr_grpo": dr_grpo_advantages,
-  "rloo": rloo_advantages,
-  "c_gdpo": c_gdpo_advantages,
-}
-
-
-def group_advantages(rewards, weights, valid=None, *, estimator: Estimator = "grpo", **kwargs) -> Advantages:
-  """Dispatch to one estimator by name ("grpo", "dr_grpo", "rloo", "c_gdpo"); `estimator` is static under jit.
+def group_advantages(rewards, weights, valid=None, *, estimator: str = "grpo", **kwargs) -> Advantages:
+  """Dispatch to one registered estimator by name (`ADVANTAGE_ESTIMATORS`); `estimator` is static under jit.
 
   Extra keyword arguments go to the estimator: eps (grpo, c_gdpo) and normalize_batch (c_gdpo, a Python
   bool, static under jit).
   """
-  try:
-    fn = ESTIMATORS[estimator]
-  except KeyError:
-    raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {sorted(ESTIMATORS)}") from None
-  return fn(rewards, weights, valid, **kwargs)
+  return ADVANTAGE_ESTIMATORS[estimator](rewards, weights, valid, **kwargs)

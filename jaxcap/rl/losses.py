@@ -8,17 +8,18 @@ its tokens; completion_mask is [N, T] (1 / True on generated tokens, 0 on prompt
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Callable
 
 import chex
 import jax
 import jax.numpy as jnp
 
-Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
+from jaxcap.registry import Registry
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# name -> aggregate(seq_sum [N], seq_tokens [N], length) -> scalar; see `aggregate_loss`
+LOSS_AGGREGATIONS: Registry[Callable[..., jax.Array]] = Registry("loss aggregation", field="rl.loss.aggregation")
+# name -> estimate(d [N, T]) -> per-token KL [N, T], with d = log pi_ref - log pi; see `kl_penalty`
+KL_ESTIMATORS: Registry[Callable[[jax.Array], jax.Array]] = Registry("KL estimator", field="rl.loss.kl_estimator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +43,10 @@ class PolicyLossConfig:
   eps_high: float = 0.2
   dual_clip_c: float | None = 3.0
   log_ratio_clamp: float = 20.0
-  aggregation: Aggregation = "token-mean"
+  aggregation: str = "token-mean"
   max_gen_len: int | None = None
   kl_coef: float = 0.0
-  kl_estimator: KLEstimator = "k3"
+  kl_estimator: str = "k3"
   entropy_coef: float = 0.0
 
   def __post_init__(self):
@@ -53,16 +54,14 @@ class PolicyLossConfig:
       raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
     if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
       raise ValueError(f"dual_clip_c must exceed 1, got {self.dual_clip_c}")
-    if self.aggregation not in AGGREGATIONS:
-      raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}")
-    if self.kl_estimator not in KL_ESTIMATORS:
-      raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}; expected one of {KL_ESTIMATORS}")
+    LOSS_AGGREGATIONS[self.aggregation]  # raises, naming the known ones
+    KL_ESTIMATORS[self.kl_estimator]
     if self.max_gen_len is not None and self.max_gen_len <= 0:
       raise ValueError(f"max_gen_len must be positive, got {self.max_gen_len}")
 
 
 def kl_penalty(
-  logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstimator = "k3", log_ratio_clamp: float = 20.0
+  logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k3", log_ratio_clamp: float = 20.0
 ) -> jax.Array:
   """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi, float [N, T] (nats).
 
@@ -70,13 +69,12 @@ def kl_penalty(
   k3 = exp(d) - d - 1 (unbiased, non-negative, low variance; Schulman 2020).
   """
   d = jnp.clip(ref_logprobs - logprobs, -log_ratio_clamp, log_ratio_clamp)
-  if estimator == "k1":
-    return -d
-  if estimator == "k2":
-    return 0.5 * d * d
-  if estimator == "k3":
-    return jnp.exp(d) - d - 1.0
-  raise ValueError(f"unknown kl estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+  return KL_ESTIMATORS[estimator](d)
+
+
+KL_ESTIMATORS.register("k1", lambda d: -d)
+KL_ESTIMATORS.register("k2", lambda d: 0.5 * d * d)
+KL_ESTIMATORS.register("k3", lambda d: jnp.exp(d) - d - 1.0)
 
 
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
@@ -86,7 +84,7 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
 
 
 def aggregate_loss(
-  token_loss: jax.Array, mask: jax.Array, mode: Aggregation = "token-mean", max_gen_len: int | None = None
+  token_loss: jax.Array, mask: jax.Array, mode: str = "token-mean", max_gen_len: int | None = None
 ) -> jax.Array:
   """Reduce per-token losses [N, T] with a 0/1 mask [N, T] to a scalar.
 
@@ -103,17 +101,33 @@ def aggregate_loss(
   mask = mask.astype(token_loss.dtype)
   seq_tokens = jnp.sum(mask, axis=-1)
   seq_sum = jnp.sum(token_loss * mask, axis=-1)
-  num_seqs = jnp.maximum(jnp.sum(seq_tokens > 0).astype(token_loss.dtype), 1.0)
-  if mode == "token-mean":
-    return jnp.sum(seq_sum) / jnp.maximum(jnp.sum(seq_tokens), 1.0)
-  if mode == "seq-mean-token-sum":
-    return jnp.sum(seq_sum) / num_seqs
-  if mode == "seq-mean-token-mean":
-    return jnp.sum(seq_sum / jnp.maximum(seq_tokens, 1.0)) / num_seqs
-  if mode == "seq-mean-token-sum-norm":
-    length = token_loss.shape[-1] if max_gen_len is None else max_gen_len
-    return jnp.sum(seq_sum) / (num_seqs * length)
-  raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+  length = token_loss.shape[-1] if max_gen_len is None else max_gen_len
+  return LOSS_AGGREGATIONS[mode](seq_sum, seq_tokens, length)
+
+
+def _num_seqs(seq_tokens):
+  """Sequences with at least one unmasked token (at least 1, so empty inputs give 0, not NaN)."""
+  return jnp.maximum(jnp.sum(seq_tokens > 0).astype(seq_tokens.dtype), 1.0)
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(seq_sum, seq_tokens, length):
+  return jnp.sum(seq_sum) / jnp.maximum(jnp.sum(seq_tokens), 1.0)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(seq_sum, seq_tokens, length):
+  return jnp.sum(seq_sum) / _num_seqs(seq_tokens)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(seq_sum, seq_tokens, length):
+  return jnp.sum(seq_sum / jnp.maximum(seq_tokens, 1.0)) / _num_seqs(seq_tokens)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(seq_sum, seq_tokens, length):
+  return jnp.sum(seq_sum) / (_num_seqs(seq_tokens) * length)
 
 
 def _masked_mean(x, mask):

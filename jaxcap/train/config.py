@@ -6,9 +6,26 @@ laptop CPU; each config file's `paper` variant sets the published hyper-paramete
 
 from __future__ import annotations
 
+import functools
+
 import ml_collections
 
-from jaxcap.rewards.mix import KNOWN_REWARDS, config_fields
+from jaxcap.judges.factory import JUDGE_KINDS, judge_config
+from jaxcap.registry import Registry
+from jaxcap.rewards.families import REWARD_FAMILIES
+from jaxcap.rl import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
+from jaxcap.train import embedded  # noqa: F401  (registers the synthetic world's SFT target sources)
+from jaxcap.train.sft_targets import SFT_TARGETS
+
+# Every name a config chooses from, by the field that chooses it (validate() and the launcher's --help read these).
+REGISTRIES: dict[str, Registry] = {
+  "rl.estimator": ADVANTAGE_ESTIMATORS,
+  "rl.loss.aggregation": LOSS_AGGREGATIONS,
+  "rl.loss.kl_estimator": KL_ESTIMATORS,
+  "reward": REWARD_FAMILIES,
+  "judge.kind": JUDGE_KINDS,
+  "sft.targets": SFT_TARGETS,
+}
 
 
 def optim(
@@ -74,21 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
       pad_to_multiple=16,
     )
   )
-  c.judge = ml_collections.ConfigDict(
-    dict(
-      kind="rule_based",
-      failure_rate=0.0,
-      # judge.kind='http': an OpenAI-compatible fleet (vLLM, SGLang, llama.cpp, TGI)
-      endpoints="",
-      model="",
-      api_key_env="JUDGE_API_KEY",
-      timeout_s=60.0,
-      max_concurrency=64,
-      fleet_config="",
-      send_images=False,
-      structured_output="json_schema",
-    )
-  )
+  c.judge = judge_config()  # jaxcap.judges.factory: rule_based, http (an OpenAI-compatible fleet) or factory
   c.reward = ml_collections.ConfigDict({"caprl": {"weight": 1.0, "preset": "paper"}})
   # RubiCap rubrics (used only when reward.rubicap is set). 'policy': RubiCap's stage 1 run at the start of RL,
   # against the captions of the policy being trained (the student whose failures the criteria must name):
@@ -173,16 +176,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
       errors.append(msg)
 
   for fam, opts in c.reward.items():
-    need(fam in KNOWN_REWARDS, f"reward.{fam}: unknown reward family; known: {', '.join(KNOWN_REWARDS)}")
-    if fam in KNOWN_REWARDS:
-      allowed = set(config_fields(fam)) | {"weight", "preset"}
+    need(fam in REWARD_FAMILIES, REWARD_FAMILIES.check(fam))
+    if fam in REWARD_FAMILIES:
+      allowed = {"weight", *REWARD_FAMILIES[fam].options}
       for k in opts:
         need(k in allowed, f"reward.{fam}.{k}: unknown option; allowed: {', '.join(sorted(allowed))}")
   need(len(c.reward) > 0 or c.rl.steps == 0, "reward: configure at least one reward family for RL")
-  need(
-    c.rl.estimator in ("grpo", "dr_grpo", "rloo", "c_gdpo"),
-    f"rl.estimator={c.rl.estimator!r}: choose grpo, dr_grpo, rloo or c_gdpo",
-  )
+  for field, registry in REGISTRIES.items():
+    if field != "reward":  # a block of families, checked above
+      error = registry.check(functools.reduce(lambda node, key: node[key], field.split("."), c))
+      need(error is None, error)
   need(c.rl.num_samples >= 2 or c.rl.steps == 0, f"rl.num_samples={c.rl.num_samples}: group advantages need >= 2")
   for phase in ("sft", "rl"):
     p = c[phase]
@@ -198,11 +201,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"model.param_dtype={c.model.param_dtype!r}: use float32 or bfloat16",
   )
   need(c.model.remat in ("none", "full", "dots"), f"model.remat={c.model.remat!r}: use none, full or dots")
-  need(c.judge.kind in ("rule_based", "http"), f"judge.kind={c.judge.kind!r}: use rule_based or http")
-  need(
-    c.sft.targets in ("incomplete", "complete", "reference"),
-    f"sft.targets={c.sft.targets!r}: use incomplete, complete or reference",
-  )
   need(
     c.rubrics.source in ("policy", "manifest"),
     f"rubrics.source={c.rubrics.source!r}: use 'policy' (synthesise against the policy) or 'manifest'",

@@ -1,83 +1,16 @@
-"""Training data: a manifest of image records, read with grain, shuffled per epoch and sharded per process.
-
-A manifest is JSONL (or Parquet, with pyarrow installed): one row per image with `id`, `image` (path, relative
-to the manifest's folder or absolute) or `frames` (a clip), `questions`, `rubric`, `reference_caption`.
-"""
+"""Training data: manifest records (`jaxcap.data.manifest`) served by grain, shuffled per epoch and sharded per
+process, and their media loaded into chat conversations."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import grain
 import jax
 from PIL import Image
 
-from jaxcap.rewards.record import ImageRecord
-
-
-class ManifestError(ValueError):
-  """A manifest row that cannot be used, naming the file, the line and the fix."""
-
-
-def read_manifest(path: str | os.PathLike) -> list[ImageRecord]:
-  """All rows of a JSONL / Parquet manifest as `ImageRecord`s with absolute media paths.
-
-  A corrupt row raises `ManifestError` naming its line; nothing is partially consumed.
-  """
-  path = Path(path)
-  if not path.exists():
-    raise ManifestError(
-      f"manifest {path} does not exist; set --config.data.train_manifest to a JSONL file "
-      "(one JSON object per line) or leave it empty for the synthetic world."
-    )
-  if path.suffix == ".parquet":
-    try:
-      import pyarrow.parquet as pq
-    except ImportError as e:
-      raise ManifestError(f"{path} is Parquet; `pip install pyarrow` to read it, or convert it to JSONL") from e
-    rows = [(i + 1, r) for i, r in enumerate(pq.read_table(path).to_pylist())]
-  else:
-    rows = []
-    with open(path) as f:
-      for lineno, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          rows.append((lineno, json.loads(line)))
-        except json.JSONDecodeError as e:
-          raise ManifestError(f"{path}:{lineno} is not valid JSON ({e.msg}); fix or delete that line.") from e
-  records = []
-  for lineno, row in rows:
-    try:
-      rec = ImageRecord.from_json(row)
-    except (ValueError, KeyError, TypeError) as e:
-      raise ManifestError(f"{path}:{lineno}: {e}") from e
-    if not rec.image and not rec.frames:
-      raise ManifestError(f"{path}:{lineno} (id {rec.id!r}) has neither 'image' nor 'frames'; every row needs media.")
-    absolute = lambda p: p if os.path.isabs(p) else str(path.parent / p)
-    records.append(
-      dataclasses.replace(
-        rec, image=absolute(rec.image) if rec.image else "", frames=tuple(absolute(p) for p in rec.frames)
-      )
-    )
-  if not records:
-    raise ManifestError(f"manifest {path} has no rows")
-  return records
-
-
-def check_media(records: Sequence[ImageRecord]) -> None:
-  """Fails early, naming the first missing image, before any compute is spent."""
-  for rec in records:
-    for p in rec.frames or (rec.image,):
-      if not os.path.exists(p):
-        raise ManifestError(
-          f"record {rec.id!r}: image file {p} does not exist; fix the manifest's path "
-          "(relative paths are resolved against the manifest's folder)."
-        )
+from jaxcap.data.manifest import ManifestError
+from jaxcap.data.records import ImageRecord
 
 
 def record_loader(

@@ -3,7 +3,8 @@
 The synthetic world (images with known scene graphs, curated questions, references, teacher captions), a BPE
 tokenizer trained on the world's text with Qwen2.5-VL's special tokens, a tiny Qwen2.5-VL-shaped student, and
 deliberately incomplete SFT captions (the warm start mentions only some of the objects, so RL has room to teach
-the student to say more, which is what the QA reward pays for).
+the student to say more, which is what the QA reward pays for), registered as the `incomplete` and `complete`
+SFT target sources. The vision warm-up that stands in for a pretrained ViT is `jaxcap.train.vision_warmup`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from jaxcap.data.synthetic import vocabulary as V
 from jaxcap.data.synthetic.manifest import MANIFEST_NAME, generate_dataset
 from jaxcap.data.synthetic.scene import Scene, WorldConfig
 from jaxcap.data.synthetic.tokenizer import train_world_tokenizer
-from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig
+from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig, dtype_from_name
+from jaxcap.multihost import first_process_then_others
+from jaxcap.train.sft_targets import SFT_TARGETS, SFTTarget
 
 
 def world_config(w) -> WorldConfig:
@@ -46,6 +49,46 @@ def build_world(
       stamp.write_text(json.dumps(want))
     out.append(d / MANIFEST_NAME)
   return out[0], out[1]
+
+
+def build_world_manifests(config, workdir: Path) -> tuple[Path, Path]:
+  """The run's synthetic world (`config.world`, seeded by `config.seed`): train and held-out manifest paths."""
+  w = config.world
+  return first_process_then_others(
+    lambda: build_world(
+      workdir,
+      world=world_config(w),
+      train_scenes=w.train_scenes,
+      eval_scenes=w.eval_scenes,
+      seed=int(config.seed),
+    ),
+    "jaxcap-world",
+  )
+
+
+def build_student(config, workdir: Path):
+  """(Qwen25VL, Processor): the tiny student (`config.model.student`) with fresh weights from `config.seed`, and
+  its processor over the world's tokenizer. The caller places the weights on its mesh."""
+  from flax import nnx
+
+  from jaxcap.models.qwen25vl import Qwen25VL
+  from jaxcap.processing import Processor
+
+  seed = int(config.seed)
+  tok = first_process_then_others(lambda: build_tokenizer(workdir, config.world.vocab_size, seed), "jaxcap-tokenizer")
+  s = config.model.student
+  cfg = student_config(
+    tok,
+    vision_width=s.vision_width,
+    vision_depth=s.vision_depth,
+    text_width=s.text_width,
+    text_layers=s.text_layers,
+    text_heads=s.text_heads,
+    rope_theta=s.rope_theta,
+  )
+  m = config.model
+  cfg = cfg.replace(dtype=dtype_from_name(m.dtype), param_dtype=dtype_from_name(m.param_dtype), remat=m.remat)
+  return Qwen25VL(cfg, rngs=nnx.Rngs(seed)), Processor(tok, cfg, system=None)  # the tiny student needs no system turn
 
 
 def build_tokenizer(workdir: Path, vocab_size: int, seed: int):
@@ -139,3 +182,21 @@ def incomplete_caption(scene: Scene, rng: np.random.Generator, max_fraction: flo
 def complete_caption(scene: Scene) -> str:
   """Every object in reading order, same phrasing: what an ideal student says (the SFT-on-full baseline)."""
   return " ".join([_head(scene)] + [object_sentence(o) for o in reading_order(scene)])
+
+
+def _needs_scenes(name: str, scenes) -> None:
+  if not scenes:
+    raise ValueError(f"sft.targets={name!r} needs synthetic-world scenes; use sft.targets='reference'.")
+
+
+@SFT_TARGETS.register("incomplete")
+def incomplete_targets(config, scenes) -> SFTTarget:
+  """`incomplete_caption` of each record's scene, naming k of n objects, 1 <= k <= sft.max_fraction * n."""
+  _needs_scenes("incomplete", scenes)
+  return lambda rec, rng: incomplete_caption(scenes[rec.id], rng, config.sft.max_fraction)
+
+
+@SFT_TARGETS.register("complete")
+def complete_targets(config, scenes) -> SFTTarget:
+  _needs_scenes("complete", scenes)
+  return lambda rec, rng: complete_caption(scenes[rec.id])

@@ -72,6 +72,19 @@ class MetricsWriter:
       self._tb.close()
 
 
+def to_json(obj, **kw) -> str:
+  """json.dumps that also takes numpy scalars and arrays (summaries, checkpoint metadata)."""
+  return json.dumps(obj, default=_jsonable, **kw)
+
+
+def _jsonable(x):
+  if isinstance(x, (np.integer, np.floating)):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
 def read_metrics(path: str | Path) -> list[dict]:
   return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

@@ -27,6 +27,7 @@ from jaxcap.data.synthetic.render import render_frame
 from jaxcap.data.synthetic.scene import Scene, WorldConfig, sample_scene
 from jaxcap.models.vision import VisionTower, vision_layout
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
+from jaxcap.train import embedded
 
 # Class 0 of every attribute is "no object centred in this cell".
 ATTRIBUTES: dict[str, tuple[str, ...]] = {"colour": tuple(V.COLOURS), "shape": V.SHAPES, "size": tuple(V.SIZES)}
@@ -160,3 +161,21 @@ def warm_up_vision(
       correct, total = np.asarray(correct), max(int(total), 1)
       metrics = {f"vision/{name}_acc": float(correct[k] / total) for k, name in enumerate(ATTRIBUTES)}
   return params[0], metrics
+
+
+def warm_up_embedded_student(config, graphdef, params, vision_cfg: VisionPreprocessConfig, mesh, log):
+  """The run's warm-up (`config.vision_warmup`) of the embedded student `(graphdef, params)`: a new batch of
+  fresh scenes each step, scored on 256 more scenes from another stream. Returns (params with the trained
+  tower, held-out metrics); `log(step, metrics)` gets each step's loss."""
+  w = config.vision_warmup
+  world = embedded.world_config(config.world)  # drawn as stills whatever clip_fraction says
+  draw = functools.partial(fresh_scenes, world, image_size=config.data.image_size, preprocess=vision_cfg)
+  # streams apart from the world's train (seed) and held-out (seed + 10_000) scenes
+  train = lambda step: draw(seed=int(config.seed) + 20_000, start=step * w.batch_size, count=w.batch_size)
+  heldout = draw(seed=int(config.seed) + 30_000, start=0, count=256)
+  model = nnx.merge(graphdef, params)
+  tower, metrics = warm_up_vision(
+    model.visual, train, heldout, steps=w.steps, lr=w.lr, seed=int(config.seed), mesh=mesh, log=log
+  )
+  nnx.update(model.visual, tower)
+  return nnx.split(model)[1], metrics

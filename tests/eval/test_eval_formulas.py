@@ -13,7 +13,7 @@ from jaxcap.eval.captionqa import CANNOT_ANSWER, CaptionQAConfig, question_score
 from jaxcap.eval.captioners import CaptionSet
 from jaxcap.eval.metrics import RatioMetric, bootstrap_differences, bootstrap_estimates
 from jaxcap.eval.prism import run_prism
-from jaxcap.rewards.record import ImageRecord, MultipleChoiceQuestion
+from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 
 RECORDS = [ImageRecord(id=f"img{i}") for i in range(3)]
 CANDIDATE = CaptionSet("cand", {r.id: (f"cand {r.id}",) for r in RECORDS})

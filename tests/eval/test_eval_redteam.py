@@ -73,7 +73,9 @@ class GullibleLikertJudge:
 
   def score_likert(self, requests):
     scores = self.inner.score_likert(requests)
-    return [LikertScore(score=10.0) if "10 out of 10" in r.caption else s for r, s in zip(requests, scores)]
+    return [
+      LikertScore(score=10.0) if "10 out of 10" in r.caption else s for r, s in zip(requests, scores, strict=True)
+    ]
 
 
 def test_red_team_exposes_a_gullible_judge(records):

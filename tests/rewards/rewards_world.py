@@ -9,7 +9,7 @@ from jaxcap.data.synthetic.curation import curate_questions
 from jaxcap.data.synthetic.questions import generate_questions
 from jaxcap.data.synthetic.scene import Scene, SceneObject
 from jaxcap.judges.rule_based import RuleBasedJudge
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 SCENE = Scene(
   "hand",

@@ -3,7 +3,7 @@ import pytest
 
 from jaxcap.judges.protocol import ClaimSplit, ClaimVerdicts, Coverage, LanguageRatings
 from jaxcap.rewards.balcaprl import NAMES, BalCapRLReward
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 import rewards_world as W
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from jaxcap.judges.protocol import MultipleChoiceReply
 from jaxcap.rewards.caprl import RELEASED_CANNOT_ANSWER, CapRLConfig, CapRLReward, parse_choice
-from jaxcap.rewards.record import ImageRecord, MultipleChoiceQuestion
+from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 import rewards_world as W
 
 Q1 = MultipleChoiceQuestion("q1", "What colour is the ball?", ("red", "green", "blue", "black"), "red")

@@ -51,7 +51,7 @@ def test_mix_is_one_named_vector_with_config_weights():
 
 
 def test_mix_rejects_unknown_family_and_bad_alignment():
-  with pytest.raises(ValueError, match="Unknown reward families"):
+  with pytest.raises(ValueError, match="reward.clip_score: unknown reward family; choose one of caprl, rubicap"):
     build_reward({"clip_score": {}}, W.judge())
   with pytest.raises(ValueError, match="3 captions and 2 records"):
     build_reward({"likert_direct": {}}, W.judge())(["a", "b", "c"], [W.record(), W.record()])

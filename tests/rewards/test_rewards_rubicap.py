@@ -5,7 +5,7 @@ import pytest
 
 from jaxcap.judges.protocol import CriterionVerdict
 from jaxcap.judges.rule_based import DENIES_PREFIX, NO_META_CRITERION, STATES_PREFIX
-from jaxcap.rewards.record import Criterion, ImageRecord, Rubric
+from jaxcap.data.records import Criterion, ImageRecord, Rubric
 from jaxcap.rewards.rubicap import RubiCapConfig, RubiCapReward
 from jaxcap.rewards.rubric import RubricJob, RubricStore, synthesize_rubrics
 import rewards_world as W

@@ -28,7 +28,7 @@ def test_aggregation_hand_computed(mode, max_gen_len, expected):
   np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", rl.AGGREGATIONS)
+@pytest.mark.parametrize("mode", rl.LOSS_AGGREGATIONS)
 def test_aggregation_of_empty_mask_is_zero(mode):
   assert float(rl.aggregate_loss(jnp.asarray(TOKEN_LOSS), jnp.zeros((3, 3)), mode)) == 0.0
 
@@ -107,7 +107,7 @@ def _token_weights(mask, mode, max_gen_len):
   return mask / (num_seqs * (max_gen_len or mask.shape[-1]))
 
 
-@pytest.mark.parametrize("mode", rl.AGGREGATIONS)
+@pytest.mark.parametrize("mode", rl.LOSS_AGGREGATIONS)
 @pytest.mark.parametrize("kl_estimator", ["k1", "k2", "k3"])
 def test_gradient_matches_closed_form(mode, kl_estimator):
   rng = np.random.default_rng(0)
@@ -204,7 +204,7 @@ def test_entropy_and_reward_metrics():
   np.testing.assert_allclose(loss, -1.0 - 0.01 * np.log(v), rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", rl.AGGREGATIONS)
+@pytest.mark.parametrize("mode", rl.LOSS_AGGREGATIONS)
 def test_invalid_samples_drop_out_of_the_loss(mode):
   rng = np.random.default_rng(1)
   new = jnp.asarray(rng.normal(-1, 0.2, (4, 5)), jnp.float32)
@@ -218,7 +218,7 @@ def test_invalid_samples_drop_out_of_the_loss(mode):
   np.testing.assert_allclose(dropped, subset, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", rl.AGGREGATIONS)
+@pytest.mark.parametrize("mode", rl.LOSS_AGGREGATIONS)
 def test_degenerate_inputs_are_finite(mode):
   config = rl.PolicyLossConfig(aggregation=mode, kl_coef=0.1)
   new = jnp.full((3, 4), -1.0)

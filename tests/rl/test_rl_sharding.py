@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     valid = jax.random.bernoulli(jax.random.PRNGKey(1), 0.9, rewards.shape)
     weights = jnp.array([0.1, 0.3, 0.3])
     fn = jax.jit(rl.group_advantages, static_argnames="estimator")
-    for estimator in rl.ESTIMATORS:
+    for estimator in rl.ADVANTAGE_ESTIMATORS:
         sharded = fn(shard(rewards), weights, shard(valid), estimator=estimator)
         assert len(sharded.advantages.sharding.device_set) == 2
         local = rl.group_advantages(rewards, weights, valid, estimator=estimator)

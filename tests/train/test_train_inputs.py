@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jaxcap.train.config import base_config, validate
-from jaxcap.train.data import ManifestError, check_media, read_manifest, record_loader
+from jaxcap.data.manifest import ManifestError, check_media, read_manifest
+from jaxcap.train.data import record_loader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +34,14 @@ def test_row_without_media_or_id_is_named(tmp_path):
 
 
 def test_missing_image_is_named_before_any_compute(tmp_path):
-  records = read_manifest(_manifest(tmp_path, [{"id": "a", "image": "missing.png"}]))
+  records = read_manifest(_manifest(tmp_path, [{"id": "a", "image": "missing.png"}])).records
   assert records[0].image == str(tmp_path / "missing.png")  # relative to the manifest's folder
   with pytest.raises(ManifestError, match=r"record 'a': image file .*missing\.png does not exist"):
     check_media(records)
 
 
 def test_loader_is_resumable_and_sharded(tmp_path):
-  from jaxcap.rewards.record import ImageRecord
+  from jaxcap.data.records import ImageRecord
 
   records = [ImageRecord(id=str(i), image="x") for i in range(10)]
   it = record_loader(records, 3, seed=0, process_index=0, process_count=1)

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Sequence
 
 from jaxcap.judges.protocol import Judge, MultipleChoiceRequest
-from jaxcap.rewards.record import MultipleChoiceQuestion
+from jaxcap.data.records import MultipleChoiceQuestion
 
 LETTERS = "ABCDEFGHI"
 

@@ -20,7 +20,8 @@ from jaxcap.data.synthetic.render import render_clip, render_frame
 from jaxcap.data.synthetic.scene import Scene, WorldConfig
 from jaxcap.data.synthetic.world import build_bundle, scene_rng
 from jaxcap.judges.rule_based import RuleBasedJudge
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.manifest import read_manifest
+from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
 
 MANIFEST_NAME = "manifest.jsonl"
@@ -84,26 +85,9 @@ def _write_media(out: pathlib.Path, scene: Scene, image_size: int) -> tuple[str,
   return frames[0], tuple(frames)
 
 
-def read_manifest(path: str | os.PathLike) -> tuple[list[ImageRecord], dict[str, Scene]]:
-  """Records for the rewards and, where rows carry a `scene`, the ground truth for the rule-based judge."""
-  records, scenes = [], {}
-  with open(path) as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{n} is not valid JSON ({e}); each manifest line must be one object.")
-      records.append(ImageRecord.from_json(row))
-      if row.get("scene"):
-        scenes[row["id"]] = Scene.from_graph(row["scene"])
-  return records, scenes
-
-
 def judge_for_manifest(path: str | os.PathLike, **judge_options) -> tuple[list[ImageRecord], RuleBasedJudge]:
   """Records plus a rule-based judge that knows every scene of the manifest."""
-  records, scenes = read_manifest(path)
+  records, scenes = read_manifest(path, require_media=False)
   return records, RuleBasedJudge(scenes, **judge_options)
 
 

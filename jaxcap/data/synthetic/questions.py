@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxcap.data.synthetic import vocabulary as V
 from jaxcap.data.synthetic.scene import Scene
-from jaxcap.rewards.record import MultipleChoiceQuestion
+from jaxcap.data.records import MultipleChoiceQuestion
 
 NUM_OPTIONS = 4
 STILL_OPTION = "it stays still"

@@ -11,7 +11,7 @@ from jaxcap.data.synthetic.curation import CurationConfig, curate_questions
 from jaxcap.data.synthetic.questions import generate_questions
 from jaxcap.data.synthetic.scene import Scene, WorldConfig, sample_scene
 from jaxcap.judges.protocol import Judge
-from jaxcap.rewards.record import ImageRecord, MultipleChoiceQuestion
+from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 from jaxcap.rewards.batch import RewardBatch, RewardFunction
-from jaxcap.rewards.record import ImageRecord
+from jaxcap.data.records import ImageRecord
 
 
 class OverlappedReward:

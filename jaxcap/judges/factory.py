@@ -1,0 +1,141 @@
+"""The one judge factory: a judge config (the same fields for the trainer, `jaxcap.eval` and the CLIs) -> a Judge.
+
+    judge = build_judge(config.judge, scenes=scenes, records=records)
+
+Judge kinds are registered in `JUDGE_KINDS`:
+  rule_based  the synthetic world's deterministic judge over the manifest's ground-truth scenes
+  http        LLM judges behind OpenAI-compatible servers (vLLM, SGLang, llama.cpp, TGI): `endpoints` serving
+              `model` for every role, or `fleet_config` (JSON: role -> RoleConfig fields)
+  factory     any `package.module:function` returning a Judge, called with `options`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import ml_collections
+
+from jaxcap.data.records import ImageRecord
+from jaxcap.judges.protocol import Judge
+from jaxcap.registry import Registry
+
+# kind -> build(config, *, scenes, records, seed) -> Judge
+JUDGE_KINDS: Registry[Callable[..., Judge]] = Registry("judge kind", field="judge.kind")
+
+
+def judge_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """Every judge field with its default; the run and eval configs embed this block as `judge`."""
+  c = ml_collections.ConfigDict(
+    dict(
+      kind="rule_based",
+      failure_rate=0.0,  # rule_based: share of judgments that fail (to exercise masking)
+      seed=0,  # rule_based: its failure draws (the trainer passes the run's seed)
+      # http: an OpenAI-compatible fleet
+      endpoints="",  # comma-separated base URLs, e.g. http://judge0:8000/v1,http://judge0:8001/v1
+      model="",
+      api_key_env="JUDGE_API_KEY",
+      timeout_s=60.0,
+      max_concurrency=64,
+      fleet_config="",
+      send_images=False,
+      structured_output="json_schema",
+      # factory: 'package.module:function' called with `options`
+      factory="",
+      options={},
+    )
+  )
+  c.update(overrides)
+  return c
+
+
+def build_judge(
+  config: Mapping[str, Any],
+  *,
+  scenes: Mapping[str, Any] | None = None,
+  records: Sequence[ImageRecord] = (),
+  seed: int | None = None,
+) -> Judge:
+  """The judge `config.kind` names; `scenes` (id -> Scene) feed the rule-based judge, `records` tell an HTTP
+  judge where each image is; `seed` overrides `config.seed`."""
+  config = dict(config)
+  build = JUDGE_KINDS[config.get("kind", "rule_based")]
+  seed = int(config.get("seed", 0) if seed is None else seed)
+  return build(config, scenes=dict(scenes or {}), records=list(records), seed=seed)
+
+
+def judge_name(config: Mapping[str, Any]) -> str:
+  """How reports name the judge: its kind, or the factory it came from."""
+  return str(config["factory"]) if config.get("kind") == "factory" else str(config.get("kind", "rule_based"))
+
+
+@JUDGE_KINDS.register("rule_based")
+def rule_based_judge(config, *, scenes, records, seed) -> Judge:
+  from jaxcap.judges.rule_based import RuleBasedJudge
+
+  if not scenes:
+    raise ValueError(
+      "judge.kind='rule_based' needs ground-truth scenes in the manifest (synthetic-world rows with a 'scene' "
+      "field); for other data use judge.kind='http' (an LLM judge fleet) or judge.kind='factory'."
+    )
+  return RuleBasedJudge(scenes, failure_rate=float(config.get("failure_rate", 0.0)), seed=seed)
+
+
+@JUDGE_KINDS.register("http")
+def http_judge(config, *, scenes, records, seed) -> Judge:
+  from jaxcap.judges.endpoint import Endpoint
+  from jaxcap.judges.fleet import JudgeFleet, RoleConfig
+  from jaxcap.judges.http_judge import HttpJudge, images_from_records
+
+  if config.get("fleet_config"):
+    rows = json.loads(Path(config["fleet_config"]).read_text())
+    roles = {name: RoleConfig.from_json(row) for name, row in rows.items()}
+  else:
+    urls = [u.strip() for u in str(config.get("endpoints", "")).split(",") if u.strip()]
+    if not urls:
+      raise ValueError(
+        "judge.kind='http' needs judge.endpoints=http://host:port/v1[,...] or judge.fleet_config=FILE.json "
+        "(on the command line: --config.judge.endpoints=... or --endpoint URL; see launch/ for starting a "
+        "vLLM/SGLang fleet)"
+      )
+    key_env = config.get("api_key_env") or None
+    role = RoleConfig(
+      endpoints=tuple(Endpoint(u, key_env) for u in urls),
+      model=config.get("model") or "judge",
+      timeout_s=float(config.get("timeout_s", 60.0)),
+      max_concurrency=int(config.get("max_concurrency", 64)),
+      send_images=bool(config.get("send_images", False)),
+      structured_output=config.get("structured_output", "json_schema"),
+    )
+    roles = {"judge": role}
+  return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
+
+
+@JUDGE_KINDS.register("factory")
+def factory_judge(config, *, scenes, records, seed) -> Judge:
+  module, _, attr = str(config.get("factory", "")).rpartition(":")
+  if not module:
+    raise ValueError(f"judge.factory={config.get('factory')!r}: write 'package.module:function'.")
+  judge = getattr(importlib.import_module(module), attr)(**dict(config.get("options") or {}))
+  if not isinstance(judge, Judge):
+    raise TypeError(
+      f"judge.factory {config['factory']!r} returned {type(judge).__name__}, which lacks the "
+      "jaxcap.judges.protocol.Judge methods."
+    )
+  return judge
+
+
+@contextlib.contextmanager
+def opened_judge(judge: Judge, *, report: bool = False) -> Iterator[Judge]:
+  """Yields `judge` and closes its HTTP fleet afterwards (printing the fleet's metrics when `report`)."""
+  try:
+    yield judge
+  finally:
+    fleet = getattr(judge, "fleet", None)
+    if fleet is not None:
+      if report:
+        print(json.dumps(fleet.metrics(), indent=1))
+      fleet.close()

@@ -1,0 +1,82 @@
+"""Held-out evaluation during a run, on greedy captions: caption-only QA accuracy over every question of each
+image, the run's own reward exactly as RL optimises it (length mask included), and caption length."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxcap.data.records import ImageRecord
+from jaxcap.multihost import is_lead_process
+from jaxcap.rewards.batch import RewardFunction
+from jaxcap.sampling import Sampler, SamplingConfig
+from jaxcap.train.batching import Batcher
+from jaxcap.train.updates import weighted_mean
+
+# Held-out QA: every question of each image (CapRL's paper preset), whatever the run's reward.
+HELDOUT_QA = {"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}}
+
+
+@dataclasses.dataclass
+class HeldOutEval:
+  """Greedy `captions` of a policy and their `evaluate`-ion, logged through `log(phase, step, metrics)`."""
+
+  sampler: Sampler
+  batcher: Batcher
+  greedy: SamplingConfig
+  qa: RewardFunction  # caption-only QA over every question (CapRL, paper preset)
+  reward: RewardFunction  # the run's own reward
+  mesh: Any
+  workdir: Path
+  batch_size: int
+  log: Callable[[str, int, dict], None]  # (phase, step, metrics)
+
+  def captions(self, params, records: Sequence[ImageRecord], batch_size: int) -> tuple[list[str], list[int]]:
+    """Greedy captions of `records` (every process passes the same records) and their lengths in tokens."""
+    captions, lengths = [], []
+    with jax.set_mesh(self.mesh):
+      for i in range(0, len(records), batch_size):
+        out = self.sampler(
+          self.batcher.inputs(records[i : i + batch_size]),
+          jax.random.key(0),
+          num_samples=1,
+          sampling=self.greedy,
+          params=params,
+        )
+        captions += out.text
+        lengths += np.asarray(out.lengths).tolist()
+    return captions, lengths
+
+  def evaluate(self, params, records: Sequence[ImageRecord], phase: str, step: int, tag: str = ""):
+    """(metrics, greedy captions) of the policy `params` on `records`; with a `tag` the captions are also written to
+    workdir/captions/<phase>_<tag>.jsonl (for `python -m jaxcap.eval --captioner NAME=jsonl:PATH`)."""
+    if not records:
+      return {}, []
+    captions, lengths = self.captions(params, records, self.batch_size)
+    qa = self.qa(captions, records, step=0)
+    own = self.reward(captions, records, step=0)
+    metrics = {"eval/qa_accuracy": float(qa.values[qa.valid[:, 0], 0].mean())}
+    if own.valid.any(axis=0).all():  # not, e.g. no RubiCap reward before rubrics are written against the policy
+      metrics["eval/reward"] = weighted_mean(own.values, own.valid, own.weights)
+    metrics.update({"eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())})
+    metrics.update({"eval/" + k.replace("/", "_"): v for k, v in own.extras.items()})
+    for k, name in enumerate(own.names):
+      if own.valid[:, k].any():
+        metrics[f"eval/{name}"] = float(own.values[own.valid[:, k], k].mean())
+    self.log(phase, step, metrics)
+    if tag and is_lead_process():
+      out = self.workdir / "captions"
+      out.mkdir(exist_ok=True)
+      with open(out / f"{phase}_{tag}.jsonl", "w") as f:
+        for rec, cap in zip(records, captions):
+          f.write(json.dumps({"id": rec.id, "caption": cap}) + "\n")
+    if is_lead_process():
+      from tqdm.auto import tqdm
+
+      tqdm.write(f"eval {phase} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    return metrics, captions

@@ -1,0 +1,73 @@
+"""What a run is made of, built once from its config: the student and its processor on the mesh, the train and
+held-out records, the judge, and the SFT target source."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+from flax import nnx
+
+from jaxcap.checkpoint import load_hf_checkpoint
+from jaxcap.data.manifest import check_media, read_manifest
+from jaxcap.data.records import ImageRecord
+from jaxcap.judges.factory import build_judge
+from jaxcap.judges.protocol import Judge
+from jaxcap.models.config import dtype_from_name
+from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.processing import Processor
+from jaxcap.rewards.families import REWARD_FAMILIES
+from jaxcap.sharding import make_mesh, param_shardings, put_replicated_value
+from jaxcap.train import embedded
+from jaxcap.train.sft_targets import SFTTarget, sft_target_fn
+
+
+@dataclasses.dataclass
+class Setup:
+  model: Qwen25VL
+  processor: Processor
+  train_records: list[ImageRecord]
+  eval_records: list[ImageRecord]
+  judge: Judge
+  scenes: dict  # scene id -> synthetic-world Scene, for rows that carry one (empty for other data)
+  sft_targets: SFTTarget
+  mesh: Any
+
+
+def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
+  mesh = make_mesh(dict(config.mesh.shape))
+  model, processor = _student(config, workdir, mesh)
+  if config.data.train_manifest:
+    train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
+  else:
+    train_path, eval_path = embedded.build_world_manifests(config, workdir)
+  train = read_manifest(train_path)
+  held_out = read_manifest(eval_path) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
+  train_records, eval_records = train.records, held_out.records
+  check_media(train_records + eval_records)
+  scenes = {**train.scenes, **held_out.scenes}
+  judge = build_judge(config.judge, scenes=scenes, records=train_records + eval_records, seed=int(config.seed))
+  for name in config.reward:  # e.g. RubiCap drops the manifest's rubrics when RL writes its own
+    prepare = REWARD_FAMILIES[name].prepare_records
+    if prepare is not None:
+      train_records, eval_records = prepare(config, train_records), prepare(config, eval_records)
+  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_target_fn(config, scenes), mesh)
+
+
+def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
+  """A local HF checkpoint (`model.checkpoint`) loaded shard by shard onto the mesh, or the embedded student."""
+  m = config.model
+  if m.checkpoint:
+    model = load_hf_checkpoint(
+      m.checkpoint,
+      mesh=mesh,
+      dtype=dtype_from_name(m.dtype),
+      param_dtype=dtype_from_name(m.param_dtype),
+      remat=m.remat,
+    )
+    return model, Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
+  model, processor = embedded.build_student(config, workdir)
+  graphdef, params = nnx.split(model)
+  return nnx.merge(graphdef, put_replicated_value(params, param_shardings(params, mesh))), processor
