@@ -12,8 +12,15 @@ from absl import app
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from jaxcap.registry import describe
+from jaxcap.train.config import REGISTRIES
+
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Path to a config file, e.g. configs/caprl.py", lock_config=True
+  "config",
+  None,
+  "Path to a config file, e.g. configs/caprl.py[:paper]; override fields with --config.<field>=<value>. "
+  "Fields that choose by name, and the registered names:\n" + describe(REGISTRIES),
+  lock_config=True,
 )
 
 

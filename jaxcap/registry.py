@@ -77,5 +77,5 @@ class Registry(Mapping[str, T], Generic[T]):
 
 
 def describe(registries: Mapping[str, Registry]) -> str:
-  """One line per registry, `field: name, name, ...`, for CLI help."""
-  return "\n".join(f"  {r.field or key}: {', '.join(r)}" for key, r in registries.items())
+  """One line per registry, `key: name, name, ...`, for CLI help."""
+  return "\n".join(f"  {key}: {', '.join(r)}" for key, r in registries.items())

@@ -1,42 +1,21 @@
 """Evaluation of captioners by the papers' protocols (Prism, CaptionQA, DCScore, CapArena, b-CapScore) and a
 reward-hacking red team, through the judge protocol only; `python -m jaxcap.eval` writes the report.
-
-Names are imported lazily so that `python -m jaxcap.eval` does not import every suite twice.
 """
 
-import importlib
+from jaxcap.eval.bcapscore import b_capscore
+from jaxcap.eval.caparena import CapArenaConfig, battle_outcome, run_caparena
+from jaxcap.eval.captioners import CaptionSet, captions_from_fn, load_captioner, read_caption_jsonl, write_caption_jsonl
+from jaxcap.eval.captionqa import CaptionQAConfig, question_score, run_captionqa
+from jaxcap.eval.dcscore import DCScoreConfig, run_dcscore
+from jaxcap.eval.evaluate import EvalConfig, evaluate
+from jaxcap.eval.metrics import RatioMetric, bootstrap_estimates
+from jaxcap.eval.prism import PrismConfig, run_prism
+from jaxcap.eval.redteam import RedTeamConfig, make_attacks, run_redteam
+from jaxcap.eval.report import EvalReport, write_report
 
-_EXPORTS = {
-  "CaptionSet": "captioners",
-  "read_caption_jsonl": "captioners",
-  "write_caption_jsonl": "captioners",
-  "captions_from_fn": "captioners",
-  "load_captioner": "captioners",
-  "PrismConfig": "prism",
-  "run_prism": "prism",
-  "CaptionQAConfig": "captionqa",
-  "run_captionqa": "captionqa",
-  "question_score": "captionqa",
-  "DCScoreConfig": "dcscore",
-  "run_dcscore": "dcscore",
-  "CapArenaConfig": "caparena",
-  "run_caparena": "caparena",
-  "battle_outcome": "caparena",
-  "b_capscore": "bcapscore",
-  "RedTeamConfig": "redteam",
-  "run_redteam": "redteam",
-  "make_attacks": "redteam",
-  "EvalConfig": "evaluate",
-  "evaluate": "evaluate",
-  "EvalReport": "report",
-  "write_report": "report",
-  "bootstrap_estimates": "metrics",
-  "RatioMetric": "metrics",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name not in _EXPORTS:
-    raise AttributeError(f"module 'jaxcap.eval' has no attribute {name!r}")
-  return getattr(importlib.import_module(f"jaxcap.eval.{_EXPORTS[name]}"), name)
+__all__ = [
+  "CapArenaConfig", "CaptionQAConfig", "CaptionSet", "DCScoreConfig", "EvalConfig", "EvalReport", "PrismConfig",
+  "RatioMetric", "RedTeamConfig", "b_capscore", "battle_outcome", "bootstrap_estimates", "captions_from_fn",
+  "evaluate", "load_captioner", "make_attacks", "question_score", "read_caption_jsonl", "run_caparena",
+  "run_captionqa", "run_dcscore", "run_prism", "run_redteam", "write_caption_jsonl", "write_report",
+]  # fmt: skip

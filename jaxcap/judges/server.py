@@ -149,14 +149,14 @@ def rule_based_app_for_manifest(
 ) -> FastAPI:
   """The app for a dataset manifest whose rows carry their scene graph (synthetic world)."""
   from jaxcap.data.manifest import read_manifest
+  from jaxcap.judges.factory import build_judge
 
   records, scenes = read_manifest(manifest, require_media=False)
   if not scenes:
     raise ValueError(
       f"Manifest {manifest} has no 'scene' fields; the rule-based judge needs the synthetic "
-      "world's ground truth (write it with jaxcap.data.synthetic.generate_dataset)."
+      "world's ground truth (write it with jaxcap.data.synthetic.manifest.generate_dataset)."
     )
-  backend = RuleBasedBackend(
-    RuleBasedJudge(scenes, failure_rate=failure_rate, seed=seed), {r.id: r.reference_caption for r in records}
-  )
+  judge = build_judge({"kind": "rule_based", "failure_rate": failure_rate, "seed": seed}, scenes=scenes)
+  backend = RuleBasedBackend(judge, {r.id: r.reference_caption for r in records})
   return make_app(backend, added_latency_s=added_latency_s)

@@ -93,8 +93,12 @@ def aggregate_loss(
   seq-mean-token-mean:     mean_i (sum_t m l / sum_t m)  (original GRPO; favours short sequences)
   seq-mean-token-sum-norm: mean_i sum_t m l / L          (Dr.GRPO, L = max_gen_len or T)
   mean_i runs over sequences with at least one unmasked token; empty inputs give 0, not NaN.
-  verl's seq-mean-token-sum-norm divides by L only; here it is also averaged over sequences so the
-  scale does not grow with the batch.
+  Versus current verl (`agg_loss` in verl/trainer/ppo/core_algos.py): with its engine workers, token-mean and the
+  seq-mean-* modes divide by the global mini-batch's token count / sequence count (times dp_size, undoing the
+  data-parallel gradient average), which is what these give when handed the whole batch, except that verl's sequence
+  count is the mini-batch size, fully masked sequences included. verl's seq-mean-token-sum-norm is sum_{i,t} m l / L
+  (L = its loss_scale_factor, default T) with no mean over sequences and no global-batch or dp_size normalisation;
+  here it is also divided by the number of sequences, so the scale does not grow with the batch.
   """
   chex.assert_rank([token_loss, mask], 2)
   chex.assert_equal_shape([token_loss, mask])

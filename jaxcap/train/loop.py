@@ -15,7 +15,6 @@ import jax
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.checkpoint import save_hf_checkpoint
 from jaxcap.multihost import is_lead_process
@@ -25,7 +24,6 @@ from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.sampling import Sampler, SamplingConfig
-from jaxcap.sharding import put_replicated_value
 from jaxcap.train import vision_warmup
 from jaxcap.train.batching import Batcher
 from jaxcap.train.checkpointing import RunCheckpointer
@@ -33,7 +31,7 @@ from jaxcap.train.data import record_loader
 from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
 from jaxcap.train.metrics import MetricsWriter, plot_curves, to_json
 from jaxcap.train.setup import build
-from jaxcap.train.state import init_train_state, make_optimizer
+from jaxcap.train.state import phase_train_state
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
@@ -82,26 +80,11 @@ class Trainer:
     ]
 
   def new_state(self, phase, steps, optim, params, key):
-    opt = make_optimizer(
-      optim.lr,
-      steps,
-      warmup_ratio=optim.warmup_ratio,
-      warmup_steps=optim.warmup_steps,
-      schedule=optim.schedule,
-      weight_decay=optim.weight_decay,
-      b1=optim.b1,
-      b2=optim.b2,
-      eps=optim.eps,
-      grad_clip=optim.grad_clip,
-      frozen=("visual",) if self.config[phase].freeze_vision else (),
-    )
-    with jax.set_mesh(self.setup.mesh):
-      state = init_train_state(params, opt, key, with_reference=phase == "rl" and self.config.rl.loss.kl_coef > 0)
-    # Commit every leaf to its sharding (scalars replicated) so the jitted steps see the same argument
-    # signature on every call and compile once.
-    replicated = NamedSharding(self.setup.mesh, P())
-    shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
-    return opt, put_replicated_value(state, shardings)
+    """(optimizer, TrainState) for a phase of `steps` updates, every leaf committed to its sharding on the mesh."""
+    c = self.config
+    frozen = ("visual",) if c[phase].freeze_vision else ()
+    with_reference = phase == "rl" and c.rl.loss.kl_coef > 0
+    return phase_train_state(optim, steps, params, key, self.setup.mesh, frozen=frozen, with_reference=with_reference)
 
   def run(self) -> dict:
     c = self.config
@@ -193,10 +176,15 @@ class Trainer:
       loss = PolicyLossConfig(max_gen_len=c.sampling.max_new_tokens, **c.rl.loss.to_dict())
       fn = functools.partial(rl_step, graphdef=self.graphdef, optimizer=opt, loss_config=loss, estimator=c.rl.estimator)
       logprob_fn = jax.jit(functools.partial(sequence_logprobs, self.graphdef))
-      rl = RLUpdate(
-        self.batcher, self.sampler, self.reward, c.rl.num_samples, c.rl.micro_batches, c.rl.recompute_old_logprobs
+      update = RLUpdate(
+        self.batcher,
+        self.sampler,
+        self.reward,
+        logprob_fn,
+        c.rl.num_samples,
+        c.rl.micro_batches,
+        c.rl.recompute_old_logprobs,
       )
-      update = lambda step_fn, state, records, step: rl(step_fn, logprob_fn, state, records, step)
     step_fn = jax.jit(fn, donate_argnums=0, out_shardings=(jax.tree.map(lambda x: x.sharding, state), None))
     progress = _progress(steps, int(state.step), phase)
     base = 0 if phase == "sft" else c.sft.steps
@@ -204,10 +192,9 @@ class Trainer:
       records = next(loader)
       t0 = time.perf_counter()
       with jax.set_mesh(s.mesh):
-        if phase == "sft":  # targets drawn per step, so a resumed run replays them
-          state, metrics = update(step_fn, state, records, np.random.default_rng([int(c.seed), phase_index, step]))
-        else:
-          state, metrics = update(step_fn, state, records, step)
+        # SFT draws its targets from a generator seeded per step, so a resumed run replays them
+        arg = np.random.default_rng([int(c.seed), phase_index, step]) if phase == "sft" else step
+        state, metrics = update(step_fn, state, records, arg)
       metrics["time/step_s"] = time.perf_counter() - t0
       self.metrics.write(phase, step + 1, metrics)
       progress.update(1)

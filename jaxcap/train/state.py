@@ -8,6 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxcap.sharding import put_replicated_value
 
 
 @jax.tree_util.register_dataclass
@@ -96,3 +99,28 @@ def init_train_state(
   opt_state = jax.jit(optimizer.init)(params)
   ref = jax.tree.map(jnp.copy, params) if with_reference else None
   return TrainState(jnp.zeros((), jnp.int32), params, opt_state, ref, key)
+
+
+def phase_train_state(optim, steps: int, params, key, mesh, *, frozen=(), with_reference: bool = False):
+  """(optimizer, TrainState) for a phase of `steps` updates from an `optim` config block (lr, schedule, ...).
+
+  Every leaf is committed to its sharding on `mesh` (scalars replicated), so the jitted steps see the same
+  argument signature on every call and compile once."""
+  opt = make_optimizer(
+    optim.lr,
+    steps,
+    warmup_ratio=optim.warmup_ratio,
+    warmup_steps=optim.warmup_steps,
+    schedule=optim.schedule,
+    weight_decay=optim.weight_decay,
+    b1=optim.b1,
+    b2=optim.b2,
+    eps=optim.eps,
+    grad_clip=optim.grad_clip,
+    frozen=frozen,
+  )
+  with jax.set_mesh(mesh):
+    state = init_train_state(params, opt, key, with_reference=with_reference)
+  replicated = NamedSharding(mesh, P())
+  shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
+  return opt, put_replicated_value(state, shardings)

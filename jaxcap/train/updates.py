@@ -44,17 +44,18 @@ class SFTUpdate:
 
 @dataclasses.dataclass
 class RLUpdate:
-  """`update(step_fn, logprob_fn, state, records, step) -> (state, metrics)` with `step_fn = jit(rl_step)` and
-  `logprob_fn = jit(sequence_logprobs)`; rewards come from `reward` on its own host thread."""
+  """`update(step_fn, state, records, step) -> (state, metrics)` with `step_fn = jit(rl_step)`; rewards come from
+  `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`."""
 
   batcher: Batcher
   sampler: Sampler
   reward: OverlappedReward
+  logprob_fn: Callable
   num_samples: int
   micro_batches: int
   recompute_old_logprobs: bool
 
-  def __call__(self, step_fn: Callable, logprob_fn: Callable, state, records: Sequence[ImageRecord], step: int):
+  def __call__(self, step_fn: Callable, state, records: Sequence[ImageRecord], step: int):
     g, m = self.num_samples, self.micro_batches
     inputs = self.batcher.inputs(records)
     rollouts = self.sampler(inputs, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
@@ -64,10 +65,10 @@ class RLUpdate:
     tokens = self.batcher.micro(rollouts.tokens, m)
     cmask = self.batcher.micro(rollouts.completion_mask, m)
     if self.recompute_old_logprobs:
-      old = logprob_fn(state.params, prompts, layout, tokens)
+      old = self.logprob_fn(state.params, prompts, layout, tokens)
     else:
       old = self.batcher.micro(rollouts.policy_logprobs, m)
-    ref = logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
+    ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     rewards = future.result()
     r = len(rewards.names)
     values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
