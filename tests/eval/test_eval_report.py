@@ -101,6 +101,7 @@ def test_callable_captioner_adapter():
     captions_from_fn("bad", lambda batch: [], records)
 
 
+@pytest.mark.slow
 def test_cli_compares_jsonl_captioners(tmp_path):
   manifest, records, _ = world()
   for name, kind in (("sft", "poetic"), ("rl", "meticulous")):

@@ -11,7 +11,7 @@ from judge_servers import fixed_reply_app, kill, malformed_json_app, rule_server
 from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
-from jaxcap.judges.overlap import OverlappedReward
+from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.judges.protocol import CriterionRequest, MultipleChoiceRequest
 from jaxcap.judges.server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
@@ -99,7 +99,9 @@ def test_endpoint_slower_than_timeout(world):
       replies = HttpJudge(fleet).answer_multiple_choice(requests)
       alone_elapsed = time.perf_counter() - start
       m = fleet.role_metrics("answerer")
-  assert all(r.failed and "timeout" in r.error or "all_endpoints_open" in r.error for r in replies)
+  assert len(replies) == 6 and all(
+    r.failed and ("timeout" in r.error or "all_endpoints_open" in r.error) for r in replies
+  )
   assert m.failed_judgments == 6 and alone_elapsed < 2.5  # bounded: timeouts, then the breaker fails fast
 
 

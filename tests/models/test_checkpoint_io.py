@@ -53,8 +53,9 @@ def test_round_trip_gives_identical_tensors_and_logits(checkpoint, tmp_path, sha
     )
   # and the re-exported checkpoint loads back into jaxcap with the same params
   again = load_hf_checkpoint(out)
-  for a, b in zip(jax.tree.leaves(nnx_params(model)), jax.tree.leaves(nnx_params(again))):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  want_params, got_params = nnx_params(model), nnx_params(again)
+  assert jax.tree.structure(got_params) == jax.tree.structure(want_params)
+  jax.tree.map(np.testing.assert_array_equal, got_params, want_params)
 
 
 def nnx_params(model):

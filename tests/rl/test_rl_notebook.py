@@ -5,6 +5,9 @@ import pathlib
 
 import nbclient  # the [test] extra installs nbformat, nbclient and ipykernel; a missing one is a failure
 import nbformat
+import pytest
+
+pytestmark = pytest.mark.slow  # executes the notebook in a kernel subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "advantage_collapse.ipynb"

@@ -59,6 +59,7 @@ def _rows(path):
   return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_killed_and_restarted_run_writes_each_image_once(setup):
   root, ids = setup
   out = root / "run" / "captions.jsonl"
@@ -93,6 +94,7 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
   assert len(_rows(out)) == len(ids) and len(_rows(errors)) == 2
 
 
+@pytest.mark.slow
 def test_process_shards_split_the_work(setup):
   root, ids = setup
   out = root / "sharded" / "captions.jsonl"

@@ -6,7 +6,7 @@ from jaxcap.data.synthetic.questions import generate_questions, parse_question
 from jaxcap.data.synthetic.scene import Scene, SceneObject, WorldConfig, sample_scene
 from jaxcap.judges.protocol import MultipleChoiceRequest
 from jaxcap.judges.rule_based import RuleBasedJudge
-from jaxcap.rewards.record import MultipleChoiceQuestion
+from jaxcap.data.records import MultipleChoiceQuestion
 
 
 def _gold_from_scene(q, scene):

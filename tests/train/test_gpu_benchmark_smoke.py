@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 
@@ -27,6 +29,7 @@ def test_peak_table():
   assert peak("TPU v4") == 275 and peak("cpu") is None
 
 
+@pytest.mark.slow
 def test_smoke_runs_on_cpu(tmp_path):
   out = tmp_path / "gpu.json"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # launches training runs in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
   "--config.sft.steps=2",
@@ -126,7 +128,8 @@ def test_rubicap_rubrics_are_written_against_the_policy_entering_rl(tmp_path):
   from jaxcap.judges.protocol import CoverageRequest
 
   coverage = judge.match_reference_units([CoverageRequest(r.image_id, r.student_caption, r.consensus) for r in rubrics])
-  for rubric, rate, cov in zip(rubrics, rates, coverage):
+  assert len(rubrics) == len(rates) == len(coverage) > 0
+  for rubric, rate, cov in zip(rubrics, rates, coverage, strict=True):
     only_states = all(c.text.startswith("The caption states: ") for c in rubric.criteria)
     no_failures = all(cov.covered) and only_states
     assert rate == (1.0 if no_failures else 0.0), (rubric, rate)

@@ -69,6 +69,7 @@ def test_invalid_values_are_all_reported():
   assert "rl.estimator='ppo'" in msg and "rl.batch_size=6" in msg and "reward.caprl.questions" in msg
 
 
+@pytest.mark.slow
 def test_unknown_config_key_on_the_command_line_is_rejected():
   out = subprocess.run(
     [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", "--config.rl.stepz=3"],

@@ -24,6 +24,6 @@ def test_chunked_token_logprobs_equal_direct_values_and_grads():
   (v2, (lp2, e2)), g2 = jax.jit(jax.value_and_grad(lambda p: f(p, 8), has_aux=True))(params)  # 37 = 4x8 + 5
   np.testing.assert_allclose(lp2, lp1, atol=1e-5)
   np.testing.assert_allclose(e2, e1, atol=1e-5)
-  for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+  assert jax.tree.structure(g2) == jax.tree.structure(g1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4), g2, g1)
   assert any(np.abs(np.asarray(x)).sum() > 0 for x in jax.tree.leaves(g1))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # launches training runs in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
   "--config.sft.steps=4",

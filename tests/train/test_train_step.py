@@ -60,13 +60,15 @@ def test_sft_update_is_independent_of_micro_batching():
     t, mask = _targets(rng, m)
     graphdef, opt, state = _state()
     new, metrics = jax.jit(lambda s: sft_step(s, prompts, t, mask, layout, graphdef=graphdef, optimizer=opt))(state)
-    results.append((float(metrics["loss"]), float(metrics["grad_norm"]), jax.tree.leaves(new.params)))
-  for loss, grad_norm, leaves in results[1:]:
+    results.append((float(metrics["loss"]), float(metrics["grad_norm"]), new.params))
+  for loss, grad_norm, params in results[1:]:
     # The loss and gradient are token-weighted over the whole batch, whatever the micro-batching.
     np.testing.assert_allclose(loss, results[0][0], rtol=1e-5)
     np.testing.assert_allclose(grad_norm, results[0][1], rtol=1e-4)
     # Adam's first step is ~lr * sign(g), so near-zero gradients amplify float noise; compare on average.
-    diffs = np.concatenate([np.abs(np.asarray(a) - np.asarray(b)).ravel() for a, b in zip(leaves, results[0][2])])
+    assert jax.tree.structure(params) == jax.tree.structure(results[0][2])
+    diffs = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).ravel(), params, results[0][2])
+    diffs = np.concatenate(jax.tree.leaves(diffs))
     assert diffs.mean() < 1e-6, diffs.mean()
 
 
@@ -91,11 +93,10 @@ def test_a_frozen_vision_tower_keeps_its_parameters_while_the_decoder_learns():
   opt = make_optimizer(1e-2, 100, frozen=("visual",))
   state = init_train_state(state.params, opt, jax.random.key(0))
   new, _ = jax.jit(lambda s: sft_step(s, prompts, t, mask, layout, graphdef=graphdef, optimizer=opt))(state)
+  assert jax.tree.structure(new.params) == jax.tree.structure(state.params)
   for name in state.params.keys():
-    moved = [
-      not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params[name]), jax.tree.leaves(new.params[name]))
-    ]
-    assert (not any(moved)) if name == "visual" else all(moved), name
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), state.params[name], new.params[name]))
+    assert moved and ((not any(moved)) if name == "visual" else all(moved)), name
 
 
 def test_rl_step_raises_the_probability_of_advantaged_completions():
