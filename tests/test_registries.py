@@ -143,3 +143,25 @@ def test_every_module_imports_on_its_own():
   assert out.returncode == 0, out.stderr[-3000:]
   assert f"imported {len(names)}" in out.stdout and len(names) > 60
   assert importlib.import_module("jaxcap.rewards").REWARD_FAMILIES is REWARD_FAMILIES
+
+
+def test_readme_extending_examples_run_as_written(scratch):
+  import re
+
+  readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+  section = readme[readme.index("## Extending") : readme.index("## Code style")]
+  blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+  assert len(blocks) == 2
+  for code in blocks:
+    exec(compile(code, "README.md", "exec"), {})
+  scratch(rl.ADVANTAGE_ESTIMATORS, "mean_baseline")
+  scratch(REWARD_FAMILIES, "caption_length")
+  c = base_config()
+  c.rl.estimator = "mean_baseline"
+  c.reward = {"caption_length": {"weight": 0.5, "target_words": 40}}
+  validate(c)
+  out = rl.group_advantages(jnp.asarray([[[1.0], [3.0]]]), jnp.ones(1), estimator="mean_baseline")
+  np.testing.assert_allclose(out.advantages, [[-1.0, 1.0]])
+  records = [ImageRecord(id="a", image="a.png")]
+  batch = build_reward(c.reward.to_dict(), judge=None)(["twenty words " * 10], records)
+  np.testing.assert_allclose(batch.values, [[0.5]])
