@@ -21,11 +21,11 @@ from jaxcap.data.synthetic.language import (
   Claim,
   claim_text,
   parse_caption,
-  split_sentences,
   unique_claims,
 )
 from jaxcap.data.synthetic.questions import STILL_OPTION, QuestionQuery, parse_question
 from jaxcap.data.synthetic.scene import Scene
+from jaxcap.judges.language_rating import language_ratings, linguistic_score
 from jaxcap.judges.protocol import (
   CaptionRequest,
   ClaimSplit,
@@ -48,7 +48,6 @@ from jaxcap.judges.protocol import (
 from jaxcap.data.records import Criterion
 
 LETTERS = "ABCDEFGHI"
-_STUTTER_RE = re.compile(r"\b(\w+)(?:\s+\1\b)+", re.I)
 _CANNOT_ANSWER_RE = re.compile(r"\bcan\s*not answer\b|\bcannot answer\b|\bnot answerable\b", re.I)
 # Criterion texts written by this judge's rubric writer; parsed back when checking.
 STATES_PREFIX = "The caption states: "
@@ -246,7 +245,7 @@ class RuleBasedJudge:
         units = [claim_text(c) for c in unique_claims(parse_caption(r.reference)) if c.kind != "meta"]
         keys = {c.key for c in parse_caption(r.caption)}
         overlap = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
-        quality = 0.7 * overlap + 0.3 * _linguistic(r.caption)
+        quality = 0.7 * overlap + 0.3 * linguistic_score(r.caption)
       out.append(LikertScore(score=round(1 + 9 * quality)))
     return out
 
@@ -364,39 +363,7 @@ def uninformed_choice(question: str, options: Sequence[str]) -> int:
   return min(range(len(options)), key=lambda i: _unit_hash("guess", question, options[i].strip().lower()))
 
 
-# ---- language quality and overall quality --------------------------------------------------------------------
-
-
-def language_ratings(caption: str) -> dict[str, float]:
-  """Clarity, fluency, coherence on 1-10 from sentence-level evidence (repetition, meta, contradictions)."""
-  sentences = split_sentences(caption)
-  if not sentences:
-    return {"clarity": 1.0, "fluency": 1.0, "coherence": 1.0}
-  squashed = [" ".join(s.lower().split()) for s in sentences]
-  duplicate = 1 - len(set(squashed)) / len(squashed)
-  malformed = sum(not (s[0].isupper() or s[0] in "\"'") or s[-1] not in ".!?" for s in sentences) / len(sentences)
-  rambling = sum(len(s.split()) > 40 for s in sentences) / len(sentences)
-  # A word repeated back to back ("is in the the left") is the garbling an LLM judge marks down at once, and
-  # the cheapest way for a policy to turn a wrong claim into no claim at all.
-  stutter = sum(bool(_STUTTER_RE.search(s)) for s in sentences) / len(sentences)
-  claims = parse_caption(caption)
-  meta = sum(c.kind == "meta" for c in claims) / max(1, len(claims))
-  values: dict[tuple, set] = {}
-  for c in claims:
-    if c.kind in ("size", "position", "label", "motion", "appear", "count", "background"):
-      values.setdefault((c.kind, c.subject), set()).add(c.value)
-  contradiction = sum(len(v) > 1 for v in values.values()) / max(1, len(values))
-  clamp = lambda x: float(min(10, max(1, round(x))))  # noqa: E731  LLM judges answer in integers
-  return {
-    "clarity": clamp(10 - 9 * meta - 3 * rambling - 4 * stutter),
-    "fluency": clamp(10 - 9 * duplicate - 4 * malformed - 3 * rambling - 8 * stutter),
-    "coherence": clamp(10 - 12 * contradiction - 6 * duplicate - 3 * meta),
-  }
-
-
-def _linguistic(caption: str) -> float:
-  r = language_ratings(caption)
-  return sum((v - 1) / 9 for v in r.values()) / 3
+# ---- overall quality -------------------------------------------------------------------------------------
 
 
 def caption_quality(caption: str, scene: Scene) -> float:
@@ -408,4 +375,4 @@ def caption_quality(caption: str, scene: Scene) -> float:
   keys = {c.key for c in claims}
   units = reference_units(scene)
   recall = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
-  return 0.4 * precision + 0.4 * recall + 0.2 * _linguistic(caption)
+  return 0.4 * precision + 0.4 * recall + 0.2 * linguistic_score(caption)
