@@ -82,18 +82,27 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
 
 
 def param_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+  """Logical axes of the param at dot-joined `path`; leading axes beyond the rule's (the layer axis of stacked
+  layers) are unsharded. Paths may carry nnx's trailing `.value` and any prefix (e.g. an optimizer state's)."""
+  path = re.sub(r"\.value$", "", path)
   for pattern, axes in PARAM_RULES:
     if re.search(pattern, path):
-      return axes
+      return (None,) * (ndim - len(axes)) + tuple(axes)
   return (None,) * ndim
 
 
+def path_name(path) -> str:
+  """'a.b.0.c' for a pytree key path."""
+  return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
 def param_shardings(abstract_params: Any, mesh: Mesh) -> Any:
-  """NamedSharding for every leaf of an nnx param state (or pure dict) with the same tree structure."""
+  """NamedSharding for every leaf of a tree whose leaf paths end in param paths: an nnx param state, a pure
+  dict, or an optimizer state holding per-param moments (scalars such as step counts are replicated)."""
 
   def one(path, leaf):
-    name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    spec = logical_to_spec(param_logical_axes(name, len(leaf.shape)), leaf.shape, mesh)
+    shape = getattr(leaf, "shape", ())
+    spec = logical_to_spec(param_logical_axes(path_name(path), len(shape)), shape, mesh)
     return NamedSharding(mesh, spec)
 
   return jax.tree_util.tree_map_with_path(one, abstract_params)

@@ -47,19 +47,24 @@ class CheckpointError(ValueError):
 # --------------------------------------------------------------------------- name mapping
 # Each rule: jaxcap param path regex -> (HF tensor name template, layout). Layouts:
 #   "same": identical array; "t": HF [out, in] <-> kernel [in, out]; "conv": Conv3d [D, C, T, P, P] <-> [CTPP, D].
+# Decoder layers and ViT blocks are stacked in jaxcap (leading layer axis); their HF names hold "*" where the
+# layer index goes (`layer_names`).
 _RULES: list[tuple[str, str, str]] = [
   (r"visual\.patch_embed\.kernel", "visual.patch_embed.proj.weight", "conv"),
   (r"visual\.merger\.fc1\.(kernel|bias)", r"visual.merger.mlp.0.\1", "lin"),
   (r"visual\.merger\.fc2\.(kernel|bias)", r"visual.merger.mlp.2.\1", "lin"),
+  (r"visual\.blocks\.(.*)", r"visual.blocks.*.\1", "lin"),
   (r"visual\.(.*)", r"visual.\1", "lin"),
   (r"embed_tokens\.embedding", "model.embed_tokens.weight", "same"),
   (r"lm_head\.kernel", "lm_head.weight", "t"),
-  (r"(layers\..*|norm\.weight)", r"model.\1", "lin"),
+  (r"layers\.(.*)", r"model.layers.*.\1", "lin"),
+  (r"norm\.weight", r"model.norm.weight", "same"),
 ]
 
 
 def hf_name(path: str) -> tuple[str, str]:
-  """(HF tensor name, layout) of a jaxcap param path such as 'layers.0.self_attn.q_proj.kernel'."""
+  """(HF tensor name, layout) of a jaxcap param path such as 'layers.self_attn.q_proj.kernel'; the name of a
+  stacked (per-layer) param holds "*" for the layer index: 'model.layers.*.self_attn.q_proj.weight'."""
   for pattern, template, layout in _RULES:
     m = re.fullmatch(pattern, path)
     if m:
@@ -69,6 +74,11 @@ def hf_name(path: str) -> tuple[str, str]:
         name = re.sub(r"\.kernel$", ".weight", name)
       return name, layout
   raise KeyError(f"no HF name for param {path!r}")
+
+
+def layer_names(name: str, num_layers: int) -> list[str]:
+  """The per-layer HF names of a stacked param's name template ('model.layers.*.mlp...'), or [name]."""
+  return [name.replace("*", str(i)) for i in range(num_layers)] if "*" in name else [name]
 
 
 def _from_hf(array: np.ndarray, layout: str) -> np.ndarray:
@@ -171,19 +181,28 @@ def load_hf_checkpoint(
   missing = []
 
   def load_one(path, leaf, sharding):
-    hf, layout = hf_name(_path_name(path))
-    found = index.resolve(hf)
-    if found is None:
-      missing.append(hf)
+    template, layout = hf_name(_path_name(path))
+    stacked = "*" in template
+    names = layer_names(template, leaf.shape[0] if stacked else 1)
+    tensors = []
+    for hf in names:
+      found = index.resolve(hf)
+      if found is None:
+        missing.append(hf)
+        continue
+      tensor = index.slice(found)
+      hf_shape, want = tuple(tensor.get_shape()), _hf_shape(leaf.shape[1:] if stacked else leaf.shape, layout, cfg)
+      if hf_shape != want:
+        raise CheckpointError(
+          f"tensor {found!r} in {directory} has shape {hf_shape}, but config.json implies "
+          f"{want}; the weights and config.json do not belong together."
+        )
+      tensors.append(tensor)
+    if len(tensors) < len(names):
       return None
-    tensor = index.slice(found)
-    hf_shape, want = tuple(tensor.get_shape()), _hf_shape(leaf.shape, layout, cfg)
-    if hf_shape != want:
-      raise CheckpointError(
-        f"tensor {found!r} in {directory} has shape {hf_shape}, but config.json implies "
-        f"{want}; the weights and config.json do not belong together."
-      )
-    return _place(tensor, layout, leaf.shape, param_dtype, sharding)
+    if stacked:
+      return _place_stacked(tensors, layout, leaf.shape, param_dtype, sharding)
+    return _place(tensors[0], layout, leaf.shape, param_dtype, sharding)
 
   arrays = jax.tree_util.tree_map_with_path(load_one, pure, shardings)
   if missing:
@@ -195,17 +214,33 @@ def load_hf_checkpoint(
   return nnx.merge(graphdef, abstract)
 
 
+def _read(tensor, layout: str, idx: tuple, dtype) -> np.ndarray:
+  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone."""
+  if layout == "conv":  # small; read whole
+    return _from_hf(tensor[:], layout)[idx].astype(dtype)
+  if layout == "t":
+    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype)
+  return np.asarray(tensor[idx]).astype(dtype)
+
+
+def _full(idx, ndim: int) -> tuple:
+  return tuple(idx) + (slice(None),) * (ndim - len(idx))
+
+
 def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
   """A device array holding `tensor` (lazy safetensors slice) in jaxcap layout, each shard read separately."""
-  if layout == "conv":  # small; read whole
-    full = _from_hf(tensor[:], layout).astype(dtype)
-    return jax.make_array_from_callback(tuple(shape), sharding, lambda idx: full[idx])
+  return jax.make_array_from_callback(
+    tuple(shape), sharding, lambda idx: _read(tensor, layout, _full(idx, len(shape)), dtype)
+  )
+
+
+def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:
+  """A stacked [L, ...] device array from L per-layer tensors; each device reads only its block of each layer."""
 
   def read(idx):
-    idx = tuple(idx) + (slice(None),) * (len(shape) - len(idx))
-    if layout == "t":
-      return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype)
-    return np.asarray(tensor[idx]).astype(dtype)
+    idx = _full(idx, len(shape))
+    layers = range(len(tensors))[idx[0]]
+    return np.stack([_read(tensors[i], layout, idx[1:], dtype) for i in layers])
 
   return jax.make_array_from_callback(tuple(shape), sharding, read)
 
@@ -231,11 +266,13 @@ def save_hf_checkpoint(
   _, state = nnx.split(model, nnx.Param)
   tensors: dict[str, np.ndarray] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
-    hf, layout = hf_name(_path_name(path))
+    template, layout = hf_name(_path_name(path))
     value = np.asarray(jax.device_get(_gather(leaf)))
     if dtype is not None:
       value = value.astype(dtype)
-    tensors[hf] = _to_hf(value, layout, _hf_shape(value.shape, layout, cfg))
+    stacked = "*" in template
+    for hf, v in zip(layer_names(template, value.shape[0] if stacked else 1), value if stacked else [value]):
+      tensors[hf] = _to_hf(v, layout, _hf_shape(v.shape, layout, cfg))
 
   shards, current, size = [], {}, 0
   for name in sorted(tensors):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -72,12 +74,46 @@ def mrope_cos_sin(
   return jnp.cos(emb), jnp.sin(emb)
 
 
-def remat_call(module: nnx.Module, policy: str):
-  """`module.__call__`, rematerialised in the backward pass per `policy` ('none' | 'full' | 'dots')."""
+def remat(fn, policy: str):
+  """`fn` rematerialised in the backward pass per `policy` ('none' | 'full' | 'dots')."""
   if policy == "none":
-    return module
+    return fn
   if policy not in ("full", "dots"):
     raise ValueError(f"remat={policy!r}; choose 'none', 'full' or 'dots'.")
   saveable = None if policy == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-  call = nnx.remat(type(module).__call__, policy=saveable)
-  return lambda *args: call(module, *args)
+  return jax.checkpoint(fn, policy=saveable)
+
+
+def stacked(make, n: int, rngs: nnx.Rngs):
+  """`n` independently initialised copies of the module `make(rngs)`, as ONE module whose every param has a
+  leading layer axis of size `n`, so the layers can run under `jax.lax.scan` (one compiled body, any depth)."""
+
+  @nnx.split_rngs(splits=n)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def build(r):
+    return make(r)
+
+  return build(rngs)
+
+
+def scan_layers(stack: nnx.Module, body, carry, xs=None, *, start: int = 0, stop: int | None = None, policy="none"):
+  """Runs layers [start, stop) of a `stacked` module in order: carry = body(layer, carry, x_i) for each layer
+  (a Module bound to that layer's params) and its slice x_i of `xs` (a pytree with a leading layer axis, or
+  None). The layer call is rematerialised per `policy`. Returns the final carry."""
+  graphdef, params = nnx.split(stack)
+  n = jax.tree.leaves(params)[0].shape[0]
+  stop = n if stop is None else stop
+  if stop <= start:
+    return carry
+  part = params if (start, stop) == (0, n) else jax.tree.map(lambda a: a[start:stop], params)
+
+  @functools.partial(remat, policy=policy)
+  def layer_fn(layer_params, carry, x):
+    return body(nnx.merge(graphdef, layer_params), carry, x)
+
+  def step(carry, args):
+    layer_params, x = args
+    return layer_fn(layer_params, carry, x), None
+
+  carry, _ = jax.lax.scan(step, carry, (part, xs))
+  return carry

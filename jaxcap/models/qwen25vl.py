@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models.config import Qwen25VLConfig
-from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, mrope_cos_sin, remat_call
+from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, mrope_cos_sin, scan_layers, stacked
 from jaxcap.models.vision import VisionLayout, VisionTower
 from jaxcap.sharding import shard
 
@@ -20,24 +20,25 @@ from jaxcap.sharding import shard
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Per-layer keys and values, each [B, S, K, H]. Slots are written at `cache_index` by the caller's schedule."""
+  """Keys and values of every layer, stacked: each [L, B, S, K, H]. Slots are written at `cache_index` by the
+  caller's schedule."""
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: jax.Array
+  v: jax.Array
 
   @classmethod
   def zeros(cls, cfg: Qwen25VLConfig, batch: int, slots: int, dtype=None) -> "KVCache":
     t = cfg.text
-    shape = (batch, slots, t.num_key_value_heads, t.head_dim)
-    dtype = dtype or cfg.dtype
-    make = lambda: tuple(
-      shard(jnp.zeros(shape, dtype), ("batch", None, "kv_heads", None)) for _ in range(t.num_hidden_layers)
-    )
+    shape = (t.num_hidden_layers, batch, slots, t.num_key_value_heads, t.head_dim)
+    make = lambda: shard(jnp.zeros(shape, dtype or cfg.dtype), CACHE_AXES)
     return cls(make(), make())
 
   @property
   def slots(self) -> int:
-    return self.k[0].shape[1]
+    return self.k.shape[2]
+
+
+CACHE_AXES = (None, "batch", None, "kv_heads", None)
 
 
 @jax.tree_util.register_dataclass
@@ -65,19 +66,22 @@ class Attention(nnx.Module):
     self.o_proj = linear(self.num_heads * self.head_dim, t.hidden_size, bias=False, **kw)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
+    """x [B, T, D]; kv: this layer's cache (k, v) [B, S, K, H] or None. Returns the output [B, T, D] and the new
+    tokens' keys and values [B, T, K, H] (the caller writes them into its cache)."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     q = shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None))
     k = apply_rotary(k, cos, sin)
+    new_kv = (k, v)
     if kv is not None:
       k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
       k = shard(k, ("batch", None, "kv_heads", None))
       v = shard(v, ("batch", None, "kv_heads", None))
     out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=self.head_dim**-0.5)
-    return self.o_proj(out.reshape(b, t, -1)), (k, v)
+    return self.o_proj(out.reshape(b, t, -1)), new_kv
 
 
 class DecoderLayer(nnx.Module):
@@ -112,7 +116,8 @@ class Qwen25VL(nnx.Module):
       embedding_init=nnx.initializers.normal(0.02),
       rngs=rngs,
     )
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(t.num_hidden_layers)])
+    # one module whose params carry a leading layer axis: the stack runs under lax.scan (compile time flat in depth)
+    self.layers = stacked(lambda r: DecoderLayer(cfg, rngs=r), t.num_hidden_layers, rngs)
     self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
     if not t.tie_word_embeddings:
       self.lm_head = linear(
@@ -156,14 +161,22 @@ class Qwen25VL(nnx.Module):
     k_slot = jnp.arange(cache.slots if cache is not None else t)
     mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
     x = shard(x, ("batch", None, None))
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      kv = (cache.k[i], cache.v[i]) if cache is not None else None
-      x, (k, v) = remat_call(layer, self.cfg.remat)(x, cos, sin, mask, kv, cache_index)
-      new_k.append(k)
-      new_v.append(v)
-    new_cache = KVCache(tuple(new_k), tuple(new_v)) if cache is not None else None
-    return self.norm(x), new_cache
+    if cache is None:
+      body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]
+      x = scan_layers(self.layers, body, x, policy=self.cfg.remat)
+      return self.norm(x), None
+
+    def body(layer, carry, i):
+      x, ck, cv = carry
+      x, (k, v) = layer(x, cos, sin, mask, (ck[i], cv[i]), cache_index)
+      # only the T new slots are written back, in place in the scan's carry
+      ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, cache_index, 0, 0))
+      cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, cache_index, 0, 0))
+      return x, shard(ck, CACHE_AXES), shard(cv, CACHE_AXES)
+
+    layers = jnp.arange(cfg.num_hidden_layers)
+    x, ck, cv = scan_layers(self.layers, body, (x, cache.k, cache.v), layers, policy=self.cfg.remat)
+    return self.norm(x), KVCache(ck, cv)
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V]."""

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcap.models.config import VisionConfig
-from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, remat_call
+from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, scan_layers, stacked
 
 
 @jax.tree_util.register_dataclass
@@ -171,9 +171,8 @@ class VisionTower(nnx.Module):
     self.patch_embed = linear(
       cfg.patch_dim, cfg.hidden_size, bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
     )
-    self.blocks = nnx.List(
-      [VisionBlock(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.depth)]
-    )
+    # all blocks in one module with a leading block axis, run under lax.scan (see `block_schedule`)
+    self.blocks = stacked(lambda r: VisionBlock(cfg, dtype=dtype, param_dtype=param_dtype, rngs=r), cfg.depth, rngs)
     self.merger = PatchMerger(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def rotary(self, rotary_pos: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -191,8 +190,42 @@ class VisionTower(nnx.Module):
     seq, dim = x.shape
     x = x.reshape(seq // unit, unit, dim)[layout.window_index].reshape(seq, dim)
     cos, sin = self.rotary(layout.rotary_pos)
-    full = set(self.cfg.fullatt_block_indexes)
-    for i, block in enumerate(self.blocks):
-      blocks = layout.frames if i in full else layout.windows
-      x = remat_call(block, self.remat)(x, cos, sin, blocks)
+
+    def run(block, x, _, blocks):
+      return block(x, cos, sin, blocks)
+
+    window = lambda block, x, i: run(block, x, i, layout.windows)
+    frames = lambda block, x, i: run(block, x, i, layout.frames)
+    period, runs = block_schedule(self.cfg.depth, self.cfg.fullatt_block_indexes)
+    if period:
+      # groups of (period - 1) window blocks + one full-attention block: two scan bodies whatever the depth
+      graphdef, params = nnx.split(self.blocks)
+      grouped = jax.tree.map(lambda a: a.reshape(-1, period, *a.shape[1:]), params)
+
+      def group(x, group_params):
+        g = nnx.merge(graphdef, group_params)
+        x = scan_layers(g, window, x, stop=period - 1, policy=self.remat)
+        return scan_layers(g, frames, x, start=period - 1, policy=self.remat), None
+
+      x, _ = jax.lax.scan(group, x, grouped)
+    else:
+      for start, stop, full in runs:
+        x = scan_layers(self.blocks, frames if full else window, x, start=start, stop=stop, policy=self.remat)
     return self.merger(x)[layout.reverse_index]
+
+
+def block_schedule(depth: int, fullatt_block_indexes) -> tuple[int, list[tuple[int, int, bool]]]:
+  """How the ViT's blocks are scanned. Returns (period, runs): `period` k > 0 when every k-th block (k-1, 2k-1,
+  ..., depth-1) and only those use full attention, as in every released Qwen2.5-VL (k = 8); else 0, and `runs`
+  lists the maximal [start, stop) runs of blocks of one kind as (start, stop, full_attention)."""
+  full = sorted({i for i in fullatt_block_indexes if 0 <= i < depth})
+  if full and depth % (full[0] + 1) == 0:
+    k = full[0] + 1
+    if full == list(range(k - 1, depth, k)):
+      return k, []
+  runs, start = [], 0
+  for i in range(1, depth + 1):
+    if i == depth or (i in full) != ((i - 1) in full):
+      runs.append((start, i, (i - 1) in full))
+      start = i
+  return 0, runs

@@ -77,8 +77,8 @@ def test_loads_bf16_and_new_style_key_names(checkpoint, tmp_path):
   save_file(renamed, dst / "model.safetensors")
   model = load_hf_checkpoint(dst, param_dtype=jnp.bfloat16)
   ref = load_hf_checkpoint(src)
-  got = nnx_params(model)["layers"][0]["self_attn"]["q_proj"]["kernel"]
-  want = nnx_params(ref)["layers"][0]["self_attn"]["q_proj"]["kernel"]
+  got = nnx_params(model)["layers"]["self_attn"]["q_proj"]["kernel"]
+  want = nnx_params(ref)["layers"]["self_attn"]["q_proj"]["kernel"]
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(jnp.bfloat16))
 

@@ -67,8 +67,8 @@ def test_param_rules_shard_the_big_matrices():
   cfg = M.tiny()
   abstract = nnx.to_pure_dict(nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(cfg, rngs=nnx.Rngs(0))))[1])
   specs = param_shardings(abstract, mesh)
-  assert specs["layers"][0]["self_attn"]["q_proj"]["kernel"].spec == P("fsdp", "tensor")
-  assert specs["layers"][0]["mlp"]["down_proj"]["kernel"].spec == P("tensor", "fsdp")
+  assert specs["layers"]["self_attn"]["q_proj"]["kernel"].spec == P(None, "fsdp", "tensor")
+  assert specs["layers"]["mlp"]["down_proj"]["kernel"].spec == P(None, "tensor", "fsdp")
   # 2 KV heads x 16 = 32 columns: divisible by 4, sharded; norms replicated
-  assert specs["layers"][0]["self_attn"]["k_proj"]["kernel"].spec == P("fsdp", "tensor")
+  assert specs["layers"]["self_attn"]["k_proj"]["kernel"].spec == P(None, "fsdp", "tensor")
   assert specs["norm"]["weight"].spec == P(None)
