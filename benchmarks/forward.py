@@ -1,9 +1,11 @@
 """Prefill throughput: jaxcap's jitted Qwen2.5-VL forward vs `transformers` on the same config, batch and CPU.
 
-    python benchmarks/forward.py [--batch 8] [--image 224] [--repeats 5]
+    python benchmarks/forward.py [--batch 8] [--image 224] [--pairs 5] [--json forward.json]
 
-Both run float32 with the same random weights (the HF model is saved and loaded into jaxcap). Prints tokens/s
-(prompt tokens incl. vision tokens) for each, the ratio, and jaxcap's one-off compile time separately.
+Both run float32 with the same random weights (the HF model is saved and loaded into jaxcap). After one warm-up
+call each (jaxcap's compiles; reported apart), the two forwards are timed interleaved, jaxcap then transformers,
+--pairs times (benchmarks/harness.py). Prints tokens/s (prompt tokens incl. vision tokens) at the min and median
+call time of each, the ratio of the mins, and the machine and its load.
 """
 
 from __future__ import annotations
@@ -11,19 +13,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
+from harness import Section, add_arguments, interleaved, report, warm_up
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--image", type=int, default=224, help="square image side in pixels")
-  ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--threads", type=int, default=os.cpu_count())
+  ap.add_argument("--repeats", type=int, default=1, help="back-to-back calls per side in each turn (each timed)")
+  ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
+  add_arguments(ap)
   args = ap.parse_args()
 
   import jax
@@ -56,31 +59,35 @@ def main():
     jnp.asarray(batch.attention_mask),
     jax.tree.map(jnp.asarray, batch.vision()),
   )
-  t0 = time.perf_counter()
-  forward(params, *jargs).block_until_ready()
-  compile_s = time.perf_counter() - t0
-
-  def timed(fn):
-    best = float("inf")
-    for _ in range(args.repeats):
-      t = time.perf_counter()
-      fn()
-      best = min(best, time.perf_counter() - t)
-    return best
-
-  jax_s = timed(lambda: forward(params, *jargs).block_until_ready())
   kw = hf_inputs(batch, cfg)
   kw["position_ids"] = torch.as_tensor(batch.positions, dtype=torch.long)
-  with torch.inference_mode():
-    ref(**kw)  # warm-up
-    hf_s = timed(lambda: ref(**kw))
+
+  def jax_forward():
+    forward(params, *jargs).block_until_ready()
+
+  def hf_forward():
+    with torch.inference_mode():
+      ref(**kw)
+
+  vision_tokens = int(np.prod(batch.grid_thw, -1).sum()) // cfg.vision.spatial_merge_size**2
   print(
     f"config=mid ({n_params / 1e6:.1f}M params) batch={args.batch} image={args.image}px "
-    f"prompt_tokens={tokens} (vision {int(np.prod(batch.grid_thw, -1).sum()) // 4}) threads={args.threads}"
+    f"prompt_tokens={tokens} (vision {vision_tokens}) threads={args.threads}"
   )
-  print(f"transformers: {tokens / hf_s:9.0f} tokens/s  ({hf_s * 1e3:.1f} ms)")
-  print(f"jaxcap      : {tokens / jax_s:9.0f} tokens/s  ({jax_s * 1e3:.1f} ms; compile {compile_s:.1f} s once)")
-  print(f"ratio jaxcap/transformers: {hf_s / jax_s:.2f}x")
+  warmup = {"jaxcap": warm_up(jax_forward), "transformers": warm_up(hf_forward)}  # jaxcap's compiles
+  with Section() as section:
+    jax_s, hf_s = interleaved(jax_forward, hf_forward, args.pairs, args.repeats, names=("jaxcap", "transformers"))
+  report(
+    "forward (prefill)",
+    tokens,
+    "tokens/s",
+    {"jaxcap": jax_s, "transformers": hf_s},
+    warmup,
+    section,
+    extra=dict(params_m=round(n_params / 1e6, 1), prompt_tokens=tokens, vision_tokens=vision_tokens),
+    args=args,
+    json_path=args.json,
+  )
 
 
 if __name__ == "__main__":

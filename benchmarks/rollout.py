@@ -1,24 +1,26 @@
 """Rollout throughput: jaxcap's compiled sampler vs `transformers` generate, same model, images, G and tokens.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout.py --images 8 --samples 4 --new_tokens 64
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout.py --images 8 --samples 4 --new_tokens 64 [--pairs 5]
 
 (PASSIVE keeps torch's OpenMP threads from spin-waiting, which collapses its throughput when other work shares
 the cores; on a quiet machine it makes little difference.)
 
 Both sides sample (temperature 1, no top-k / top-p) exactly --new_tokens tokens per sequence from the same
 random-init weights of `jaxcap.models.mid()` (~60M params), on CPU. tokens/s = images * samples * new_tokens /
-wall time of one call, prefill and vision included. jaxcap's compile time (first call minus a second call of the
-same bucket) is reported apart; transformers gets one short warm-up call.
+wall time of one call, prefill and vision included. Each side is warmed up once first and that time reported
+apart (jaxcap's first call compiles; transformers gets one short 2-token call), then the two are timed
+interleaved, jaxcap then transformers, --pairs times (benchmarks/harness.py): min and median per side, the ratio
+of the mins, the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import itertools
 import tempfile
-import time
 
 import numpy as np
+from harness import Section, add_arguments, interleaved, report, warm_up
 
 
 def _images(count: int, size: int):
@@ -47,6 +49,7 @@ def main():
   ap.add_argument("--new_tokens", type=int, default=64)
   ap.add_argument("--image_size", type=int, default=224, help="square images, pixels per side")
   ap.add_argument("--skip_hf", action="store_true", help="time jaxcap only")
+  add_arguments(ap)
   args = ap.parse_args()
 
   import jax
@@ -78,8 +81,9 @@ def main():
   batch = processor(conversations, padding_side="left")
   n_seq, n_new = args.images * args.samples, args.new_tokens
   total = n_seq * n_new
+  n_params = sum(p.numel() for p in hf.parameters())
   print(
-    f"mid(): {sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M params; {args.images} images x "
+    f"mid(): {n_params / 1e6:.1f}M params; {args.images} images x "
     f"{args.samples} samples = {n_seq} sequences, {n_new} new tokens each, prompt {batch.input_ids.shape[1]} "
     f"tokens; jax {jax.__version__} on {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}"
   )
@@ -87,38 +91,53 @@ def main():
   sampler = Sampler(
     model, processor=processor, sampling=SamplingConfig(temperature=1.0, max_new_tokens=n_new, stop_ids=())
   )
-  t0 = time.perf_counter()
-  jax.block_until_ready(sampler(batch, jax.random.key(0), num_samples=args.samples).tokens)
-  first = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  out = sampler(batch, jax.random.key(1), num_samples=args.samples)
-  jax.block_until_ready(out.tokens)
-  ours = time.perf_counter() - t0
-  assert int(out.lengths.sum()) == total, "jaxcap stopped early"
-  print(f"jaxcap:       {total / ours:8.1f} tokens/s  ({ours:.2f} s; compile {first - ours:.1f} s apart)")
-  if args.skip_hf:
-    return
+  keys = itertools.count()  # a fresh key per call: same shapes, so the same compiled bucket
+  lengths = []  # checked after timing, so the check's own dispatch stays out of the timed calls
 
-  kw = _hf_kwargs(batch, cfg)
-  gen = dict(
-    do_sample=True,
-    temperature=1.0,
-    top_k=0,
-    top_p=1.0,
-    num_return_sequences=args.samples,
-    pad_token_id=tokenizer.pad_token_id,
-    eos_token_id=cfg.eos_token_id,
-  )
-  with torch.no_grad():
-    hf.generate(**kw, max_new_tokens=2, min_new_tokens=2, **gen)  # warm-up
-    t0 = time.perf_counter()
-    seqs = hf.generate(**kw, max_new_tokens=n_new, min_new_tokens=n_new, **gen)
-    theirs = time.perf_counter() - t0
-  assert seqs.shape == (n_seq, batch.input_ids.shape[1] + n_new), seqs.shape
-  print(f"transformers: {total / theirs:8.1f} tokens/s  ({theirs:.2f} s)")
-  print(
-    f"ratio jaxcap / transformers: {theirs / ours:.2f}x at {n_seq} sequences "
-    f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+  def jax_rollout():
+    out = sampler(batch, jax.random.key(next(keys)), num_samples=args.samples)
+    jax.block_until_ready(out.tokens)
+    lengths.append(out.lengths)
+
+  warmup = {"jaxcap": warm_up(jax_rollout)}  # compiles
+  hf_rollout = None
+  if not args.skip_hf:
+    kw = _hf_kwargs(batch, cfg)
+    gen = dict(
+      do_sample=True,
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      num_return_sequences=args.samples,
+      pad_token_id=tokenizer.pad_token_id,
+      eos_token_id=cfg.eos_token_id,
+    )
+
+    def hf_rollout():
+      with torch.no_grad():
+        seqs = hf.generate(**kw, max_new_tokens=n_new, min_new_tokens=n_new, **gen)
+      assert seqs.shape == (n_seq, batch.input_ids.shape[1] + n_new), seqs.shape
+
+    def hf_warm_up():
+      with torch.no_grad():
+        hf.generate(**kw, max_new_tokens=2, min_new_tokens=2, **gen)
+
+    warmup["transformers"] = warm_up(hf_warm_up)
+  with Section() as section:
+    jax_s, hf_s = interleaved(jax_rollout, hf_rollout, args.pairs, names=("jaxcap", "transformers"))
+  assert all(int(n.sum()) == total for n in lengths), "jaxcap stopped early"
+  report(
+    "rollout (sampling)",
+    total,
+    "tokens/s",
+    {"jaxcap": jax_s, "transformers": hf_s},
+    warmup,
+    section,
+    extra=dict(
+      params_m=round(n_params / 1e6, 1), sequences=n_seq, new_tokens=n_new, prompt_tokens=batch.input_ids.shape[1]
+    ),
+    args=args,
+    json_path=args.json,
   )
 
 

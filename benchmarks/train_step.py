@@ -1,6 +1,6 @@
 """Update-step throughput: jaxcap's jitted `sft_step` vs `transformers` forward + backward + AdamW step.
 
-    python benchmarks/train_step.py [--batch 8] [--image 224] [--targets 64] [--repeats 3]
+    python benchmarks/train_step.py [--batch 8] [--image 224] [--targets 64] [--pairs 5] [--json train_step.json]
 
 Same `mid()` config and random weights on both sides (the HF model is saved and loaded into jaxcap with
 `load_hf_checkpoint`), same batch (`--batch` prompts of one `--image` px image + text, each followed by
@@ -9,8 +9,10 @@ NLL of the targets, backward, global-norm clip 1.0 and one AdamW step (lr 1e-5, 
 as one compiled function with the state donated, transformers as `loss.backward(); clip_grad_norm_; opt.step()`.
 
 tokens/s counts every token the forward sees (vision + text prompt + targets) per update. The first-step losses
-of both are printed as a check that the two compute the same thing. jaxcap's one-off compile time is reported
-apart; transformers gets one warm-up step (which also allocates AdamW's moments).
+of both are printed as a check that the two compute the same thing. Each side is warmed up first and that time
+reported apart (jaxcap: compile, then its first update; transformers: one update, which also allocates AdamW's
+moments), then the two are timed interleaved, jaxcap then transformers, --pairs times (benchmarks/harness.py):
+min and median per side, the ratio of the mins, the machine and its load.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+from harness import Section, add_arguments, interleaved, report, warm_up
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -31,9 +34,10 @@ def main():
   ap.add_argument("--batch", type=int, default=8, help="prompts (one image each) per update")
   ap.add_argument("--image", type=int, default=224, help="square image side in pixels")
   ap.add_argument("--targets", type=int, default=64, help="target tokens per prompt")
-  ap.add_argument("--repeats", type=int, default=3, help="timed updates per side (best is reported)")
-  ap.add_argument("--threads", type=int, default=os.cpu_count())
+  ap.add_argument("--repeats", type=int, default=1, help="back-to-back updates per side in each turn (each timed)")
+  ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
   ap.add_argument("--skip_hf", action="store_true", help="time jaxcap only")
+  add_arguments(ap)
   args = ap.parse_args()
 
   import jax
@@ -79,27 +83,19 @@ def main():
   t0 = time.perf_counter()
   compiled = step.lower(state, prompts, tgt, tmask, layout).compile()
   compile_s = time.perf_counter() - t0
-  state, metrics = compiled(state, prompts, tgt, tmask, layout)
-  jax_loss0 = float(metrics["loss"])
-
-  def timed(fn):
-    best = float("inf")
-    for _ in range(args.repeats):
-      t = time.perf_counter()
-      fn()
-      best = min(best, time.perf_counter() - t)
-    return best
+  losses = {}
 
   def jax_update():
     nonlocal state
     state, m = compiled(state, prompts, tgt, tmask, layout)
     jax.block_until_ready(m["loss"])
+    if "jaxcap" not in losses:  # the warm-up update's loss; later calls skip the transfer
+      losses["jaxcap"] = float(m["loss"])
 
-  jax_s = timed(jax_update)
-  del state
+  warmup = {"jaxcap": compile_s + warm_up(jax_update)}
 
   # ------------------------------------------------------------------ transformers
-  hf_s = hf_loss0 = None
+  hf_update = None
   if not args.skip_hf:
     kw = hf_inputs(batch, cfg)
     tt = torch.as_tensor(targets, dtype=torch.long)
@@ -116,22 +112,35 @@ def main():
       loss.backward()
       torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
       opt.step()
-      return float(loss.detach())
+      if "transformers" not in losses:
+        losses["transformers"] = float(loss.detach())
 
-    hf_loss0 = hf_update()  # warm-up; same weights and batch as jaxcap's first step
-    hf_s = timed(hf_update)
+    warmup["transformers"] = warm_up(hf_update)  # same weights and batch as jaxcap's first update
 
   print(
     f"config=mid ({n_params / 1e6:.1f}M params) batch={b} image={args.image}px tokens/update={tokens} "
     f"(vision {vision_tokens}, prompt {p}/seq, targets {c}/seq) f32 threads={args.threads} "
     f"jax {jax.__version__} torch {torch.__version__}"
   )
-  if hf_s is not None:
-    print(f"first-step loss: transformers {hf_loss0:.5f}  jaxcap {jax_loss0:.5f}")
-    print(f"transformers: {tokens / hf_s:9.0f} tokens/s  ({hf_s * 1e3:.0f} ms/update)")
-  print(f"jaxcap      : {tokens / jax_s:9.0f} tokens/s  ({jax_s * 1e3:.0f} ms/update; compile {compile_s:.1f} s once)")
-  if hf_s is not None:
-    print(f"ratio jaxcap/transformers: {hf_s / jax_s:.2f}x")
+  extra = dict(
+    params_m=round(n_params / 1e6, 1), tokens_per_update=tokens, vision_tokens=vision_tokens, jaxcap_compile_s=compile_s
+  )
+  if hf_update is not None:
+    print(f"first-step loss: transformers {losses['transformers']:.5f}  jaxcap {losses['jaxcap']:.5f}")
+    extra.update(first_step_loss_transformers=losses["transformers"], first_step_loss_jaxcap=losses["jaxcap"])
+  with Section() as section:
+    jax_s, hf_s = interleaved(jax_update, hf_update, args.pairs, args.repeats, names=("jaxcap", "transformers"))
+  report(
+    "train step (sft update)",
+    tokens,
+    "tokens/s",
+    {"jaxcap": jax_s, "transformers": hf_s},
+    warmup,
+    section,
+    extra=extra,
+    args=args,
+    json_path=args.json,
+  )
 
 
 if __name__ == "__main__":
