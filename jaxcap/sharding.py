@@ -7,12 +7,14 @@ dimension is dropped for that array (it is replicated instead), so every mesh sh
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -116,6 +118,76 @@ def shard(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, logical_to_spec(logical, x.shape, mesh))
 
 
+def init_sharded(make: Callable[[], nnx.Module], mesh: Mesh) -> nnx.Module:
+  """The module `make()` builds (e.g. a freshly initialised model), with every param created directly in its
+  sharding on `mesh`: shapes from an abstract trace, then one jitted init with out_shardings; no device ever
+  holds a full copy and no process fetches a global array."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(make))
+  shardings = param_shardings(abstract, mesh)
+  state = jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
+def reshard(tree: Any, shardings: Any) -> Any:
+  """`tree` with every leaf in its target sharding: leaves already there are kept (no copy), others are moved
+  by one jitted identity, which works for arrays that span several processes (no host round trip)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  targets = treedef.flatten_up_to(shardings)
+  moving = [i for i, (x, s) in enumerate(zip(leaves, targets)) if not _has_sharding(x, s)]
+  if moving:
+    moved = jax.jit(lambda xs: xs, out_shardings=[targets[i] for i in moving])([leaves[i] for i in moving])
+    for i, x in zip(moving, moved):
+      leaves[i] = x
+  return treedef.unflatten(leaves)
+
+
+def _has_sharding(x, sharding) -> bool:
+  s = getattr(x, "sharding", None)
+  return s is not None and s.is_equivalent_to(sharding, x.ndim)
+
+
+def replicated_leaves(tree: Any, mesh: Mesh, min_bytes: int = 1 << 20) -> list[tuple[str, tuple, int]]:
+  """(path, shape, bytes) of every array of at least `min_bytes` that is fully replicated although `mesh` has
+  more than one device: a copy on every chip."""
+  if mesh.size == 1:
+    return []
+  found = []
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    sharding = getattr(x, "sharding", None)
+    nbytes = getattr(x, "nbytes", 0)
+    if sharding is not None and nbytes >= min_bytes and sharding.is_fully_replicated:
+      found.append((path_name(path), tuple(x.shape), int(nbytes)))
+  return found
+
+
+def warn_replicated(tree: Any, mesh: Mesh, min_bytes: int = 1 << 20) -> list:
+  """Logs once, listing them, the large arrays of `tree` that no rule shards on `mesh` (a mesh axis that does not
+  divide a dimension leaves it replicated); returns them."""
+  found = replicated_leaves(tree, mesh, min_bytes)
+  if found:
+    total = sum(b for *_, b in found)
+    listing = "\n".join(f"  {p} {s} {b / 2**20:.1f} MiB" for p, s, b in found[:20])
+    logging.warning(
+      "%d array(s) of >= %.1f MiB are replicated on all %d devices of mesh %s (%.1f MiB per device); add a rule "
+      "in jaxcap/sharding.py PARAM_RULES or pick mesh sizes that divide their dimensions:\n%s",
+      len(found),
+      min_bytes / 2**20,
+      mesh.size,
+      dict(mesh.shape),
+      total / 2**20,
+      listing,
+    )
+  return found
+
+
+def shard_like_params(tree: Any) -> Any:
+  """Constrains every leaf of a params-shaped tree (gradients, their accumulator) to the params' layout under the
+  ambient mesh, so e.g. the float32 gradient accumulator is sharded like the weights, never replicated."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: shard(x, param_logical_axes(path_name(path), x.ndim)) if hasattr(x, "ndim") else x, tree
+  )
+
+
 def put_replicated_value(tree: Any, shardings: Any) -> Any:
   """Places host-identical values (same seed / same state on every process) onto global shardings.
 
@@ -124,6 +196,8 @@ def put_replicated_value(tree: Any, shardings: Any) -> Any:
   """
 
   def put(x, sharding):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global: move on device, never fetch
+      return reshard(x, sharding)
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys travel as their raw key data
       impl = jax.random.key_impl(x)
       data = put(jax.random.key_data(x), NamedSharding(sharding.mesh, P()))

@@ -81,6 +81,9 @@ class Qwen25VLConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: str = "none"  # "none" | "full" | "dots": activation checkpointing of each decoder / vision block.
+  # Positions per chunk of the LM head in log-prob passes: the float32 logits of one chunk, [sequences, chunk,
+  # vocab], are the largest temporary of a training step at a 152k vocabulary; lower it on small-memory chips.
+  logprob_chunk: int = 256
 
   def replace(self, **changes) -> "Qwen25VLConfig":
     return dataclasses.replace(self, **changes)

@@ -15,6 +15,7 @@ from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
 from jaxcap.train import embedded  # noqa: F401  (registers the synthetic world's SFT target sources)
+from jaxcap.train.precision import MASTER_UPDATES
 from jaxcap.train.sft_targets import SFT_TARGETS
 
 # Every name a config chooses from, by the field that chooses it (validate() and the launcher's --help read these).
@@ -36,7 +37,11 @@ def optim(
   schedule: str = "cosine",
   weight_decay: float = 0.0,
   grad_clip: float = 1.0,
+  master_update: str = "exact",
 ) -> ml_collections.ConfigDict:
+  """A phase's optimiser block. `master_update` says how updates land on bfloat16 master weights
+  (jaxcap.train.precision): "exact" (round to nearest; needs model.param_dtype float32 at fine-tuning learning
+  rates, where most bfloat16 updates round away) or "stochastic_rounding" (unbiased, for bfloat16 masters)."""
   return ml_collections.ConfigDict(
     dict(
       lr=lr,
@@ -48,6 +53,7 @@ def optim(
       b2=0.999,
       eps=1e-8,
       grad_clip=grad_clip,
+      master_update=master_update,
     )
   )
 
@@ -66,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
       dtype="float32",
       param_dtype="float32",
       remat="none",
+      logprob_chunk=256,  # LM-head positions per chunk in log-prob passes (lower = less memory, see jaxcap.plan)
       student=dict(vision_width=128, vision_depth=2, text_width=128, text_layers=3, text_heads=4, rope_theta=10000.0),
     )
   )
@@ -154,8 +161,10 @@ def real_model_run(
   c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448, rl: bool = True
 ) -> None:
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
-  bf16 with full remat, images at `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL
-  term (BalCapRL states none, CapRL's released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
+  float32 master weights and optimizer state with bfloat16 compute (as maxtext's weight_dtype / dtype; bfloat16
+  masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.precision) and full remat, images at
+  `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL term (BalCapRL states none, CapRL's
+  released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
   c.vision_warmup.steps = 0
   c.sft.freeze_vision = False  # the embedded student's recipe; the papers state no frozen tower
   if rl:
@@ -164,7 +173,7 @@ def real_model_run(
     c.rl.loss.kl_coef = 0.0
   c.sampling.max_new_tokens = max_new_tokens
   c.data.image_size = image_size
-  c.model.update(dict(dtype="bfloat16", param_dtype="bfloat16", remat="full"))
+  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full"))
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -195,7 +204,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
       f"{phase}.batch_size={p.batch_size} is not divisible by {phase}.micro_batches={p.micro_batches}",
     )
     need(p.optim.lr > 0, f"{phase}.optim.lr={p.optim.lr}: must be positive")
+    mode = p.optim.get("master_update", "exact")
+    need(
+      mode in MASTER_UPDATES,
+      f"{phase}.optim.master_update={mode!r}: choose one of {', '.join(MASTER_UPDATES)}",
+    )
+    need(
+      p.steps == 0 or c.model.param_dtype != "bfloat16" or mode != "exact",
+      f"model.param_dtype='bfloat16' with {phase}.optim.master_update='exact': most AdamW updates at fine-tuning "
+      f"learning rates (lr={p.optim.lr}) round away in bfloat16 master weights. Set --config.model.param_dtype="
+      f"float32 (float32 masters, keep model.dtype=bfloat16 for compute) or --config.{phase}.optim.master_update="
+      "stochastic_rounding",
+    )
   need(c.model.dtype in ("float32", "bfloat16"), f"model.dtype={c.model.dtype!r}: use float32 or bfloat16")
+  need(c.model.logprob_chunk >= 1, f"model.logprob_chunk={c.model.logprob_chunk}: must be a positive token count")
   need(
     c.model.param_dtype in ("float32", "bfloat16"),
     f"model.param_dtype={c.model.param_dtype!r}: use float32 or bfloat16",

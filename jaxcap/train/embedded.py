@@ -66,13 +66,14 @@ def build_world_manifests(config, workdir: Path) -> tuple[Path, Path]:
   )
 
 
-def build_student(config, workdir: Path):
-  """(Qwen25VL, Processor): the tiny student (`config.model.student`) with fresh weights from `config.seed`, and
-  its processor over the world's tokenizer. The caller places the weights on its mesh."""
+def build_student(config, workdir: Path, mesh=None):
+  """(Qwen25VL, Processor): the tiny student (`config.model.student`) with fresh weights from `config.seed`,
+  created directly sharded on `mesh` when given, and its processor over the world's tokenizer."""
   from flax import nnx
 
   from jaxcap.models.qwen25vl import Qwen25VL
   from jaxcap.processing import Processor
+  from jaxcap.sharding import init_sharded
 
   seed = int(config.seed)
   tok = first_process_then_others(lambda: build_tokenizer(workdir, config.world.vocab_size, seed), "jaxcap-tokenizer")
@@ -87,8 +88,15 @@ def build_student(config, workdir: Path):
     rope_theta=s.rope_theta,
   )
   m = config.model
-  cfg = cfg.replace(dtype=dtype_from_name(m.dtype), param_dtype=dtype_from_name(m.param_dtype), remat=m.remat)
-  return Qwen25VL(cfg, rngs=nnx.Rngs(seed)), Processor(tok, cfg, system=None)  # the tiny student needs no system turn
+  cfg = cfg.replace(
+    dtype=dtype_from_name(m.dtype),
+    param_dtype=dtype_from_name(m.param_dtype),
+    remat=m.remat,
+    logprob_chunk=m.logprob_chunk,
+  )
+  make = lambda: Qwen25VL(cfg, rngs=nnx.Rngs(seed))
+  model = make() if mesh is None else init_sharded(make, mesh)
+  return model, Processor(tok, cfg, system=None)  # the tiny student needs no system turn
 
 
 def build_tokenizer(workdir: Path, vocab_size: int, seed: int):

@@ -66,14 +66,15 @@ def completion_logprobs(
   completions: jax.Array,
   *,
   with_entropy: bool = False,
-  chunk: int | None = 256,
+  chunk: int | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """log pi(completion token | prompt, earlier tokens) for G completions of each of B prompts.
 
   prompt_ids int [B, P] (left-padded), prompt_positions int [3, B, P], prompt_mask bool [B, P],
   completions int [N, C] with N a multiple of B (rows b*G .. b*G+G-1 belong to prompt b).
   The prompt (and its images) is embedded once and shared by its G completions.
-  Returns float32 log-probs [N, C] and, if asked, per-token entropies [N, C] (nats).
+  Returns float32 log-probs [N, C] and, if asked, per-token entropies [N, C] (nats). The LM head runs `chunk`
+  positions at a time (default: the model config's `logprob_chunk`).
   """
   b, p = prompt_ids.shape
   n, c = completions.shape
@@ -86,6 +87,6 @@ def completion_logprobs(
   hidden, _ = model.decode(x, positions, mask)
   # position t predicts token t + 1
   token_logp, entropy = token_logprobs(
-    model, hidden[:, p - 1 : p + c - 1], completions, with_entropy=with_entropy, chunk=chunk
+    model, hidden[:, p - 1 : p + c - 1], completions, with_entropy=with_entropy, chunk=chunk or model.cfg.logprob_chunk
   )
   return token_logp, entropy if with_entropy else None

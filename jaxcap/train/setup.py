@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
-from flax import nnx
 
 from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.data.manifest import check_media, read_manifest
@@ -19,7 +18,7 @@ from jaxcap.models.config import dtype_from_name
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
-from jaxcap.sharding import make_mesh, param_shardings, put_replicated_value
+from jaxcap.sharding import make_mesh
 from jaxcap.train import embedded
 from jaxcap.train.sft_targets import SFTTarget, sft_target_fn
 
@@ -66,8 +65,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
       dtype=dtype_from_name(m.dtype),
       param_dtype=dtype_from_name(m.param_dtype),
       remat=m.remat,
+      logprob_chunk=m.logprob_chunk,
     )
     return model, Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
-  model, processor = embedded.build_student(config, workdir)
-  graphdef, params = nnx.split(model)
-  return nnx.merge(graphdef, put_replicated_value(params, param_shardings(params, mesh))), processor
+  return embedded.build_student(config, workdir, mesh)

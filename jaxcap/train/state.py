@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxcap.sharding import put_replicated_value
+from jaxcap.sharding import param_shardings, reshard, warn_replicated
+from jaxcap.train.precision import float32_state
 
 
 @jax.tree_util.register_dataclass
@@ -73,17 +74,20 @@ def make_optimizer(
   frozen: tuple[str, ...] = (),
 ) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and a warm-up + decay schedule. Parameters under the top-level names in
-  `frozen` (e.g. "visual", the vision tower) get zero updates and no optimizer state."""
+  `frozen` (e.g. "visual", the vision tower) get zero updates and no optimizer state. The state (Adam's moments)
+  is float32 whatever the params' dtype, fixed from init (`precision.float32_state`)."""
   sched = learning_rate_schedule(lr, total_steps, warmup_ratio, warmup_steps, schedule)
   tx = optax.chain(
     optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-    optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask),
+    optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask, mu_dtype=jnp.float32),
   )
   if not frozen:
-    return tx
+    return float32_state(tx)
   label = lambda path, _: "frozen" if _top_name(path) in frozen else "train"
-  return optax.multi_transform(
-    {"train": tx, "frozen": optax.set_to_zero()}, lambda params: jax.tree_util.tree_map_with_path(label, params)
+  return float32_state(
+    optax.multi_transform(
+      {"train": tx, "frozen": optax.set_to_zero()}, lambda params: jax.tree_util.tree_map_with_path(label, params)
+    )
   )
 
 
@@ -93,19 +97,51 @@ def _top_name(path) -> str:
 
 
 def init_train_state(
-  params, optimizer: optax.GradientTransformation, key: jax.Array, with_reference: bool = False
+  params, optimizer: optax.GradientTransformation, key: jax.Array, with_reference: bool = False, mesh=None
 ) -> TrainState:
-  """A fresh state; the optimizer state is created under jit so it inherits the params' shardings."""
-  opt_state = jax.jit(optimizer.init)(params)
+  """A fresh state around `params` (kept as they are). The optimizer state and the reference copy are created
+  directly in their shardings on `mesh` (the params' rules, `train_state_shardings`): one jitted init with
+  out_shardings, so no process ever holds, or fetches, a global array."""
+  state_fn = lambda p, k: _fresh_state(p, optimizer, k, with_reference)
+  if mesh is None:
+    return jax.jit(state_fn)(params, key)
+  shardings = train_state_shardings(jax.eval_shape(state_fn, params, key), mesh)
+  params = reshard(params, shardings.params)
+  make = jax.jit(
+    lambda p, k: (optimizer.init(p), jax.tree.map(jnp.copy, p) if with_reference else None),
+    out_shardings=(shardings.opt_state, shardings.ref_params),
+  )
+  opt_state, ref = make(params, key)
+  scalars = jax.jit(lambda k: (jnp.zeros((), jnp.int32), k), out_shardings=(shardings.step, shardings.key))
+  step, key = scalars(key)
+  return TrainState(step, params, opt_state, ref, key)
+
+
+def _fresh_state(params, optimizer, key, with_reference) -> TrainState:
   ref = jax.tree.map(jnp.copy, params) if with_reference else None
-  return TrainState(jnp.zeros((), jnp.int32), params, opt_state, ref, key)
+  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), ref, key)
+
+
+def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:
+  """NamedShardings of every leaf of a (possibly abstract) TrainState: params, both Adam moments, the reference
+  params and the gradients' layout all follow the params' logical rules (`jaxcap.sharding.param_shardings`);
+  scalars (step, counts, key) are replicated."""
+  replicated = NamedSharding(mesh, P())
+  by_rule = lambda tree: param_shardings(tree, mesh)
+  return TrainState(
+    step=replicated,
+    params=by_rule(abstract_state.params),
+    opt_state=by_rule(abstract_state.opt_state),
+    ref_params=None if abstract_state.ref_params is None else by_rule(abstract_state.ref_params),
+    key=replicated,
+  )
 
 
 def phase_train_state(optim, steps: int, params, key, mesh, *, frozen=(), with_reference: bool = False):
   """(optimizer, TrainState) for a phase of `steps` updates from an `optim` config block (lr, schedule, ...).
 
-  Every leaf is committed to its sharding on `mesh` (scalars replicated), so the jitted steps see the same
-  argument signature on every call and compile once."""
+  Every leaf is created in (or moved to) its sharding on `mesh`, so the jitted steps see the same argument
+  signature on every call and compile once; large replicated leaves are reported (`warn_replicated`)."""
   opt = make_optimizer(
     optim.lr,
     steps,
@@ -120,7 +156,6 @@ def phase_train_state(optim, steps: int, params, key, mesh, *, frozen=(), with_r
     frozen=frozen,
   )
   with jax.set_mesh(mesh):
-    state = init_train_state(params, opt, key, with_reference=with_reference)
-  replicated = NamedSharding(mesh, P())
-  shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
-  return opt, put_replicated_value(state, shardings)
+    state = init_train_state(params, opt, key, with_reference=with_reference, mesh=mesh)
+  warn_replicated(state, mesh)
+  return opt, state

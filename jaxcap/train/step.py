@@ -18,6 +18,8 @@ from flax import nnx
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
 from jaxcap.rl import PolicyLossConfig, group_advantages, policy_loss
+from jaxcap.sharding import shard_like_params
+from jaxcap.train import precision
 from jaxcap.train.logprobs import completion_logprobs
 from jaxcap.train.state import TrainState
 
@@ -66,7 +68,7 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, _micro(batches, 0))
   zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes)
-  zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  zeros_g = shard_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
   total = jnp.maximum(jnp.sum(weights), 1e-9)
 
   def body(carry, xs):
@@ -77,7 +79,7 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
     return (
       loss + f * mb_loss,
       jax.tree.map(lambda a, b: a + f * b, metrics, m),
-      jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g),
+      shard_like_params(jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g)),
     ), None
 
   (loss, metrics, grads), _ = jax.lax.scan(
@@ -86,9 +88,14 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   return loss, metrics, grads
 
 
-def _apply(state: TrainState, grads, optimizer: optax.GradientTransformation) -> tuple[TrainState, dict]:
+def _apply(
+  state: TrainState, grads, optimizer: optax.GradientTransformation, master_update: str = "exact"
+) -> tuple[TrainState, dict]:
+  """One optimizer update; `master_update` says how it lands on bfloat16 params (jaxcap.train.precision), with
+  stochastic rounding drawing its bits from the state's key and step."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  key = None if master_update == "exact" else precision.update_key(state.key, state.step)
+  params = precision.apply_updates(state.params, updates, mode=master_update, key=key)
   metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -131,10 +138,12 @@ def rl_step(
   optimizer: optax.GradientTransformation,
   loss_config: PolicyLossConfig,
   estimator: str = "grpo",
+  master_update: str = "exact",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
-  over micro-batches, one optimizer step. Old / reference log-probs come precomputed in `rollouts`, so the
-  caller can overlap computing them with judging."""
+  over micro-batches, one optimizer step (landing on the params as `master_update`, the phase's
+  `optim.master_update`, says). Old / reference log-probs come precomputed in `rollouts`, so the caller can
+  overlap computing them with judging."""
   advantages, sample_valid, adv_metrics = rl_advantages(rollouts, rollouts.weights, estimator)
   old = jax.lax.stop_gradient(rollouts.old_logprobs)
   ref = None if rollouts.ref_logprobs is None else jax.lax.stop_gradient(rollouts.ref_logprobs)
@@ -159,7 +168,7 @@ def rl_step(
   else:
     weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
   loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
-  state, opt_metrics = _apply(state, grads, optimizer)
+  state, opt_metrics = _apply(state, grads, optimizer, master_update)
   return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
 
 
@@ -172,8 +181,10 @@ def sft_step(
   *,
   graphdef,
   optimizer: optax.GradientTransformation,
+  master_update: str = "exact",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """Supervised fine-tuning on target captions: token-mean negative log-likelihood.
+  """Supervised fine-tuning on target captions: token-mean negative log-likelihood; `master_update` as in
+  `rl_step`.
 
   targets int [M, b, C], target_mask bool [M, b, C] (the caption and its end-of-turn token)."""
 
@@ -187,5 +198,5 @@ def sft_step(
 
   weights = jnp.sum(target_mask, axis=(1, 2))
   loss, metrics, grads = _accumulate(loss_fn, state.params, (prompts, targets, target_mask), weights)
-  state, opt_metrics = _apply(state, grads, optimizer)
+  state, opt_metrics = _apply(state, grads, optimizer, master_update)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -1,0 +1,97 @@
+"""`jaxcap.plan` compiles a run's programs ahead of time on a target topology and judges whether they fit."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from jaxcap.models.config import tiny
+from jaxcap.plan import GIB, format_plan, plan
+from jaxcap.train.config import base_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config():
+  c = base_config()
+  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full"))
+  c.rl.update(dict(batch_size=4, num_samples=2, micro_batches=2))
+  c.rl.loss.kl_coef = 0.05  # with a reference copy in the state
+  c.sampling.max_new_tokens = 16
+  c.data.image_size = 56
+  return c
+
+
+@pytest.fixture(scope="module")
+def planned():
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  return plan(_config(), cfg, jax.devices()[:8], hbm_gib=80.0, text=8)
+
+
+def test_every_program_compiles_and_reports_memory(planned):
+  assert [p["name"] for p in planned["programs"]] == ["rl_step", "logprobs", "prefill", "decode"]
+  assert planned["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and planned["devices"] == 8
+  assert planned["batch"] == {"prompts": 4, "samples": 2, "micro_batches": 2, "prompt_tokens": 16, "completion": 16}
+  for p in planned["programs"]:
+    assert p["arguments"] > 0 and p["compile_s"] > 0 and p["peak"] >= p["arguments"]
+  step = planned["programs"][0]
+  assert step["flops"] > 0
+  # the update step takes (and donates) the whole train state: params, 2 Adam moments, the reference copy
+  assert step["arguments"] >= 3.5 * planned["params_gib_per_device"] * GIB
+  assert step["aliased"] > 0
+  others = {p["name"]: p["resident_outside"] for p in planned["programs"][1:]}
+  assert set(others.values()) == {(planned["train_state_gib_per_device"] - planned["params_gib_per_device"]) * GIB}
+  assert planned["fits"] and planned["advice"] == []
+  assert planned["peak_gib"] == max(p["peak"] for p in planned["programs"]) / GIB
+
+
+def test_state_is_sharded_not_replicated(planned):
+  one_device = plan(_config(), tiny(dtype=jax.numpy.bfloat16), jax.devices()[:1], 80.0, ("decode",), text=8)
+  # fsdp 8 holds roughly an eighth of the state per device (small vectors stay replicated)
+  assert planned["train_state_gib_per_device"] < one_device["train_state_gib_per_device"] / 4
+
+
+def test_a_plan_over_budget_says_what_to_change(planned):
+  budget = planned["peak_gib"] / 2
+  res = plan(_config(), tiny(dtype=jax.numpy.bfloat16, remat="full"), jax.devices()[:8], budget, ("rl_step",), 8)
+  assert not res["fits"] and res["advice"]
+  assert "rl_step is" in res["advice"][0] and "GiB over" in res["advice"][0]
+  text = format_plan(res)
+  assert "does NOT fit" in text and "rl_step" in text
+
+
+def test_cli_prints_a_verdict(tmp_path):
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxcap.plan",
+      f"--config={ROOT / 'configs' / 'caprl.py'}:paper",
+      "--model=tiny",
+      "--topology=cpu:4",
+      "--programs=decode",
+      "--config.sampling.max_new_tokens=8",
+      "--config.data.image_size=56",
+      f"--json={tmp_path / 'plan.json'}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=ROOT,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "fits" in out.stdout and "decode" in out.stdout and "fsdp': 4" in out.stdout
+  assert (tmp_path / "plan.json").exists()
+
+
+def test_cli_needs_a_model_for_the_embedded_student():
+  out = subprocess.run(
+    [sys.executable, "-m", "jaxcap.plan", f"--config={ROOT / 'configs' / 'caprl.py'}"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  assert out.returncode != 0 and "pass --model=qwen2.5-vl-3b" in out.stderr
