@@ -1,0 +1,78 @@
+"""Model FLOPs of a Qwen2.5-VL update (the PaLM / MFU convention) and accelerators' peak rates.
+
+XLA's `cost_analysis()` counts a loop body once, so with scanned layer stacks it under-reports a step by about the
+depth; MFU and `jaxcap.plan` use these analytic counts instead:
+  decoder   6 x (decoder params) x (N sequences x (P prompt + C completion) tokens)
+          + 12 x layers x (heads x head_dim) x T per token for attention (T = P + C, counted as full attention)
+          + 6 x hidden x vocab x (N x C) for the LM head, applied only at completion positions
+  vision    6 x (patch-embed + ViT-block params) x patches + 6 x (merger params) x patches / merge^2
+          + 12 x hidden x window x patches per block (window = 64 patches for window blocks, the whole image for
+            the full-attention blocks); each image is encoded once per update, not once per completion
+A forward pass alone is a third of these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# bf16 dense peak TFLOP/s per chip, matched against `device.device_kind` (lower-cased) in order.
+PEAK_TFLOPS = (
+  ("h200", 989.0),
+  ("h100", 989.0),
+  ("a100", 312.0),
+  ("v5 lite", 197.0),
+  ("v5e", 197.0),
+  ("v5litepod", 197.0),
+  ("v5p", 459.0),
+  ("tpu v5", 459.0),
+  ("v4", 275.0),
+)
+
+
+def peak_tflops(device_kind: str) -> float | None:
+  kind = device_kind.lower()
+  for key, value in PEAK_TFLOPS:
+    if key in kind:
+      return value
+  return None
+
+
+def param_counts(params) -> dict[str, int]:
+  """Parameter counts by part of the model: vision blocks + patch embed, merger, decoder layers, embedding."""
+  import jax
+
+  counts = {"vision": 0, "merger": 0, "decoder": 0, "embedding": 0, "lm_head": 0}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    names = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
+    n = int(np.prod(leaf.shape))
+    if names[0] == "visual":
+      counts["merger" if "merger" in names else "vision"] += n
+    elif names[0] == "embed_tokens":
+      counts["embedding"] += n
+    elif names[0] == "lm_head":
+      counts["lm_head"] += n
+    else:  # layers.*, the final norm
+      counts["decoder"] += n
+  counts["total"] = sum(counts.values())
+  return counts
+
+
+def model_flops(
+  cfg, counts: dict, *, sequences: int, prompt: int, completion: int, images: int, patches_per_image: int
+) -> dict[str, float]:
+  """Model FLOPs of one update (forward + backward), see the module docstring."""
+  t, v = cfg.text, cfg.vision
+  tokens = sequences * (prompt + completion)
+  decoder = 6 * counts["decoder"] * tokens
+  attention = 12 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * (prompt + completion) * tokens
+  lm_head = 6 * t.hidden_size * t.vocab_size * sequences * completion
+  patches = images * patches_per_image
+  window = (v.window_size // v.patch_size) ** 2
+  full = len([i for i in v.fullatt_block_indexes if i < v.depth])
+  ctx = (v.depth - full) * min(window, patches_per_image) + full * patches_per_image
+  vision = (
+    6 * counts["vision"] * patches
+    + 6 * counts["merger"] * patches / v.spatial_merge_size**2
+    + 12 * v.hidden_size * ctx * patches
+  )
+  return {"decoder": decoder + attention + lm_head, "vision": vision, "total": decoder + attention + lm_head + vision}
