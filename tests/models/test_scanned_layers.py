@@ -1,0 +1,90 @@
+"""Decoder layers and ViT blocks run under lax.scan: the compiled program does not grow with depth, irregular
+full-attention patterns still work, and the KV cache is one stacked array."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxcap.models as M
+from jaxcap.models.vision import block_schedule, vision_layout
+
+
+def _lowered_size(cfg) -> int:
+  """Characters of the lowered (StableHLO) training-style forward + backward of `cfg`'s model."""
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  grid = np.asarray([[1, 4, 4]])
+  layout = vision_layout(grid, cfg.vision)
+  merged = 4
+  ids = jnp.concatenate([jnp.full((1, merged), cfg.image_token_id), jnp.ones((1, 4), jnp.int32)], axis=1)
+  pos = jnp.broadcast_to(jnp.arange(ids.shape[1])[None, None], (3, 1, ids.shape[1]))
+  pixels = jax.ShapeDtypeStruct((16, cfg.vision.patch_dim), jnp.float32)
+
+  def loss(params, pixels):
+    logits, _ = nnx.merge(graphdef, params)(ids, pos, jnp.ones(ids.shape, bool), M.VisionInput(pixels, layout))
+    return jnp.mean(logits)
+
+  return len(jax.jit(jax.grad(loss)).lower(params, pixels).as_text())
+
+
+def _deep(cfg, text_layers: int, vision_depth: int):
+  full = tuple(range(1, vision_depth, 2))  # every second block, as tiny()'s (1, 3)
+  return cfg.replace(
+    text=dataclasses.replace(cfg.text, num_hidden_layers=text_layers),
+    vision=dataclasses.replace(cfg.vision, depth=vision_depth, fullatt_block_indexes=full),
+  )
+
+
+def test_program_size_is_flat_in_depth():
+  shallow = _lowered_size(_deep(M.tiny(), 2, 4))
+  deep = _lowered_size(_deep(M.tiny(), 16, 32))
+  assert deep < 1.1 * shallow, (shallow, deep)
+
+
+@pytest.mark.parametrize(
+  "depth,full,want",
+  [
+    (32, (7, 15, 23, 31), (8, [])),
+    (4, (1, 3), (2, [])),
+    (1, (0,), (1, [])),
+    (3, (), (0, [(0, 3, False)])),
+    (5, (1, 3), (0, [(0, 1, False), (1, 2, True), (2, 3, False), (3, 4, True), (4, 5, False)])),
+    (4, (3, 9), (4, [])),  # indexes past the depth are ignored, as transformers does
+  ],
+)
+def test_block_schedule(depth, full, want):
+  assert block_schedule(depth, full) == want
+
+
+def test_irregular_full_attention_pattern_equals_unrolled_blocks():
+  """A tower whose full-attention blocks are not periodic runs as scanned runs of blocks; it equals running the
+  same stacked params block by block."""
+  cfg = M.tiny().vision
+  cfg = dataclasses.replace(cfg, depth=5, fullatt_block_indexes=(1, 3))
+  tower = M.vision.VisionTower(cfg, rngs=nnx.Rngs(0))
+  grid = np.asarray([[1, 8, 12], [1, 4, 4]])
+  layout = vision_layout(grid, cfg)
+  pixels = jax.random.normal(jax.random.key(1), (int(np.prod(grid, -1).sum()), cfg.patch_dim))
+  got = tower(pixels, layout)
+
+  graphdef, params = nnx.split(tower.blocks)
+  unit = cfg.spatial_merge_size**2
+  x = tower.patch_embed(pixels)
+  x = x.reshape(-1, unit, x.shape[-1])[layout.window_index].reshape(x.shape)
+  cos, sin = tower.rotary(layout.rotary_pos)
+  for i in range(cfg.depth):
+    block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params))
+    x = block(x, cos, sin, layout.frames if i in (1, 3) else layout.windows)
+  want = tower.merger(x)[layout.reverse_index]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_is_one_stacked_array():
+  cfg = M.tiny()
+  cache = M.KVCache.zeros(cfg, batch=3, slots=10)
+  t = cfg.text
+  assert cache.k.shape == cache.v.shape == (t.num_hidden_layers, 3, 10, t.num_key_value_heads, t.head_dim)
+  assert cache.slots == 10
