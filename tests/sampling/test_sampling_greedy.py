@@ -1,10 +1,12 @@
 """Greedy decoding equals `transformers` generate(do_sample=False) token for token on tiny random models."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.sampling import Sampler, SamplingConfig
 from hf_reference import hf_inputs
 from sampling_fixtures import PADDED_BATCH, TWO_IMAGES, tiny_checkpoint
@@ -60,3 +62,22 @@ def test_greedy_per_sequence_stop_and_shared_prefill(models):
   assert lengths[0, 0] <= 3 and lengths[1, 0] <= 6
   np.testing.assert_array_equal(np.asarray(got.completion_mask).sum(1), np.asarray(got.lengths))
   assert np.all(np.asarray(got.prompt_index) == np.repeat(np.arange(3), 3))
+
+
+def test_float32_masters_sample_exactly_like_their_bfloat16_copy(models, tmp_path):
+  """With bf16 compute, decoding reads a bf16 copy of f32 master weights made once per call: tokens and both
+  log-probs equal those of a model whose weights are stored in bf16."""
+  _, _, proc = models
+  directory = tmp_path / "ckpt"
+  ref, _, _ = tiny_checkpoint(directory, 3)
+  del ref
+  masters = load_hf_checkpoint(directory, dtype=jnp.bfloat16)  # f32 weights, bf16 compute
+  copies = load_hf_checkpoint(directory, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+  sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, stop_ids=())
+  got, want = (
+    Sampler(m, processor=proc, sampling=sampling)(PADDED_BATCH, jax.random.key(7), num_samples=2)
+    for m in (masters, copies)
+  )
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+  np.testing.assert_array_equal(np.asarray(got.sample_logprobs), np.asarray(want.sample_logprobs))
+  np.testing.assert_array_equal(np.asarray(got.policy_logprobs), np.asarray(want.policy_logprobs))
