@@ -40,6 +40,23 @@ def init_distributed(d) -> None:
     jax.distributed.initialize()
 
 
+def enable_compilation_cache(config) -> str | None:
+  """A persistent XLA compilation cache, so that a restarted run (and the next run in the same workdir) loads its
+  programs instead of compiling them: `compile_cache` in the config, relative to the workdir (default
+  <workdir>/compile_cache), an absolute path, or "" to turn it off. JAX_COMPILATION_CACHE_DIR in the environment
+  (as the tests set it) takes precedence. Returns the directory in use, or None."""
+  import jax
+
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return os.environ["JAX_COMPILATION_CACHE_DIR"] or None
+  where = config.get("compile_cache", "compile_cache")
+  if not where:
+    return None
+  path = os.path.abspath(os.path.join(config.workdir, os.path.expanduser(where)))
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -49,6 +66,7 @@ def main(argv):
 
   validate(config)
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax and JAX are chatty at INFO
+  enable_compilation_cache(config)
   init_distributed(config.distributed)
   from jaxcap.train.loop import Trainer
 

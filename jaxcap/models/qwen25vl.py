@@ -20,25 +20,27 @@ from jaxcap.sharding import shard
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Keys and values of every layer, stacked: each [L, B, S, K, H]. Slots are written at `cache_index` by the
-  caller's schedule."""
+  """Per-layer keys and values, each [B, S, K, H]. Slots are written at `cache_index` by the caller's schedule.
 
-  k: jax.Array
-  v: jax.Array
+  One buffer per layer (not one stacked [L, ...] array): each decode step then updates every layer's buffer in
+  place and attends over it directly; a stacked cache costs a copy of the layer's slice per layer and step."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
 
   @classmethod
   def zeros(cls, cfg: Qwen25VLConfig, batch: int, slots: int, dtype=None) -> "KVCache":
     t = cfg.text
-    shape = (t.num_hidden_layers, batch, slots, t.num_key_value_heads, t.head_dim)
-    make = lambda: shard(jnp.zeros(shape, dtype or cfg.dtype), CACHE_AXES)
+    shape = (batch, slots, t.num_key_value_heads, t.head_dim)
+    make = lambda: tuple(shard(jnp.zeros(shape, dtype or cfg.dtype), CACHE_AXES) for _ in range(t.num_hidden_layers))
     return cls(make(), make())
 
   @property
   def slots(self) -> int:
-    return self.k.shape[2]
+    return self.k[0].shape[1]
 
 
-CACHE_AXES = (None, "batch", None, "kv_heads", None)
+CACHE_AXES = ("batch", None, "kv_heads", None)
 
 
 @jax.tree_util.register_dataclass
@@ -66,22 +68,21 @@ class Attention(nnx.Module):
     self.o_proj = linear(self.num_heads * self.head_dim, t.hidden_size, bias=False, **kw)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; kv: this layer's cache (k, v) [B, S, K, H] or None. Returns the output [B, T, D] and the new
-    tokens' keys and values [B, T, K, H] (the caller writes them into its cache)."""
+    """x [B, T, D]; kv: this layer's cache (k, v) [B, S, K, H] or None. Returns the output [B, T, D] and the keys
+    and values: the updated cache (new tokens written at `cache_index`) or, without one, the new tokens'."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     q = shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None))
     k = apply_rotary(k, cos, sin)
-    new_kv = (k, v)
     if kv is not None:
       k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
       v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
-      k = shard(k, ("batch", None, "kv_heads", None))
-      v = shard(v, ("batch", None, "kv_heads", None))
+      k = shard(k, CACHE_AXES)
+      v = shard(v, CACHE_AXES)
     out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=self.head_dim**-0.5)
-    return self.o_proj(out.reshape(b, t, -1)), new_kv
+    return self.o_proj(out.reshape(b, t, -1)), (k, v)
 
 
 class DecoderLayer(nnx.Module):
@@ -146,13 +147,15 @@ class Qwen25VL(nnx.Module):
     attention_mask: jax.Array,
     cache: KVCache | None = None,
     cache_index: jax.Array | int = 0,
+    layers: tuple | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Runs the decoder on embeddings x [B, T, D] at mRoPE `positions` int [3, B, T].
 
     Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens.
     With a cache: the T new tokens are written at slots [cache_index, cache_index + T) and `attention_mask` is
     bool [B, S] over cache slots (real tokens, including the new ones); slot j is visible to slot i iff j <= i.
-    Returns the final-norm hidden states [B, T, D] and the updated cache.
+    Returns the final-norm hidden states [B, T, D] and the updated cache. `layers`: `layer_params()`, taken once
+    by a caller that decodes in a loop.
     """
     b, t, _ = x.shape
     cfg = self.cfg.text
@@ -166,17 +169,21 @@ class Qwen25VL(nnx.Module):
       x = scan_layers(self.layers, body, x, policy=self.cfg.remat)
       return self.norm(x), None
 
-    def body(layer, carry, i):
-      x, ck, cv = carry
-      x, (k, v) = layer(x, cos, sin, mask, (ck[i], cv[i]), cache_index)
-      # only the T new slots are written back, in place in the scan's carry
-      ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, cache_index, 0, 0))
-      cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, cache_index, 0, 0))
-      return x, shard(ck, CACHE_AXES), shard(cv, CACHE_AXES)
+    # With a cache (prefill, decode): the layers run unrolled, each on its own slice of the stacked weights,
+    # which the caller can take once outside its decode loop (`layer_params`); a scan would slice (copy) every
+    # layer's weights and cache at every step of a bandwidth-bound loop.
+    graphdef = nnx.graphdef(self.layers)
+    new_k, new_v = [], []
+    for i, params in enumerate(layers if layers is not None else self.layer_params()):
+      x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, (cache.k[i], cache.v[i]), cache_index)
+      new_k.append(k)
+      new_v.append(v)
+    return self.norm(x), KVCache(tuple(new_k), tuple(new_v))
 
-    layers = jnp.arange(cfg.num_hidden_layers)
-    x, ck, cv = scan_layers(self.layers, body, (x, cache.k, cache.v), layers, policy=self.cfg.remat)
-    return self.norm(x), KVCache(ck, cv)
+  def layer_params(self) -> tuple:
+    """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`)."""
+    stack = nnx.state(self.layers)
+    return tuple(jax.tree.map(lambda a, i=i: a[i], stack) for i in range(self.cfg.text.num_hidden_layers))
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V]."""

@@ -89,8 +89,8 @@ def prefill(
   hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 
-  grow = lambda a: shard(jnp.pad(jnp.repeat(a, g, axis=1), ((0, 0), (0, 0), (0, n), (0, 0), (0, 0))), CACHE_AXES)
-  cache = KVCache(grow(prompt_cache.k), grow(prompt_cache.v))
+  grow = lambda a: shard(jnp.pad(jnp.repeat(a, g, axis=0), ((0, 0), (0, n), (0, 0), (0, 0))), CACHE_AXES)
+  cache = KVCache(tuple(map(grow, prompt_cache.k)), tuple(map(grow, prompt_cache.v)))
   rows = b * g
   real = mask.sum(-1).astype(jnp.int32)
   zeros_f = jnp.zeros((rows, n), jnp.float32)
@@ -117,6 +117,7 @@ def decode(
   """Feeds the last token and samples the next until every row stopped or max_new_tokens were emitted."""
   TRACE_COUNTS["decode"] += 1
   model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
+  layers = model.layer_params()  # sliced (and cast) once, outside the loop
   n = sampling.max_new_tokens
 
   def keep_going(s: DecodeState):
@@ -128,7 +129,7 @@ def decode(
     slot_mask = jax.lax.dynamic_update_slice_in_dim(s.slot_mask, jnp.ones_like(last, bool), slot, 1)
     position = s.last_position + 1
     positions = jnp.broadcast_to(position[None, :, None], (3, *last.shape))
-    hidden, cache = model.decode(model.embed(last), positions, slot_mask, s.cache, slot)
+    hidden, cache = model.decode(model.embed(last), positions, slot_mask, s.cache, slot, layers=layers)
     s = dataclasses.replace(s, cache=cache, slot_mask=slot_mask, last_position=position)
     return _emit(s, model.logits(hidden[:, 0]), sampling, stop_ids, pad_id)
 

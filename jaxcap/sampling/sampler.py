@@ -1,8 +1,13 @@
-"""`Sampler`: captions (or any completions) for a batch of prompts, G samples each, with a compiled rollout."""
+"""`Sampler`: captions (or any completions) for a batch of prompts, G samples each, with a compiled rollout.
+
+With several processes (`jax.distributed`) the prompts of all processes form one global batch; the rollout's
+arrays stay global on device (`Rollouts.arrays`), and each process copies only its own rows' tokens and lengths
+to the host, from its own shards, to decode its captions."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -19,7 +24,37 @@ from jaxcap.sampling.prompts import Prompts, bucket_prompts
 from jaxcap.sharding import logical_to_spec
 
 
-@dataclasses.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SampledArrays:
+  """What the decode loop produced, as global device arrays in the sampler's row order: every process's block of
+  `block * G` rows (its prompts padded to their bucket, G samples each), blocks in the order of the global batch.
+  tokens int32 [P * block * G, N]; sample_logprobs / policy_logprobs float32 [P * block * G, N]; lengths int32
+  [P * block * G]. Nothing here has been copied to the host."""
+
+  tokens: jax.Array
+  sample_logprobs: jax.Array
+  policy_logprobs: jax.Array
+  lengths: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerBatch:
+  """Prompts padded to their bucket (`Sampler.bucket`, host numpy) or on device (`Sampler.place`): `prompts` holds
+  `block` rows per process, the first `rows` real; on device with several processes it is the global batch,
+  this process's block starting at global row `first_row`. `grid_thw`: this process's vision grids (host)."""
+
+  prompts: Prompts
+  rows: int
+  block: int
+  first_row: int = 0
+  grid_thw: np.ndarray | None = None
+
+  @property
+  def on_device(self) -> bool:
+    return isinstance(self.prompts.input_ids, jax.Array)
+
+
 class Rollouts:
   """G completions for each of B prompts; row b * G + g is sample g of prompt b. R = B * G, N = max_new_tokens.
 
@@ -30,15 +65,67 @@ class Rollouts:
   completion_mask bool [R, N]: emitted tokens, the stop token included. lengths int32 [R]: its row sums.
   prompt_index int32 [R]: which prompt each row samples. text: decoded completions (special tokens skipped),
     or None when the sampler has no tokenizer.
+
+  These are this process's rows: device arrays with one process; with several, host arrays copied from this
+  process's own shards (no collective). Each is computed on first use, so a caller that keeps to `arrays` (the
+  global device arrays, e.g. the trainer's update) and `text` copies only its rows' tokens and lengths to the
+  host, once, after the rollout finished; `host_lengths` are those lengths.
   """
 
-  tokens: jax.Array
-  sample_logprobs: jax.Array
-  policy_logprobs: jax.Array
-  completion_mask: jax.Array
-  lengths: jax.Array
-  prompt_index: jax.Array
-  text: list[str] | None
+  def __init__(self, arrays: SampledArrays, *, rows: int, num_samples: int, first_row: int, tokenizer, multi: bool):
+    self.arrays = arrays
+    self.rows, self.num_samples, self.tokenizer, self.multi = rows, num_samples, tokenizer, multi
+    lo = first_row * num_samples
+    self._local = slice(lo, lo + rows * num_samples)
+
+  def _rows(self, x: jax.Array):
+    return _fetch_rows(x, self._local.start, self._local.stop) if self.multi else x[: self._local.stop]
+
+  @functools.cached_property
+  def _host(self) -> tuple[np.ndarray, np.ndarray]:
+    a, lo, hi = self.arrays, self._local.start, self._local.stop
+    if self.multi:
+      return _fetch_rows(a.tokens, lo, hi), _fetch_rows(a.lengths, lo, hi)
+    return np.asarray(a.tokens)[lo:hi], np.asarray(a.lengths)[lo:hi]
+
+  @functools.cached_property
+  def tokens(self):
+    return self._host[0] if self.multi else self._rows(self.arrays.tokens)
+
+  @functools.cached_property
+  def lengths(self):
+    return self._host[1] if self.multi else self._rows(self.arrays.lengths)
+
+  @functools.cached_property
+  def sample_logprobs(self):
+    return self._rows(self.arrays.sample_logprobs)
+
+  @functools.cached_property
+  def policy_logprobs(self):
+    return self._rows(self.arrays.policy_logprobs)
+
+  @functools.cached_property
+  def completion_mask(self):
+    n = self.arrays.tokens.shape[1]
+    if self.multi:
+      return np.arange(n)[None, :] < self.lengths[:, None]
+    return jnp.arange(n)[None, :] < self.lengths[:, None]
+
+  @functools.cached_property
+  def prompt_index(self):
+    return jnp.repeat(jnp.arange(self.rows, dtype=jnp.int32), self.num_samples)
+
+  @property
+  def host_lengths(self) -> np.ndarray:
+    """This process's rows' lengths as a host array (the copy `text` decodes from)."""
+    return self._host[1]
+
+  @functools.cached_property
+  def text(self) -> list[str] | None:
+    if self.tokenizer is None:
+      return None
+    tokens, lengths = self._host
+    return self.tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
 
 
 class Sampler:
@@ -47,6 +134,9 @@ class Sampler:
   Each call pads the prompts to a bucket (batch to a power of two, prompt length to `length_multiple`), so
   repeated calls with the same bucket, vision shapes, G and sampling config reuse one compiled program. Under an
   ambient mesh (`jax.set_mesh`) the batch is sharded over ('data', 'fsdp') and heads over 'tensor'.
+
+  The host side of a call can be split off: `bucket` (numpy only, safe on a loader thread), `place` (one upload),
+  then the call on the placed batch, whose arrays the caller may reuse (e.g. the prompts of a policy update).
   """
 
   def __init__(
@@ -81,60 +171,64 @@ class Sampler:
     processor = Processor.from_pretrained(directory)
     return cls(load_hf_checkpoint(directory, mesh=mesh), processor=processor, **kw)
 
-  def __call__(
-    self,
-    prompts: ModelInputs | Sequence[Sequence[dict]],
-    key: jax.Array,
-    *,
-    num_samples: int = 1,
-    sampling: SamplingConfig | None = None,
-    params: Any = None,
-  ) -> Rollouts:
-    """Samples `num_samples` completions per prompt. `prompts`: a left-padded `ModelInputs` or chat
-    conversations (needs a processor). `params` (an nnx state of this model) overrides the stored weights,
-    e.g. the policy being trained."""
+  def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]]) -> SamplerBatch:
+    """Host side only (numpy): a left-padded `ModelInputs` or chat conversations (needs a processor), padded to
+    its bucket."""
     if not isinstance(prompts, ModelInputs):
       if self.processor is None:
         raise ValueError(
           "conversations need a processor: build Sampler(model, processor=Processor(...)) or pass a ModelInputs batch"
         )
       prompts = self.processor(prompts, padding_side="left")
+    padded, rows = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
+    grids = None if padded.vision is None else np.asarray(padded.vision.layout.grid_thw)
+    return SamplerBatch(padded, rows, padded.batch, 0, grids)
+
+  def place(self, batch: SamplerBatch) -> SamplerBatch:
+    """Uploads a bucketed batch under the ambient mesh; with several processes every process's batch becomes its
+    block of one global batch (all processes must call it, with batches of the same shapes)."""
+    if batch.on_device:
+      return batch
+    if jax.process_count() > 1:
+      prompts = _to_global(batch.prompts, self.cfg)
+      return dataclasses.replace(batch, prompts=prompts, first_row=_first_row(prompts.input_ids, batch.block))
+    return dataclasses.replace(batch, prompts=_to_device(batch.prompts))
+
+  def __call__(
+    self,
+    prompts: ModelInputs | Sequence[Sequence[dict]] | SamplerBatch,
+    key: jax.Array,
+    *,
+    num_samples: int = 1,
+    sampling: SamplingConfig | None = None,
+    params: Any = None,
+  ) -> Rollouts:
+    """Samples `num_samples` completions per prompt. `prompts`: a left-padded `ModelInputs`, chat
+    conversations (needs a processor) or a `bucket`-ed / `place`-d batch. `params` (an nnx state of this model)
+    overrides the stored weights, e.g. the policy being trained. Returns as soon as the rollout is dispatched."""
+    batch = prompts if isinstance(prompts, SamplerBatch) else self.bucket(prompts)
     if num_samples < 1:
       raise ValueError(f"num_samples={num_samples}; ask for at least one sample per prompt")
     sampling = sampling or self.sampling
-    padded, rows = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
+    batch = self.place(batch)
     static = dict(
       graphdef=self.graphdef,
       sampling=sampling,
       pad_id=self.pad_id,
       stop_ids=sampling.resolve_stop_ids(self.cfg.eos_token_id),
     )
-    multi = jax.process_count() > 1
-    state = prefill_jit(
-      self.params if params is None else params,
-      _to_global(padded, self.cfg) if multi else _to_device(padded),
-      key,
-      num_samples=num_samples,
-      **static,
-    )
-    state = decode_jit(self.params if params is None else params, state, **static)
-    real = rows * num_samples
-    if multi:  # this process's rows of the global batch, as host arrays
-      state = _local_rows(state, padded.batch * num_samples)
-    tokens, lengths = state.tokens[:real], state.lengths[:real]
-    mask = jnp.arange(sampling.max_new_tokens)[None, :] < lengths[:, None]
-    text = None
-    if self.tokenizer is not None:
-      host_tokens, host_lengths = np.asarray(tokens), np.asarray(lengths)
-      text = self.tokenizer.batch_decode([t[:n] for t, n in zip(host_tokens, host_lengths)], skip_special_tokens=True)
+    params = self.params if params is None else params
+    state = prefill_jit(params, batch.prompts, key, num_samples=num_samples, **static)
+    state = decode_jit(params, state, **static)
+    # Only these leave the decode state; the KV cache is dropped with it, on device.
+    arrays = SampledArrays(state.tokens, state.sample_logprobs, state.policy_logprobs, state.lengths)
     return Rollouts(
-      tokens=tokens,
-      sample_logprobs=state.sample_logprobs[:real],
-      policy_logprobs=state.policy_logprobs[:real],
-      completion_mask=mask,
-      lengths=lengths,
-      prompt_index=jnp.repeat(jnp.arange(rows, dtype=jnp.int32), num_samples),
-      text=text,
+      arrays,
+      rows=batch.rows,
+      num_samples=num_samples,
+      first_row=batch.first_row,
+      tokenizer=self.tokenizer,
+      multi=jax.process_count() > 1,
     )
 
 
@@ -177,19 +271,34 @@ def _to_global(prompts: Prompts, cfg) -> Prompts:
   )
 
 
-def _local_rows(state, rows_per_process: int):
-  """Host copies of this process's block of rows of every batch-major array in `state`."""
-  from jax.experimental import multihost_utils
+def _first_row(ids: jax.Array, block: int) -> int:
+  """The global row at which this process's block of `block` rows starts in the batch-sharded `ids`."""
+  starts = {s.index[0].indices(ids.shape[0])[:2] for s in ids.addressable_shards}
+  lo, hi = min(a for a, _ in starts), max(b for _, b in starts)
+  if hi - lo != block:
+    raise ValueError(f"this process's rows [{lo}, {hi}) of the global batch are not one block of {block}")
+  return lo
 
-  lo = jax.process_index() * rows_per_process
 
-  def local(x):
-    if not isinstance(x, jax.Array) or x.ndim == 0:
-      return x
-    full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return full[lo : lo + rows_per_process] if full.shape[0] == rows_per_process * jax.process_count() else full
-
-  return jax.tree.map(local, state)
+def _fetch_rows(x: jax.Array, lo: int, hi: int) -> np.ndarray:
+  """Rows [lo, hi) of the global array `x` as a host array, copied from this process's addressable shards only
+  (each needed element once); no collective, so nothing of other processes' rows moves."""
+  out = np.empty((hi - lo, *x.shape[1:]), x.dtype)
+  covered = np.zeros(out.shape, bool)
+  for shard in x.addressable_shards:
+    index = shard.index if shard.index else (slice(None),)
+    start, stop, _ = index[0].indices(x.shape[0])
+    a, b = max(start, lo), min(stop, hi)
+    if a >= b:
+      continue
+    dst = (slice(a - lo, b - lo), *index[1:])
+    if covered[dst].all():
+      continue  # a replica of what was copied
+    out[dst] = np.asarray(shard.data)[a - start : b - start]
+    covered[dst] = True
+  if not covered.all():
+    raise ValueError(f"rows [{lo}, {hi}) of an array of shape {x.shape} are not all on this process's devices")
+  return out
 
 
 def _to_device(prompts: Prompts) -> Prompts:

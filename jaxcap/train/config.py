@@ -63,6 +63,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.name = "run"
   c.seed = 0
   c.workdir = "runs/run"
+  # persistent XLA compilation cache, relative to the workdir (or absolute); "" = off. A restart does not recompile.
+  c.compile_cache = "compile_cache"
   c.mesh = ml_collections.ConfigDict({"shape": {"data": 1, "fsdp": -1, "tensor": 1}})
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1))
 

@@ -1,9 +1,10 @@
 """Training data: manifest records (`jaxcap.data.manifest`) served by grain, shuffled per epoch and sharded per
-process, and their media loaded into chat conversations."""
+process, and their media loaded into chat conversations; optionally each step's batch prepared ahead (images
+decoded and processed) on grain's prefetch thread."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import grain
 import jax
@@ -19,12 +20,18 @@ def record_loader(
   seed: int,
   process_index: int | None = None,
   process_count: int | None = None,
+  prepare: Callable[[list], Any] | None = None,
+  prefetch: int = 2,
 ):
   """An endless, checkpointable iterator over lists of `batch_size` records for this process.
 
   Every process walks the same shuffled order (reshuffled each epoch from `seed`) in global batches of
   `batch_size * process_count` and takes its contiguous slice, so the global batch of a step is the same
   whatever the number of processes. `get_state()` / `set_state()` save and restore the position.
+
+  With `prepare`, the iterator yields `prepare(records)` instead, computed ahead on one background thread for
+  at most `prefetch` batches (e.g. decoding and processing the images of the next steps while the device runs
+  this one); the batches, their order and the saved position are the same as without it.
   """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
@@ -36,7 +43,12 @@ def record_loader(
   lo, hi = process_index * batch_size, (process_index + 1) * batch_size
   ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
   ds = ds.batch(batch_size * process_count, batch_fn=list).map(lambda batch: batch[lo:hi])
-  return iter(ds.to_iter_dataset())
+  if prepare is None:
+    return iter(ds.to_iter_dataset())
+  # One thread, so `prepare` (the processor, its tokenizer) never runs concurrently with itself; the buffer
+  # bounds how far ahead it runs.
+  options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(1, prefetch))
+  return iter(ds.map(prepare).to_iter_dataset(options))
 
 
 def load_media(record: ImageRecord, image_size: int | None) -> Any:

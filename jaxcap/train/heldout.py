@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -37,19 +38,30 @@ class HeldOutEval:
   log: Callable[[str, int, dict], None]  # (phase, step, metrics)
 
   def captions(self, params, records: Sequence[ImageRecord], batch_size: int) -> tuple[list[str], list[int]]:
-    """Greedy captions of `records` (every process passes the same records) and their lengths in tokens."""
+    """Greedy captions of `records` (every process passes the same records) and their lengths in tokens.
+
+    Pipelined: the next batch's images are decoded and processed on a host thread while the device samples this
+    one, and a batch's captions are copied and decoded only after the next batch's rollout was dispatched."""
     captions, lengths = [], []
-    with jax.set_mesh(self.mesh):
-      for i in range(0, len(records), batch_size):
-        out = self.sampler(
-          self.batcher.inputs(records[i : i + batch_size]),
-          jax.random.key(0),
-          num_samples=1,
-          sampling=self.greedy,
-          params=params,
-        )
-        captions += out.text
-        lengths += np.asarray(out.lengths).tolist()
+    chunks = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
+    prepare = lambda chunk: self.sampler.bucket(self.batcher.inputs(chunk))
+
+    def collect(out):
+      captions.extend(out.text)
+      lengths.extend(out.host_lengths.tolist())
+
+    with jax.set_mesh(self.mesh), ThreadPoolExecutor(1, thread_name_prefix="heldout") as pool:
+      ahead = pool.submit(prepare, chunks[0]) if chunks else None
+      previous = None
+      for k in range(len(chunks)):
+        batch = ahead.result()
+        ahead = pool.submit(prepare, chunks[k + 1]) if k + 1 < len(chunks) else None
+        out = self.sampler(batch, jax.random.key(0), num_samples=1, sampling=self.greedy, params=params)
+        if previous is not None:
+          collect(previous)
+        previous = out
+      if previous is not None:
+        collect(previous)
     return captions, lengths
 
   def evaluate(self, params, records: Sequence[ImageRecord], phase: str, step: int, tag: str = ""):

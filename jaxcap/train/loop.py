@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -110,7 +111,9 @@ class Trainer:
           print(f"resumed {phase} at step {meta['step']} from {self.ckpt.manager.directory}", flush=True)
         resume = None
       records_changed = phase == "rl" and self.before_rl(state)
-      loader = record_loader(self.setup.train_records, batch_size, seed=int(c.seed) + i)
+      update = self.phase_update(phase)
+      # Each step's images are decoded and processed on the loader's thread while the device runs the step before.
+      loader = record_loader(self.setup.train_records, batch_size, seed=int(c.seed) + i, prepare=update.prepare)
       if meta is not None:
         loader.set_state(meta["loader"])
       elif phase == "rl" and "sft_end" in self.summary and not records_changed:
@@ -120,7 +123,10 @@ class Trainer:
         self.metrics.write(phase, 0, self.summary["rl_start"])
       elif phase == "rl" or (phase == "sft" and int(state.step) == 0 and c.eval.at_start):
         self.evaluate(state.params, phase, 0, tag="start")
-      state = self.run_phase(phase, i, steps, state, opt, loader)
+      try:
+        state = self.run_phase(phase, i, steps, state, opt, update, loader)
+      finally:
+        getattr(loader, "close", lambda: None)()
       params = state.params
       self.evaluate(params, phase, steps, tag="end")
     self.ckpt.wait()
@@ -160,11 +166,11 @@ class Trainer:
       s.train_records, s.eval_records = train, held_out
     return changed
 
-  def run_phase(self, phase, phase_index, steps, state, opt, loader):
+  def phase_update(self, phase):
+    """The phase's update (`SFTUpdate` / `RLUpdate`): its `prepare` feeds the loader, its call runs a step."""
     c, s = self.config, self.setup
     if phase == "sft":
-      fn = functools.partial(sft_step, graphdef=self.graphdef, optimizer=opt)
-      update = SFTUpdate(
+      return SFTUpdate(
         self.batcher,
         s.sft_targets,
         s.processor.tokenizer,
@@ -172,39 +178,70 @@ class Trainer:
         c.sft.micro_batches,
         c.sft.max_target_tokens,
       )
+    return RLUpdate(
+      self.batcher,
+      self.sampler,
+      self.reward,
+      jax.jit(functools.partial(sequence_logprobs, self.graphdef)),
+      c.rl.num_samples,
+      c.rl.micro_batches,
+      c.rl.recompute_old_logprobs,
+    )
+
+  def run_phase(self, phase, phase_index, steps, state, opt, update, loader):
+    c, s = self.config, self.setup
+    if phase == "sft":
+      fn = functools.partial(sft_step, graphdef=self.graphdef, optimizer=opt, master_update=c.sft.optim.master_update)
     else:
       loss = PolicyLossConfig(max_gen_len=c.sampling.max_new_tokens, **c.rl.loss.to_dict())
-      fn = functools.partial(rl_step, graphdef=self.graphdef, optimizer=opt, loss_config=loss, estimator=c.rl.estimator)
-      logprob_fn = jax.jit(functools.partial(sequence_logprobs, self.graphdef))
-      update = RLUpdate(
-        self.batcher,
-        self.sampler,
-        self.reward,
-        logprob_fn,
-        c.rl.num_samples,
-        c.rl.micro_batches,
-        c.rl.recompute_old_logprobs,
+      fn = functools.partial(
+        rl_step,
+        graphdef=self.graphdef,
+        optimizer=opt,
+        loss_config=loss,
+        estimator=c.rl.estimator,
+        master_update=c.rl.optim.master_update,
       )
     step_fn = jax.jit(fn, donate_argnums=0, out_shardings=(jax.tree.map(lambda x: x.sharding, state), None))
     progress = _progress(steps, int(state.step), phase)
     base = 0 if phase == "sft" else c.sft.steps
-    for step in range(int(state.step), steps):
-      records = next(loader)
-      t0 = time.perf_counter()
-      with jax.set_mesh(s.mesh):
-        # SFT draws its targets from a generator seeded per step, so a resumed run replays them
-        arg = np.random.default_rng([int(c.seed), phase_index, step]) if phase == "sft" else step
-        state, metrics = update(step_fn, state, records, arg)
-      metrics["time/step_s"] = time.perf_counter() - t0
+    pending = None  # (step, PendingMetrics, start time) of the last step run, not logged yet
+
+    def log(end=None):
+      """Logs the pending step: fetches its metrics (waiting for the device only if it is still busy with it)."""
+      nonlocal pending
+      if pending is None:
+        return
+      step, metrics, t0 = pending
+      pending = None
+      metrics = metrics.result()
+      metrics["time/step_s"] = (time.perf_counter() if end is None else end) - t0
       self.metrics.write(phase, step + 1, metrics)
       progress.update(1)
       progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("loss", "reward/mean", "length/mean") if k in metrics})
+
+    for step in range(int(state.step), steps):
+      t0 = time.perf_counter()
+      batch = next(loader)
+      with jax.set_mesh(s.mesh):
+        # SFT draws its targets from a generator seeded per step, so a resumed run replays them
+        arg = np.random.default_rng([int(c.seed), phase_index, step]) if phase == "sft" else step
+        state, metrics = update(step_fn, state, batch, arg)
+      # The step before is logged only now, after this one was dispatched: its metrics are ready or nearly (this
+      # step's rollout waited for its update), and fetching them never leaves the device idle.
+      log(end=t0)
+      pending = (step, metrics, t0)
       done = step + 1
-      if c.eval.every and done % c.eval.every == 0 and done < steps and phase == "rl":
+      evaluate = c.eval.every and done % c.eval.every == 0 and done < steps and phase == "rl"
+      save = (c.checkpoint.every and done % c.checkpoint.every == 0) or done == steps
+      if evaluate or save:
+        log()  # a checkpoint's records are written before it (a resumed run keeps those up to its step)
+      if evaluate:
         self.evaluate(state.params, phase, done)
-      if (c.checkpoint.every and done % c.checkpoint.every == 0) or done == steps:
+      if save:
         meta = {"phase": phase, "step": done, "loader": loader.get_state(), "summary": self.summary}
         self.ckpt.save(base + done, state, json.loads(to_json(meta)))
+    log()
     progress.close()
     return state
 
@@ -222,9 +259,12 @@ class Trainer:
       plot_curves(self.metrics.path, self.workdir / "curves.png")
     if self.config.export.hf:
       src = self.config.model.checkpoint or str(self.workdir / "tokenizer")
-      save_hf_checkpoint(nnx.merge(self.graphdef, params), self.workdir / "export", tokenizer_dir=src)
+      # bf16-compute runs export bf16 (as released checkpoints are), not their f32 master weights
+      dtype = jnp.bfloat16 if self.config.model.dtype == "bfloat16" else None
+      save_hf_checkpoint(nnx.merge(self.graphdef, params), self.workdir / "export", tokenizer_dir=src, dtype=dtype)
     (self.workdir / "summary.json").write_text(to_json(self.summary, indent=2))
     self.reward.close()
+    self.batcher.close()
     self.metrics.close()
     self.ckpt.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Mapping
@@ -13,13 +14,29 @@ import numpy as np
 def to_scalars(metrics: Mapping) -> dict[str, float]:
   """Flattens device/host metric values to floats; vector metrics become name/0, name/1, ..."""
   out = {}
-  for k, v in metrics.items():
-    v = np.asarray(jax.device_get(v))
+  fetched = jax.device_get(dict(metrics))  # one transfer for all of them
+  for k in metrics:  # in the caller's order (a pytree round trip sorts dict keys)
+    v = np.asarray(fetched[k])
     if v.ndim == 0:
       out[k] = float(v)
     else:
       out.update({f"{k}/{i}": float(x) for i, x in enumerate(v.reshape(-1))})
   return out
+
+
+@dataclasses.dataclass
+class PendingMetrics:
+  """A step's metrics as the update left them: `device` values (jax arrays, possibly still being computed) and
+  `host` floats. `result()` fetches the device values once and returns `to_scalars(device)` followed by `host`,
+  the record the step logs."""
+
+  device: Mapping
+  host: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+  def result(self) -> dict[str, float]:
+    out = to_scalars(self.device)
+    out.update(self.host)
+    return out
 
 
 class MetricsWriter:

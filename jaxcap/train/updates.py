@@ -1,7 +1,14 @@
-"""One update of each phase from a list of records: host batching around the pure, jitted steps in step.py.
+"""One update of each phase: host batching around the pure, jitted steps in step.py.
 
-SFT: records -> prompts + target captions -> `sft_step`. RL: records -> G rollouts per prompt (sampler) ->
-rewards on host threads while the device computes the old / reference log-probs -> `rl_step`.
+Each update has a `prepare(records)` that runs on the loader's thread ahead of its step (images decoded and
+processed, prompts padded: numpy only) and a `__call__` that runs the step from that host batch. SFT: prompts +
+target captions -> `sft_step`. RL: the step's prompts uploaded once -> G rollouts per prompt (sampler) ->
+old / reference log-probs on device while the captions are judged on a host thread -> `rl_step`; the rollouts'
+tokens, masks and log-probs never leave the device (only this process's rows' tokens and lengths are copied to
+the host, to decode the captions).
+
+Both return the step's metrics as `PendingMetrics` (device values still in flight), so the loop fetches them
+after it has dispatched the next step instead of waiting for this one to finish.
 """
 
 from __future__ import annotations
@@ -17,14 +24,23 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.sampling import Sampler
 from jaxcap.train.batching import Batcher, encode_targets
-from jaxcap.train.metrics import to_scalars
+from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
 
 
 @dataclasses.dataclass
+class HostBatch:
+  """One step's records and their prompts prepared on the host: SFT (PromptBatch of numpy arrays, grid), RL a
+  bucketed `SamplerBatch`."""
+
+  records: list[ImageRecord]
+  prompts: Any
+
+
+@dataclasses.dataclass
 class SFTUpdate:
-  """`update(step_fn, state, records, rng) -> (state, metrics)` with `step_fn = jit(sft_step)`."""
+  """`update(step_fn, state, batch, rng) -> (state, PendingMetrics)` with `step_fn = jit(sft_step)`."""
 
   batcher: Batcher
   targets: SFTTarget
@@ -33,19 +49,23 @@ class SFTUpdate:
   micro_batches: int
   max_target_tokens: int
 
-  def __call__(self, step_fn: Callable, state, records: Sequence[ImageRecord], rng: np.random.Generator):
+  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
+    return HostBatch(list(records), self.batcher.host_prompts(self.batcher.inputs(records), self.micro_batches))
+
+  def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], rng: np.random.Generator):
+    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
     m = self.micro_batches
-    prompts, layout = self.batcher.prompts(self.batcher.inputs(records), m)
-    captions = [self.targets(r, rng) for r in records]
+    prompts, layout = self.batcher.prompts(batch.prompts, m)
+    captions = [self.targets(r, rng) for r in batch.records]
     ids, mask = encode_targets(self.tokenizer, captions, self.max_target_tokens, self.eos_id)
     state, metrics = step_fn(state, prompts, self.batcher.micro(ids, m), self.batcher.micro(mask, m), layout)
-    return state, to_scalars(metrics)
+    return state, PendingMetrics(metrics)
 
 
 @dataclasses.dataclass
 class RLUpdate:
-  """`update(step_fn, state, records, step) -> (state, metrics)` with `step_fn = jit(rl_step)`; rewards come from
-  `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`."""
+  """`update(step_fn, state, batch, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)`; rewards come
+  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`."""
 
   batcher: Batcher
   sampler: Sampler
@@ -55,30 +75,32 @@ class RLUpdate:
   micro_batches: int
   recompute_old_logprobs: bool
 
-  def __call__(self, step_fn: Callable, state, records: Sequence[ImageRecord], step: int):
+  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
+    return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
+
+  def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], step: int):
+    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
     g, m = self.num_samples, self.micro_batches
-    inputs = self.batcher.inputs(records)
-    rollouts = self.sampler(inputs, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
-    # The judge runs on a host thread while the device computes the old / reference log-probs (async dispatch).
-    future = self.reward.submit(rollouts.text, records, step=step)
-    prompts, layout = self.batcher.prompts(inputs, m)
-    tokens = self.batcher.micro(rollouts.tokens, m)
-    cmask = self.batcher.micro(rollouts.completion_mask, m)
-    if self.recompute_old_logprobs:
+    placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
+    rollouts = self.sampler(placed, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
+    # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
+    # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
+    prompts, layout = self.batcher.prompt_batch(placed, m)
+    recompute = self.recompute_old_logprobs
+    tokens, cmask, old = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=not recompute)
+    if recompute:
       old = self.logprob_fn(state.params, prompts, layout, tokens)
-    else:
-      old = self.batcher.micro(rollouts.policy_logprobs, m)
     ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
+    future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
     r = len(rewards.names)
     values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
     valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)
-    batch = RolloutBatch(tokens, cmask, old, values, valid, jnp.asarray(rewards.weights, jnp.float32), ref)
-    state, metrics = step_fn(state, prompts, batch, layout)
-    out = to_scalars(metrics)
-    out.update(reward_metrics(rewards))
-    out.update({"length/mean": float(np.asarray(rollouts.lengths).mean()), **rewards.extras})
-    return state, out
+    rollout_batch = RolloutBatch(tokens, cmask, old, values, valid, jnp.asarray(rewards.weights, jnp.float32), ref)
+    state, metrics = step_fn(state, prompts, rollout_batch, layout)
+    host = reward_metrics(rewards)
+    host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
+    return state, PendingMetrics(metrics, host)
 
 
 def reward_metrics(rewards) -> dict[str, float]:
