@@ -20,8 +20,28 @@ import os
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import NamedSharding
 from ml_collections import config_flags
+
+from jaxcap.checkpoint import read_config
+from jaxcap.models.config import PRESETS, dtype_from_name
+from jaxcap.models.flops import model_flops, param_counts, peak_tflops
+from jaxcap.models.qwen25vl import CACHE_AXES, Qwen25VL, VisionInput
+from jaxcap.models.vision import vision_layout
+from jaxcap.processing.vision import smart_resize
+from jaxcap.rl import PolicyLossConfig
+from jaxcap.sampling import generate
+from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.sampling.prompts import Prompts, batch_bucket
+from jaxcap.sharding import logical_to_spec, make_mesh
+from jaxcap.train.state import _fresh_state, make_optimizer, train_state_shardings
+from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs
 
 # HBM per chip, GiB, of the TPU generations libtpu compiles for
 TPU_HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
@@ -30,10 +50,11 @@ GIB = 2**30
 
 @dataclasses.dataclass
 class ProgramPlan:
-  """One compiled program's per-device figures (bytes) and its compile time (s) and FLOPs per call."""
+  """One compiled program's per-device figures (bytes), compile time (s) and XLA's FLOPs per call (which count a
+  scanned layer stack's body once: see `update_model_tflop` for the model's)."""
 
   name: str
-  arguments: int  # flops: XLA's cost analysis, which counts a scanned layer stack's body once
+  arguments: int
   outputs: int
   aliased: int
   temporaries: int
@@ -48,7 +69,6 @@ class ProgramPlan:
 
 def topology_devices(topology: str):
   """The devices of `topology` ('cpu:N' needs XLA_FLAGS set before jax starts; see `main`)."""
-  import jax
 
   kind, _, rest = topology.partition(":")
   if kind == "cpu":
@@ -58,8 +78,6 @@ def topology_devices(topology: str):
       raise ValueError(f"--topology={topology}: jax has {len(devices)} CPU devices; run jaxcap.plan in a fresh process")
     return devices[:n], None
   if kind == "tpu":
-    from jax.experimental import topologies
-
     chip, _, shape = rest.partition(":")
     try:
       desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu")
@@ -73,8 +91,6 @@ def topology_devices(topology: str):
 
 
 def model_config(config, name: str | None):
-  from jaxcap.checkpoint import read_config
-  from jaxcap.models.config import PRESETS, dtype_from_name
 
   m = config.model
   name = name or m.checkpoint
@@ -98,7 +114,6 @@ def model_config(config, name: str | None):
 
 def image_grid(cfg, image_size: int) -> tuple[int, int, int]:
   """(t, h, w) patch grid of one square `image_size` image after smart_resize (as the processor does)."""
-  from jaxcap.processing.vision import smart_resize
 
   v = cfg.vision
   h, w = smart_resize(image_size, image_size, v.patch_size * v.spatial_merge_size)
@@ -107,8 +122,6 @@ def image_grid(cfg, image_size: int) -> tuple[int, int, int]:
 
 def per_device_bytes(tree) -> int:
   """Bytes one device holds of a tree of sharded ShapeDtypeStructs / arrays (the first device's shard)."""
-  import jax
-  import numpy as np
 
   total = 0
   for x in jax.tree.leaves(tree):
@@ -120,22 +133,6 @@ def per_device_bytes(tree) -> int:
 
 def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", "prefill", "decode"), text=48):
   """Compiles `programs` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
-  from jax.sharding import NamedSharding
-
-  from jaxcap.models.flops import model_flops, param_counts, peak_tflops
-  from jaxcap.models.qwen25vl import Qwen25VL, VisionInput
-  from jaxcap.models.vision import vision_layout
-  from jaxcap.rl import PolicyLossConfig
-  from jaxcap.sampling import generate
-  from jaxcap.sampling.distribution import SamplingConfig
-  from jaxcap.sampling.prompts import Prompts, batch_bucket
-  from jaxcap.sharding import logical_to_spec, make_mesh
-  from jaxcap.train.state import _fresh_state, make_optimizer, train_state_shardings
-  from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs
 
   mesh = make_mesh(dict(config.mesh.shape), devices=devices)
   rl, s = config.rl, config.sampling
@@ -271,18 +268,12 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
 
 
 def _with_shardings(abstract, shardings):
-  import jax
 
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
 
 
 def _decode_state_shardings(state, mesh):
   """The decode state's layout as the sampler keeps it: KV cache and per-row arrays over the batch axes."""
-  import jax
-  from jax.sharding import NamedSharding
-
-  from jaxcap.models.qwen25vl import CACHE_AXES
-  from jaxcap.sharding import logical_to_spec
 
   def one(path, x):
     name = jax.tree_util.keystr(path)
@@ -378,7 +369,6 @@ def main(argv, f: dict):
   config = f["config"].value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py:paper")
-  import jax
 
   topology = f["topology"].value
   # the host runs on CPU whatever the target: a TPU target is only compiled for, never attached
