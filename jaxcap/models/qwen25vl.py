@@ -14,7 +14,7 @@ from flax import nnx
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, mrope_cos_sin, scan_layers, stacked
 from jaxcap.models.vision import VisionLayout, VisionTower
-from jaxcap.sharding import shard
+from jaxcap.sharding import shard, shard_like_params
 
 
 @jax.tree_util.register_dataclass
@@ -175,6 +175,9 @@ class Qwen25VL(nnx.Module):
     graphdef = nnx.graphdef(self.layers)
     new_k, new_v = [], []
     for i, params in enumerate(layers if layers is not None else self.layer_params()):
+      # ties the layer's weights to this step's activations: XLA cannot hoist their all-gather (sharded models)
+      # out of a decode loop, which would hold every layer's gathered weights at once
+      x, params = jax.lax.optimization_barrier((x, params))
       x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, (cache.k[i], cache.v[i]), cache_index)
       new_k.append(k)
       new_v.append(v)
@@ -183,7 +186,11 @@ class Qwen25VL(nnx.Module):
   def layer_params(self) -> tuple:
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`)."""
     stack = nnx.state(self.layers)
-    return tuple(jax.tree.map(lambda a, i=i: a[i], stack) for i in range(self.cfg.text.num_hidden_layers))
+    # each slice keeps its params' sharding, so a sharded model is gathered layer by layer where it is used, never
+    # whole up front
+    return tuple(
+      shard_like_params(jax.tree.map(lambda a, i=i: a[i], stack)) for i in range(self.cfg.text.num_hidden_layers)
+    )
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V]."""
