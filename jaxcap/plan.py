@@ -104,6 +104,7 @@ def model_config(config, name: str | None):
     param_dtype=dtype_from_name(m.param_dtype),
     remat=m.remat,
     logprob_chunk=m.logprob_chunk,
+    scan_layers=m.scan_layers,
   )
   if name in PRESETS:
     return PRESETS[name](**kw)

@@ -96,10 +96,13 @@ def stacked(make, n: int, rngs: nnx.Rngs):
   return build(rngs)
 
 
-def scan_layers(stack: nnx.Module, body, carry, xs=None, *, start: int = 0, stop: int | None = None, policy="none"):
+def scan_layers(
+  stack: nnx.Module, body, carry, xs=None, *, start: int = 0, stop: int | None = None, policy="none", unroll=False
+):
   """Runs layers [start, stop) of a `stacked` module in order: carry = body(layer, carry, x_i) for each layer
   (a Module bound to that layer's params) and its slice x_i of `xs` (a pytree with a leading layer axis, or
-  None). The layer call is rematerialised per `policy`. Returns the final carry."""
+  None). The layer call is rematerialised per `policy`; `unroll=True` unrolls the loop in the compiled program
+  (same params and results). Returns the final carry."""
   graphdef, params = nnx.split(stack)
   n = jax.tree.leaves(params)[0].shape[0]
   stop = n if stop is None else stop
@@ -115,5 +118,5 @@ def scan_layers(stack: nnx.Module, body, carry, xs=None, *, start: int = 0, stop
     layer_params, x = args
     return layer_fn(layer_params, carry, x), None
 
-  carry, _ = jax.lax.scan(step, carry, (part, xs))
+  carry, _ = jax.lax.scan(step, carry, (part, xs), unroll=unroll)
   return carry

@@ -108,7 +108,14 @@ class Qwen25VL(nnx.Module):
   def __init__(self, cfg: Qwen25VLConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     t = cfg.text
-    self.visual = VisionTower(cfg.vision, dtype=cfg.dtype, param_dtype=cfg.param_dtype, remat=cfg.remat, rngs=rngs)
+    self.visual = VisionTower(
+      cfg.vision,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      remat=cfg.remat,
+      unroll=not cfg.scan_layers,
+      rngs=rngs,
+    )
     self.embed_tokens = nnx.Embed(
       t.vocab_size,
       t.hidden_size,
@@ -166,7 +173,7 @@ class Qwen25VL(nnx.Module):
     x = shard(x, ("batch", None, None))
     if cache is None:
       body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]
-      x = scan_layers(self.layers, body, x, policy=self.cfg.remat)
+      x = scan_layers(self.layers, body, x, policy=self.cfg.remat, unroll=not self.cfg.scan_layers)
       return self.norm(x), None
 
     # With a cache (prefill, decode): the layers run unrolled, each on its own slice of the stacked weights,

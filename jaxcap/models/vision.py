@@ -163,10 +163,18 @@ class VisionTower(nnx.Module):
   """pixel patches [L, patch_dim] + layout -> merged visual tokens [L / merge^2, out_hidden_size]."""
 
   def __init__(
-    self, cfg: VisionConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: str = "none", rngs: nnx.Rngs
+    self,
+    cfg: VisionConfig,
+    *,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    remat: str = "none",
+    unroll: bool = False,
+    rngs: nnx.Rngs,
   ):
     self.cfg = cfg
     self.remat = remat
+    self.unroll = unroll  # unroll the block scans in the compiled program (see Qwen25VLConfig.scan_layers)
     # Conv3d with stride == kernel is a matmul over the flattened (C, T, P, P) patch.
     self.patch_embed = linear(
       cfg.patch_dim, cfg.hidden_size, bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
@@ -204,13 +212,14 @@ class VisionTower(nnx.Module):
 
       def group(x, group_params):
         g = nnx.merge(graphdef, group_params)
-        x = scan_layers(g, window, x, stop=period - 1, policy=self.remat)
-        return scan_layers(g, frames, x, start=period - 1, policy=self.remat), None
+        x = scan_layers(g, window, x, stop=period - 1, policy=self.remat, unroll=self.unroll)
+        return scan_layers(g, frames, x, start=period - 1, policy=self.remat, unroll=self.unroll), None
 
-      x, _ = jax.lax.scan(group, x, grouped)
+      x, _ = jax.lax.scan(group, x, grouped, unroll=self.unroll)
     else:
       for start, stop, full in runs:
-        x = scan_layers(self.blocks, frames if full else window, x, start=start, stop=stop, policy=self.remat)
+        kind = frames if full else window
+        x = scan_layers(self.blocks, kind, x, start=start, stop=stop, policy=self.remat, unroll=self.unroll)
     return self.merger(x)[layout.reverse_index]
 
 

@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
       param_dtype="float32",
       remat="none",
       logprob_chunk=256,  # LM-head positions per chunk in log-prob passes (lower = less memory, see jaxcap.plan)
+      # layer stacks under lax.scan (compile time flat in depth); the tiny embedded student trains ~13% faster on
+      # CPU unrolled, so the default unrolls and real checkpoints (real_model_run) scan
+      scan_layers=False,
       student=dict(vision_width=128, vision_depth=2, text_width=128, text_layers=3, text_heads=4, rope_theta=10000.0),
     )
   )
@@ -175,7 +178,7 @@ def real_model_run(
     c.rl.loss.kl_coef = 0.0
   c.sampling.max_new_tokens = max_new_tokens
   c.data.image_size = image_size
-  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full"))
+  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True))
 
 
 def validate(c: ml_collections.ConfigDict) -> None:

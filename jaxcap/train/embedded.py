@@ -93,6 +93,7 @@ def build_student(config, workdir: Path, mesh=None):
     param_dtype=dtype_from_name(m.param_dtype),
     remat=m.remat,
     logprob_chunk=m.logprob_chunk,
+    scan_layers=m.scan_layers,
   )
   make = lambda: Qwen25VL(cfg, rngs=nnx.Rngs(seed))
   model = make() if mesh is None else init_sharded(make, mesh)

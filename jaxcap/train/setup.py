@@ -66,6 +66,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
       param_dtype=dtype_from_name(m.param_dtype),
       remat=m.remat,
       logprob_chunk=m.logprob_chunk,
+      scan_layers=m.scan_layers,
     )
     return model, Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
   return embedded.build_student(config, workdir, mesh)

@@ -89,3 +89,29 @@ def test_kv_cache_has_one_buffer_per_layer():
   assert len(cache.k) == len(cache.v) == t.num_hidden_layers
   assert all(k.shape == (3, 10, t.num_key_value_heads, t.head_dim) for k in cache.k + cache.v)
   assert cache.slots == 10
+
+
+def test_unrolled_stacks_compute_the_same_function():
+  """`scan_layers=False` unrolls the same stacked params in the compiled program: same logits and gradients."""
+  cfg = M.tiny()
+  model = M.Qwen25VL(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  unrolled = nnx.split(M.Qwen25VL(cfg.replace(scan_layers=False), rngs=nnx.Rngs(0)))[0]
+  grid = np.asarray([[1, 8, 12], [1, 4, 4]])
+  layout = vision_layout(grid, cfg.vision)
+  pixels = jax.random.normal(jax.random.key(1), (int(np.prod(grid, -1).sum()), cfg.vision.patch_dim))
+  n = int(np.prod(grid, -1).sum()) // 4
+  ids = jnp.concatenate([jnp.full((1, n), cfg.image_token_id), jnp.arange(1, 6)[None]], axis=1)
+  pos = jnp.broadcast_to(jnp.arange(ids.shape[1])[None, None], (3, 1, ids.shape[1]))
+
+  def loss(graph, params):
+    logits, _ = nnx.merge(graph, params)(ids, pos, jnp.ones(ids.shape, bool), M.VisionInput(pixels, layout))
+    return jnp.sum(jnp.tanh(logits)), logits
+
+  (_, want), want_g = jax.value_and_grad(lambda p: loss(graphdef, p), has_aux=True)(params)
+  (_, got), got_g = jax.value_and_grad(lambda p: loss(unrolled, p), has_aux=True)(params)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4), got_g, want_g
+  )
+  assert _lowered_size(cfg.replace(scan_layers=False)) > _lowered_size(cfg)
