@@ -58,7 +58,7 @@ def hf_inputs(batch, cfg: Qwen25VLConfig) -> dict:
   return kw
 
 
-def paired_models(cfg: Qwen25VLConfig, seed: int = 0):
+def paired_models(cfg: Qwen25VLConfig, seed: int = 0, **load_kw):
   """(transformers model with SDPA attention, the same weights loaded by jaxcap, the processor) for benchmarks:
   the HF model is saved to a temporary checkpoint and read back through `load_hf_checkpoint`."""
   import tempfile
@@ -69,7 +69,7 @@ def paired_models(cfg: Qwen25VLConfig, seed: int = 0):
   with tempfile.TemporaryDirectory() as d:
     ref = save_tiny_checkpoint(cfg, seed, d)
     ref.set_attn_implementation("sdpa")  # the fastest CPU path transformers offers
-    return ref, load_hf_checkpoint(d), Processor.from_pretrained(d)
+    return ref, load_hf_checkpoint(d, **load_kw), Processor.from_pretrained(d)
 
 
 def image_conversations(count: int, side: int, rng: np.random.RandomState) -> list:
