@@ -4,8 +4,6 @@ process or across two (jax.distributed over gloo on CPU), and 2 processes x 4 de
 
 import dataclasses
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +11,13 @@ from pathlib import Path
 import pytest
 
 from hf_reference import save_tiny_checkpoint
+from processes import cpu_env, run_processes
 from jaxcap.models.config import tiny
 
 pytestmark = pytest.mark.slow  # three subprocesses, each compiling a train step
 
 WORKER = Path(__file__).with_name("sharded_state_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(devices):
-  return {
-    **os.environ,
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    "JAX_PLATFORMS": "cpu",
-    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-    "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
-  }
 
 
 def test_two_processes_shard_the_state_and_step_like_one(tmp_path):
@@ -43,27 +32,25 @@ def test_two_processes_shard_the_state_and_step_like_one(tmp_path):
   save_tiny_checkpoint(cfg, 0, tmp_path / "ckpt")
   one = subprocess.run(
     [sys.executable, str(WORKER), str(tmp_path / "ckpt"), str(tmp_path / "one.json")],
-    env=_env(8),
+    env=cpu_env(8),
     capture_output=True,
     text=True,
     timeout=600,
   )
   assert one.returncode == 0, one.stderr[-3000:]
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  procs = [
-    subprocess.Popen(
-      [sys.executable, str(WORKER), str(tmp_path / "ckpt"), str(tmp_path / "two.json"), str(i), "2", str(port)],
-      env=_env(4),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=600)[0] for p in procs]
-  assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+  run_processes(
+    lambda i, port: [
+      sys.executable,
+      str(WORKER),
+      str(tmp_path / "ckpt"),
+      str(tmp_path / "two.json"),
+      str(i),
+      "2",
+      str(port),
+    ],
+    count=2,
+    devices=4,
+  )
   one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
   assert (one["processes"], one["devices"], two["processes"], two["devices"]) == (1, 8, 2, 8)
   for r in (one, two):

@@ -4,13 +4,13 @@ advantages and the loss over the global batch; a small entropy bonus keeps the R
 student's rewards are still flat)."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from processes import cpu_env, run_processes
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -46,15 +46,6 @@ def _cmd(workdir, *extra):
   ]
 
 
-def _env(devices):
-  return {
-    **os.environ,
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    "JAX_PLATFORMS": "cpu",
-    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-  }
-
-
 def _losses(workdir):
   rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
   return [(r["phase"], r["step"], r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
@@ -63,36 +54,25 @@ def _losses(workdir):
 def test_two_processes_match_one(tmp_path):
   one = subprocess.run(
     _cmd(tmp_path / "one", "--config.sft.batch_size=4", "--config.rl.batch_size=4"),
-    env=_env(2),
+    env=cpu_env(2),
     cwd=ROOT,
     capture_output=True,
     text=True,
     timeout=600,
   )
   assert one.returncode == 0, one.stderr[-3000:]
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  procs = [
-    subprocess.Popen(
-      _cmd(
-        tmp_path / "two",
-        "--config.sft.batch_size=2",
-        "--config.rl.batch_size=2",  # per process
-        f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-        "--config.distributed.num_processes=2",
-        f"--config.distributed.process_id={i}",
-      ),
-      env=_env(1),
-      cwd=ROOT,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=600)[0] for p in procs]
-  assert all(p.returncode == 0 for p in procs), outs[0][-2000:] + outs[1][-2000:]
+  run_processes(
+    lambda i, port: _cmd(
+      tmp_path / "two",
+      "--config.sft.batch_size=2",
+      "--config.rl.batch_size=2",  # per process
+      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+      "--config.distributed.num_processes=2",
+      f"--config.distributed.process_id={i}",
+    ),
+    count=2,
+    devices=1,
+  )
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
   assert [(p, s) for p, s, *_ in got] == [
     ("vision", 1),
