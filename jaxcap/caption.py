@@ -6,8 +6,9 @@ Output: one JSON line per image, {"id", "image", "caption", "tokens" (caption to
 "truncated" (hit --max_new_tokens before a stop token)}; an image that cannot be read
 gets {"id", "image", "error"} in the errors file (default: <out stem>.errors.jsonl) and the run goes on.
 Resumable: ids already in either file are skipped, finished lines are never rewritten (a torn last line from a
-killed run is cut off and its image redone). Images are grouped by their resized shape so each batch compiles
-once per shape. Work is sharded over processes: process i of n takes every n-th image (sorted by id) and writes
+killed run is cut off and its image redone). Images keep their native size within the checkpoint's pixel budget
+(its preprocessor_config.json, or --min_pixels / --max_pixels); they are ordered by size and batched, each batch
+padded to a bucket, so a folder of many sizes compiles a handful of programs. Work is sharded over processes: process i of n takes every n-th image (sorted by id) and writes
 `<out stem>-0000i-of-0000n.jsonl`; concatenate the shards afterwards.
 
 --images is a directory (searched recursively; id = path relative to it), a .jsonl manifest with "id" and
@@ -110,22 +111,23 @@ def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
       os.fsync(f.fileno())
 
 
-def group_by_shape(items: Iterable[ImageItem], vision_cfg) -> tuple[dict[tuple[int, int], list[ImageItem]], list[dict]]:
-  """Buckets images by their resized (height, width), reading only file headers. Returns (groups, error rows)."""
+def sort_by_size(items: Iterable[ImageItem], vision_cfg) -> tuple[list[ImageItem], list[dict]]:
+  """Images ordered by their processed size (patches), reading only file headers, so each batch mixes sizes that
+  pad little; returns (items, error rows)."""
   from PIL import Image
   from jaxcap.processing.vision import smart_resize
 
-  groups, errors = {}, []
+  sized, errors = [], []
   for item in items:
     try:
       with Image.open(item.path) as im:
         width, height = im.size
-      shape = smart_resize(height, width, vision_cfg.factor, vision_cfg.min_pixels, vision_cfg.max_pixels)
+      h, w = smart_resize(height, width, vision_cfg.factor, vision_cfg.min_pixels, vision_cfg.max_pixels)
     except Exception as e:  # any unreadable file is reported, never fatal
       errors.append({"id": item.id, "image": item.path, "error": f"cannot read image: {e}"})
       continue
-    groups.setdefault(shape, []).append(item)
-  return groups, errors
+    sized.append((h * w, item))
+  return [item for _, item in sorted(sized, key=lambda x: x[0])], errors
 
 
 def load_images(items: Sequence[ImageItem]) -> tuple[list[tuple[ImageItem, object]], list[dict]]:
@@ -155,14 +157,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--out", required=True, help="captions JSONL (appended to; resumable)")
   ap.add_argument("--errors", default=None, help="errors JSONL (default: <out stem>.errors.jsonl)")
   ap.add_argument("--prompt", default=DEFAULT_PROMPT)
-  ap.add_argument("--batch_size", type=int, default=16, help="images per batch (same resized shape)")
+  ap.add_argument("--batch_size", type=int, default=16, help="images per batch (any sizes, padded to a bucket)")
   ap.add_argument("--max_new_tokens", type=int, default=512)
   ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--top_k", type=int, default=0)
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--min_pixels", type=int, default=56 * 56)
-  ap.add_argument("--max_pixels", type=int, default=28 * 28 * 1280)
+  ap.add_argument("--min_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
+  ap.add_argument("--max_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
   ap.add_argument("--process_index", type=int, default=None, help="default: jax.process_index()")
   ap.add_argument("--process_count", type=int, default=None, help="default: jax.process_count()")
   ap.add_argument("--no_progress", action="store_true", help="no progress bar")
@@ -177,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   import jax
   from tqdm import tqdm
   from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.processing import Processor, VisionPreprocessConfig
+  from jaxcap.processing import Processor
   from jaxcap.sampling import Sampler, SamplingConfig
   from jaxcap.sharding import make_mesh
 
@@ -200,42 +202,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   # Data parallel over this process's devices; other processes work on other images, no collectives needed.
   mesh = make_mesh({"data": -1}, devices=jax.local_devices())
-  vision_cfg = VisionPreprocessConfig(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
-  processor = Processor.from_pretrained(args.checkpoint, vision_cfg=vision_cfg)
+  processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
+  budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
+  processor.vision_cfg = vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
   sampling = SamplingConfig(
     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
   )
-  groups, errors = group_by_shape(pending, vision_cfg)
+  ordered, errors = sort_by_size(pending, vision_cfg)
   append_lines(err_path, errors)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
   n_errors = len(errors)
   with jax.set_mesh(mesh):
     sampler = Sampler(load_hf_checkpoint(args.checkpoint, mesh=mesh), processor=processor, sampling=sampling)
-    for shape in sorted(groups):
-      items = groups[shape]
-      for start in range(0, len(items), args.batch_size):
-        loaded, bad = load_images(items[start : start + args.batch_size])
-        append_lines(err_path, bad)
-        rows = []
-        if loaded:
-          conversations = [
-            [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": args.prompt}]}]
-            for _, image in loaded
-          ]
-          key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
-          result = sampler(conversations, key)
-          tokens, lengths = jax.device_get((result.tokens, result.lengths))
-          stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
-          for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
-            stopped = int(row_tokens[n - 1]) in stops
-            rows.append(
-              {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
-            )
-          append_lines(out_path, rows)
-        n_errors += len(bad)
-        bar.update(len(loaded) + len(bad))
-        bar.set_postfix(shape=f"{shape[0]}x{shape[1]}", errors=n_errors, refresh=False)
+    for start in range(0, len(ordered), args.batch_size):
+      loaded, bad = load_images(ordered[start : start + args.batch_size])
+      append_lines(err_path, bad)
+      rows = []
+      if loaded:
+        conversations = [
+          [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": args.prompt}]}]
+          for _, image in loaded
+        ]
+        key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
+        result = sampler(conversations, key)
+        tokens, lengths = jax.device_get((result.tokens, result.lengths))
+        stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
+        for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
+          stopped = int(row_tokens[n - 1]) in stops
+          rows.append(
+            {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
+          )
+        append_lines(out_path, rows)
+      n_errors += len(bad)
+      bar.update(len(loaded) + len(bad))
+      bar.set_postfix(errors=n_errors, refresh=False)
   bar.close()
   return 0
 

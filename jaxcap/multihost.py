@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 import jax
+import numpy as np
 
 T = TypeVar("T")
 
@@ -24,3 +25,18 @@ def first_process_then_others(fn: Callable[[], T], name: str) -> T:
 def is_lead_process() -> bool:
   """True on the process that prints and writes run-level files."""
   return jax.process_index() == 0
+
+
+def allgather_ints(values: np.ndarray) -> list[np.ndarray]:
+  """Every process's 1-D int64 `values` (lengths may differ), in process order: two small host all-gathers (the
+  lengths, then the padded values). All processes must call it."""
+  values = np.asarray(values, np.int64).reshape(-1)
+  if jax.process_count() == 1:
+    return [values]
+  from jax.experimental import multihost_utils
+
+  lengths = np.asarray(multihost_utils.process_allgather(np.asarray([len(values)], np.int64))).reshape(-1)
+  padded = np.zeros((int(lengths.max()),), np.int64)
+  padded[: len(values)] = values
+  everyone = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(lengths), -1)
+  return [everyone[p, : int(n)] for p, n in enumerate(lengths)]

@@ -1,8 +1,8 @@
 """The Qwen2.5-VL vision tower: patch embedding, 2D RoPE, window / full attention blocks, patch merger.
 
-Variable image sizes are handled on the host: `vision_layout` turns `grid_thw` into static index arrays (window
-permutation, attention blocks, rotary positions), so the device code is shape-static and jit-friendly; images of
-the same sizes reuse one compilation.
+Variable image sizes are handled on the host: `vision_layout` turns `grid_thw` into index arrays (window
+permutation, attention blocks, rotary positions), so the device code is shape-static and jit-friendly. Padded to a
+bucketed `LayoutShape`, batches of images of any sizes reuse one compilation per bucket.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcap.buckets import batch_bucket, ladder
 from jaxcap.models.config import VisionConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, scan_layers, stacked
 
@@ -37,74 +38,161 @@ class AttentionBlocks:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class VisionLayout:
-  """Host-computed index arrays for one batch of images/videos (see `vision_layout`)."""
+  """Host-computed index arrays for one packed sequence of images/videos (see `vision_layout`). Every array's shape
+  depends only on the `LayoutShape` it was padded to, not on the image sizes, so one program serves a bucket."""
 
-  rotary_pos: np.ndarray  # int32 [L, 2]  (h, w) of each patch, window-permuted
-  window_index: np.ndarray  # int32 [L / merge^2]  merge-unit permutation into window order
+  rotary_pos: np.ndarray  # int32 [L, 2]  (h, w) of each patch, window-permuted (0 on padding)
+  window_index: np.ndarray  # int32 [L / merge^2]  merge-unit permutation into window order (identity on padding)
   reverse_index: np.ndarray  # int32 [L / merge^2]  its inverse
   windows: AttentionBlocks  # window-attention segments (in permuted order)
   frames: AttentionBlocks  # full-attention segments: one per temporal patch of each image/video
-  grid_thw: np.ndarray  # int [N, 3]  the grids this layout was made from
 
 
-def _blocks(seqlens: Sequence[int]) -> AttentionBlocks:
-  seqlens = [int(s) for s in seqlens if s > 0]
-  lmax = max(seqlens)
-  gather = np.zeros((len(seqlens), lmax), np.int32)
-  valid = np.zeros((len(seqlens), lmax), bool)
-  scatter = np.zeros((sum(seqlens),), np.int32)
-  start = 0
-  for s, n in enumerate(seqlens):
-    gather[s, :n] = np.arange(start, start + n)
-    valid[s, :n] = True
-    scatter[start : start + n] = s * lmax + np.arange(n)
-    start += n
-  return AttentionBlocks(gather, valid, scatter)
+@dataclasses.dataclass(frozen=True)
+class LayoutShape:
+  """The static shape of a `VisionLayout`: patches per pack (L), and each block set's (segments, segment length)."""
+
+  patches: int
+  windows: int
+  window_len: int
+  frames: int
+  frame_len: int
+
+  def union(self, other: "LayoutShape") -> "LayoutShape":
+    """The elementwise maximum: a shape that holds both."""
+    return LayoutShape(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+  def bucketed(self, cfg: VisionConfig) -> "LayoutShape":
+    """Rounded up the `jaxcap.buckets.ladder`: patches to whole merge units (64-patch multiples from 256 on, so a
+    pack splits evenly over up to 64 devices), segment lengths to the ladder (a window at most its full size),
+    segment counts to a coarser ladder (1, 2, 4, 6, 8, 12, ...: a short batch's few items fewer fit the full one's
+    program; attention over empty segments costs little)."""
+    unit = cfg.spatial_merge_size**2
+    full_window = (cfg.window_size // cfg.patch_size) ** 2
+    count = lambda n: batch_bucket(n) if n <= 4 else ladder(n, steps=2)
+    return LayoutShape(
+      patches=ladder(self.patches, 64 if self.patches > 256 else unit),
+      windows=count(self.windows),
+      window_len=min(full_window, ladder(self.window_len, unit)),
+      frames=count(self.frames),
+      frame_len=ladder(self.frame_len, unit),
+    )
 
 
-def vision_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> VisionLayout:
-  """Index arrays for `grid_thw` (int [N, 3]: temporal, height, width patches per image/video).
-
-  Mirrors `transformers`' get_vision_position_ids / get_vision_window_index / cu_seqlens, as static arrays.
-  """
+def _item_geometry(t: int, h: int, w: int, cfg: VisionConfig):
+  """One image / video's rotary positions [t*h*w, 2], window permutation of its merge units (local), window
+  segment lengths and frame segment lengths (patches), as transformers' get_window_index / cu_seqlens."""
   m = cfg.spatial_merge_size
   unit = m * m
   win = cfg.window_size // m // cfg.patch_size  # window side in merge units
-  rot, window_index, window_lens, frame_lens = [], [], [], []
-  offset = 0
-  for t, h, w in np.asarray(grid_thw).tolist():
-    if h % m or w % m:
-      raise ValueError(
-        f"grid {t}x{h}x{w} is not divisible by spatial_merge_size={m}; "
-        "preprocess images with jaxcap.processing (smart_resize to a multiple of 28)."
-      )
-    hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    hpos = hpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
-    wpos = wpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
-    rot.append(np.tile(np.stack([hpos, wpos], -1), (t, 1)))
-    lh, lw = h // m, w // m
-    index = np.arange(t * lh * lw).reshape(t, lh, lw)
-    pad_h, pad_w = win - lh % win, win - lw % win
-    nh, nw = (lh + pad_h) // win, (lw + pad_w) // win
-    padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
-    padded = padded.reshape(t, nh, win, nw, win).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, win, win)
-    lens = (padded != -100).sum((2, 3)).reshape(-1)
-    flat = padded.reshape(-1)
-    window_index.append(flat[flat != -100] + offset)
-    window_lens.extend((lens * unit).tolist())
-    frame_lens.extend([h * w] * t)
-    offset += t * lh * lw
+  if h % m or w % m:
+    raise ValueError(
+      f"grid {t}x{h}x{w} is not divisible by spatial_merge_size={m}; "
+      "preprocess images with jaxcap.processing (smart_resize to a multiple of 28)."
+    )
+  hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+  hpos = hpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+  wpos = wpos.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+  rot = np.tile(np.stack([hpos, wpos], -1), (t, 1))
+  lh, lw = h // m, w // m
+  index = np.arange(t * lh * lw).reshape(t, lh, lw)
+  pad_h, pad_w = win - lh % win, win - lw % win
+  nh, nw = (lh + pad_h) // win, (lw + pad_w) // win
+  padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
+  padded = padded.reshape(t, nh, win, nw, win).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, win, win)
+  lens = (padded != -100).sum((2, 3)).reshape(-1)
+  flat = padded.reshape(-1)
+  return rot, flat[flat != -100], [int(n) * unit for n in lens if n > 0], [h * w] * t
+
+
+def _as_packs(grid_thw) -> list[np.ndarray]:
+  if isinstance(grid_thw, (list, tuple)) and (not grid_thw or np.ndim(grid_thw[0]) == 2):
+    return [np.asarray(g, np.int64).reshape(-1, 3) for g in grid_thw]
+  return [np.asarray(grid_thw, np.int64).reshape(-1, 3)]
+
+
+def layout_shape(grid_thw, cfg: VisionConfig) -> LayoutShape:
+  """The exact (unpadded) shape `vision_layout` needs for `grid_thw` (int [N, 3], or a list of packs: then
+  patches is the largest pack's and the segment counts are totals)."""
+  patches = windows = window_len = frames = frame_len = 0
+  for pack in _as_packs(grid_thw):
+    patches = max(patches, int(np.prod(pack, -1).sum()) if len(pack) else 0)
+    for t, h, w in pack.tolist():
+      _, _, wl, fl = _item_geometry(t, h, w, cfg)
+      windows, frames = windows + len(wl), frames + len(fl)
+      window_len, frame_len = max([window_len, *wl]), max([frame_len, *fl])
+  return LayoutShape(patches, max(windows, 1), max(window_len, 1), max(frames, 1), max(frame_len, 1))
+
+
+def _blocks(segments: Sequence[tuple[int, int]], total: int, count: int, length: int) -> AttentionBlocks:
+  """`segments` (start, length) of a packed sequence of `total` positions, in `count` rows of `length` slots.
+
+  Rows past the real segments attend one key (a finite softmax; their output is never read); positions in no
+  segment (padding) read back the last slot, so they never feed a real position."""
+  if len(segments) > count or any(n > length for _, n in segments):
+    raise ValueError(f"{len(segments)} segments up to {max(n for _, n in segments)} long do not fit {count}x{length}")
+  gather = np.zeros((count, length), np.int32)
+  valid = np.zeros((count, length), bool)
+  valid[len(segments) :, 0] = True
+  scatter = np.full((total,), count * length - 1, np.int32)
+  for s, (start, n) in enumerate(segments):
+    gather[s, :n] = np.arange(start, start + n)
+    valid[s, :n] = True
+    scatter[start : start + n] = s * length + np.arange(n)
+  return AttentionBlocks(gather, valid, scatter)
+
+
+def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None) -> VisionLayout:
+  """Index arrays for `grid_thw` (int [N, 3]: temporal, height, width patches per image/video, in pack order).
+
+  Mirrors `transformers`' get_vision_position_ids / get_vision_window_index / cu_seqlens, as static arrays.
+  With `shape`, each pack is padded to `shape.patches` patches and the segments to the shape's counts and
+  lengths: padding patches attend only among themselves (never a real image's) and the arrays' shapes depend on
+  `shape` alone. `grid_thw` may be a list of packs (e.g. one per process of a global batch), laid end to end.
+  """
+  packs = _as_packs(grid_thw)
+  unit = cfg.spatial_merge_size**2
+  exact = layout_shape(packs, cfg)
+  pad_packs = shape is not None
+  if shape is None:
+    shape = exact
+  else:
+    if shape.union(exact) != shape:
+      raise ValueError(f"vision items needing {exact} do not fit the layout shape {shape}")
+    if shape.patches % unit:
+      raise ValueError(f"layout shape of {shape.patches} patches is not whole merge units of {unit}")
+  rot, window_index, window_segs, frame_segs = [], [], [], []
+  pos = 0  # patches laid out so far
+  for pack in packs:
+    start = pos
+    for t, h, w in pack.tolist():
+      r, index, wl, fl = _item_geometry(t, h, w, cfg)
+      rot.append(r.reshape(-1, unit, 2)[index].reshape(-1, 2))
+      window_index.append(index + pos // unit)
+      for n in wl:
+        window_segs.append((pos, n))
+        pos += n
+      pos -= sum(wl)
+      for n in fl:
+        frame_segs.append((pos, n))
+        pos += n
+    if pad_packs and (pad := start + shape.patches - pos):
+      rot.append(np.zeros((pad, 2), np.int64))
+      window_index.append(np.arange(pos // unit, pos // unit + pad // unit))
+      pos += pad
   window_index = np.concatenate(window_index).astype(np.int32)
-  rot = np.concatenate(rot).astype(np.int32)
-  rot = rot.reshape(-1, unit, 2)[window_index].reshape(-1, 2)
   return VisionLayout(
-    rotary_pos=rot,
+    rotary_pos=np.concatenate(rot).astype(np.int32),
     window_index=window_index,
     reverse_index=np.argsort(window_index).astype(np.int32),
-    windows=_blocks(window_lens),
-    frames=_blocks(frame_lens),
-    grid_thw=np.asarray(grid_thw, np.int32),
+    windows=_blocks(window_segs, pos, shape.windows, shape.window_len),
+    frames=_blocks(frame_segs, pos, shape.frames, shape.frame_len),
   )
+
+
+def stack_layouts(layouts: Sequence[VisionLayout]) -> VisionLayout:
+  """Layouts of one shape -> one layout whose arrays carry a leading axis (e.g. one per micro-batch)."""
+  return jax.tree.map(lambda *xs: np.stack(xs), *layouts)
 
 
 def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Array:

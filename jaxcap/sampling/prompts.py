@@ -1,7 +1,8 @@
 """Prompt batches for the compiled sampler, padded on the host to fixed shape buckets.
 
-The sampler compiles once per bucket: (batch rows, prompt length, vision patch shapes). Batch rows are rounded up
-to a power of two and prompt length up to a multiple, so calls with slightly different batches reuse one program.
+The sampler compiles once per bucket: (batch rows, prompt length, vision layout shape). Batch rows are rounded up
+to a power of two, prompt length and the vision pack (images of any sizes) up the `jaxcap.buckets.ladder`, so a
+stream of batches of many image sizes reuses a handful of programs.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxcap.buckets import batch_bucket, ladder
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import VisionInput
-from jaxcap.models.vision import vision_layout
+from jaxcap.models.vision import layout_shape, vision_layout
 from jaxcap.processing.prompt import ModelInputs
 
 
@@ -38,18 +40,40 @@ class Prompts:
     return self.input_ids.shape[1]
 
 
-def batch_bucket(rows: int) -> int:
-  """The compiled batch size for `rows` prompts: the next power of two."""
-  return 1 << max(0, int(rows) - 1).bit_length()
+@dataclasses.dataclass(frozen=True)
+class VisionItems:
+  """Host-side description of a batch's vision pack: grid_thw int [N, 3] of its images then videos (pack order),
+  rows int [N] the prompt row of each, and `patches` the pack's padded length (its bucket)."""
+
+  grid_thw: np.ndarray
+  rows: np.ndarray
+  patches: int
+
+
+def item_rows(input_ids: np.ndarray, image_grid, video_grid, cfg: Qwen25VLConfig) -> np.ndarray:
+  """The prompt row of each image then video (pack order), from where their placeholder tokens sit."""
+  merge = cfg.vision.spatial_merge_size**2
+  out = []
+  for grids, token in ((image_grid, cfg.image_token_id), (video_grid, cfg.video_token_id)):
+    if grids is None or not len(grids):
+      continue
+    row_of_token = np.nonzero(np.asarray(input_ids) == token)[0]  # row-major, as the model places features
+    starts = np.concatenate([[0], np.cumsum(np.prod(grids, -1) // merge)[:-1]])
+    if len(row_of_token) != int(np.prod(grids, -1).sum()) // merge:
+      raise ValueError(f"{len(row_of_token)} vision tokens for {len(grids)} items of {np.asarray(grids).tolist()}")
+    out.append(row_of_token[starts])
+  return np.concatenate(out).astype(np.int32) if out else np.zeros((0,), np.int32)
 
 
 def bucket_prompts(
   inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 16, pad_id: int = 0
-) -> tuple[Prompts, int]:
-  """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first).
+) -> tuple[Prompts, int, VisionItems | None]:
+  """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first, and
+  the vision pack's items or None).
 
-  Extra rows repeat the last real row, images included when the batch has no videos, so a short final batch of
-  same-size images has the same vision shapes as a full one; extra prompt columns are left padding.
+  Rows are padded to a power of two (extra rows repeat the last real row, its images included when the batch has
+  no videos, so a short final batch has the vision shapes of a full one), the prompt length to the `jaxcap.buckets.ladder` (in `length_multiple` steps) with left
+  padding, and the vision pack, images of any sizes, to a bucketed `LayoutShape`.
   """
   ids = np.asarray(inputs.input_ids, np.int32)
   mask = np.asarray(inputs.attention_mask, bool)
@@ -64,7 +88,6 @@ def bucket_prompts(
   positions = np.asarray(inputs.positions, np.int32)
   deltas = np.asarray(inputs.rope_deltas, np.int32)
   pixels, grids = inputs.pixel_values, inputs.grid_thw
-
   extra = batch_bucket(rows) - rows
   if extra:
     ids = np.concatenate([ids, np.repeat(ids[-1:], extra, 0)])
@@ -76,17 +99,37 @@ def bucket_prompts(
     elif pixels is not None:  # videos are packed after all images: extra rows must hold no vision tokens
       vision_token = (ids[rows:] == cfg.image_token_id) | (ids[rows:] == cfg.video_token_id)
       ids[rows:][vision_token] = pad_id
-
-  pad = -length % length_multiple
-  if pad:
-    ids = np.pad(ids, ((0, 0), (pad, 0)), constant_values=pad_id)
-    mask = np.pad(mask, ((0, 0), (pad, 0)))
-    positions = np.pad(positions, ((0, 0), (0, 0), (pad, 0)))
-  vision = None
+  prompts = pad_length(Prompts(ids, mask, positions, deltas), ladder(length, length_multiple), pad_id)
+  items = None
   if pixels is not None:
-    layout = inputs.layout if grids is inputs.grid_thw else vision_layout(grids, cfg.vision)
-    vision = VisionInput(np.asarray(pixels, np.float32), layout)
-  return Prompts(ids, mask, positions, deltas, vision), rows
+    grids = np.asarray(grids)
+    image_grid = grids if inputs.video_grid_thw is None else inputs.image_grid_thw
+    shape = layout_shape(grids, cfg.vision).bucketed(cfg.vision)
+    items = VisionItems(grids, item_rows(ids, image_grid, inputs.video_grid_thw, cfg), shape.patches)
+    pixels = pad_patches(pixels, shape.patches)
+    prompts = dataclasses.replace(prompts, vision=VisionInput(pixels, vision_layout(grids, cfg.vision, shape)))
+  return prompts, rows, items
+
+
+def pad_length(prompts: Prompts, length: int, pad_id: int = 0) -> Prompts:
+  """Left-pads host prompts to `length` columns."""
+  pad = length - prompts.length
+  if pad < 0:
+    raise ValueError(f"prompts of {prompts.length} tokens do not fit a length of {length}")
+  if pad == 0:
+    return prompts
+  return dataclasses.replace(
+    prompts,
+    input_ids=np.pad(prompts.input_ids, ((0, 0), (pad, 0)), constant_values=pad_id),
+    attention_mask=np.pad(prompts.attention_mask, ((0, 0), (pad, 0))),
+    positions=np.pad(prompts.positions, ((0, 0), (0, 0), (pad, 0))),
+  )
+
+
+def pad_patches(pixels: np.ndarray, patches: int) -> np.ndarray:
+  """float32 [L, patch_dim] -> [patches, patch_dim], zero patches appended."""
+  pixels = np.asarray(pixels, np.float32)
+  return np.pad(pixels, ((0, patches - pixels.shape[0]), (0, 0)))
 
 
 def _repeat_last_row_images(last_ids, pixels, grids, cfg: Qwen25VLConfig, copies: int):

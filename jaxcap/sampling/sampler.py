@@ -20,7 +20,7 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.prompt import ModelInputs
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.generate import decode_jit, prefill_jit
-from jaxcap.sampling.prompts import Prompts, bucket_prompts
+from jaxcap.sampling.prompts import Prompts, VisionItems, bucket_prompts, pad_length, pad_patches
 from jaxcap.sharding import logical_to_spec
 
 
@@ -42,13 +42,14 @@ class SampledArrays:
 class SamplerBatch:
   """Prompts padded to their bucket (`Sampler.bucket`, host numpy) or on device (`Sampler.place`): `prompts` holds
   `block` rows per process, the first `rows` real; on device with several processes it is the global batch,
-  this process's block starting at global row `first_row`. `grid_thw`: this process's vision grids (host)."""
+  this process's block starting at global row `first_row`. `packs`: the vision items of each process's block
+  (host; this process's alone before `place`, every process's in process order after), or None without vision."""
 
   prompts: Prompts
   rows: int
   block: int
   first_row: int = 0
-  grid_thw: np.ndarray | None = None
+  packs: tuple[VisionItems, ...] | None = None
 
   @property
   def on_device(self) -> bool:
@@ -180,19 +181,13 @@ class Sampler:
           "conversations need a processor: build Sampler(model, processor=Processor(...)) or pass a ModelInputs batch"
         )
       prompts = self.processor(prompts, padding_side="left")
-    padded, rows = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
-    grids = None if padded.vision is None else np.asarray(padded.vision.layout.grid_thw)
-    return SamplerBatch(padded, rows, padded.batch, 0, grids)
+    padded, rows, items = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
+    return SamplerBatch(padded, rows, padded.batch, 0, None if items is None else (items,))
 
   def place(self, batch: SamplerBatch) -> SamplerBatch:
     """Uploads a bucketed batch under the ambient mesh; with several processes every process's batch becomes its
     block of one global batch (all processes must call it, with batches of the same shapes)."""
-    if batch.on_device:
-      return batch
-    if jax.process_count() > 1:
-      prompts = _to_global(batch.prompts, self.cfg)
-      return dataclasses.replace(batch, prompts=prompts, first_row=_first_row(prompts.input_ids, batch.block))
-    return dataclasses.replace(batch, prompts=_to_device(batch.prompts))
+    return place_batch(batch, self.cfg, self.pad_id)
 
   def __call__(
     self,
@@ -232,17 +227,51 @@ class Sampler:
     )
 
 
-def _to_global(prompts: Prompts, cfg) -> Prompts:
-  """Multi-process: every process's host batch becomes its slice of one global batch (process order).
+def place_batch(batch: SamplerBatch, cfg, pad_id: int) -> SamplerBatch:
+  """`Sampler.place` for any bucketed batch (`bucket_prompts`): uploads it under the ambient mesh, the processes'
+  blocks forming one global batch."""
+  if batch.on_device:
+    return batch
+  if jax.process_count() > 1:
+    prompts, packs = _to_global(batch, cfg, pad_id)
+    return dataclasses.replace(
+      batch, prompts=prompts, first_row=_first_row(prompts.input_ids, batch.block), packs=packs
+    )
+  return dataclasses.replace(batch, prompts=_to_device(batch.prompts))
 
-  Every process must hold the same number of prompts with images of the same sizes (as the trainer's fixed
-  image size and per-process batch give), so the global vision layout is the local one repeated."""
-  from jaxcap.models.vision import vision_layout
+
+def _to_global(batch: SamplerBatch, cfg, pad_id: int) -> tuple[Prompts, tuple[VisionItems, ...] | None]:
+  """Multi-process: every process's host batch becomes its block of one global batch (process order).
+
+  The processes first agree on one bucket (the largest prompt length and vision pack any of them needs; one small
+  host all-gather), pad their own arrays to it, and lay out every process's images in one global vision layout."""
+  from jaxcap.models.vision import layout_shape, vision_layout
+  from jaxcap.multihost import allgather_ints
 
   mesh = jax.sharding.get_mesh()
   if mesh is None or mesh.empty:
     raise ValueError("multi-process sampling needs an ambient mesh: call it under `with jax.set_mesh(mesh):`")
   n = jax.process_count()
+  prompts, mine = batch.prompts, (batch.packs or (None,))[0]
+  local = [batch.block, prompts.length, int(mine is not None)]
+  if mine is not None:
+    local += [mine.patches, *np.asarray(mine.rows).tolist(), *np.asarray(mine.grid_thw).reshape(-1).tolist()]
+  everyone = allgather_ints(np.asarray(local, np.int64))
+  blocks = {int(e[0]) for e in everyone}
+  if len(blocks) > 1:
+    raise ValueError(f"processes hold {sorted(blocks)} prompt rows; every process must pass a batch of one size")
+  prompts = pad_length(prompts, max(int(e[1]) for e in everyone), pad_id)
+  packs = None
+  if any(int(e[2]) for e in everyone):
+    if not all(int(e[2]) for e in everyone):
+      raise ValueError("some processes' prompts have images and others' none; every process needs vision items")
+    packs = tuple(_decode_items(e[3:]) for e in everyone)
+    shape = layout_shape([p.grid_thw for p in packs], cfg.vision).bucketed(cfg.vision)
+    shape = dataclasses.replace(shape, patches=max(shape.patches, *(p.patches for p in packs)))
+    packs = tuple(dataclasses.replace(p, patches=shape.patches) for p in packs)
+    layout = vision_layout([p.grid_thw for p in packs], cfg.vision, shape)
+    pixels = pad_patches(prompts.vision.pixel_values, shape.patches)
+    prompts = dataclasses.replace(prompts, vision=type(prompts.vision)(pixels, layout))
 
   def place(x, logical):
     global_shape = list(np.shape(x))
@@ -258,17 +287,25 @@ def _to_global(prompts: Prompts, cfg) -> Prompts:
 
   vision = prompts.vision
   if vision is not None:
-    local_grids = np.asarray(vision.layout.grid_thw)
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
     vision = type(vision)(
-      place(vision.pixel_values, ("batch", None)), vision_layout(np.concatenate([local_grids] * n), cfg.vision)
+      place(vision.pixel_values, ("batch", None)),
+      jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x), vision.layout),
     )
-  return Prompts(
+  placed = Prompts(
     place(prompts.input_ids, ("batch", None)),
     place(prompts.attention_mask, ("batch", None)),
     place(prompts.positions, (None, "batch", None)),
     place(prompts.rope_deltas, ("batch",)),
     vision,
   )
+  return placed, packs
+
+
+def _decode_items(flat: np.ndarray) -> VisionItems:
+  """Inverse of the all-gathered [patches, rows..., grids...] of one process (N items: 1 + N + 3N ints)."""
+  count = (len(flat) - 1) // 4
+  return VisionItems(flat[1 + count :].reshape(count, 3), flat[1 : 1 + count].astype(np.int32), int(flat[0]))
 
 
 def _first_row(ids: jax.Array, block: int) -> int:

@@ -20,9 +20,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.data.records import ImageRecord
-from jaxcap.models.vision import vision_layout
+from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
 from jaxcap.processing import Processor
-from jaxcap.sampling.sampler import SampledArrays, SamplerBatch
+from jaxcap.sampling.prompts import bucket_prompts
+from jaxcap.sampling.sampler import SampledArrays, SamplerBatch, place_batch
 from jaxcap.sharding import logical_to_spec
 from jaxcap.train import data as data_lib
 from jaxcap.train.step import PromptBatch
@@ -44,7 +45,9 @@ class Batcher:
     self.media_threads = media_threads or min(8, os.cpu_count() or 1)
     self._pool: ThreadPoolExecutor | None = None
     self._processing = threading.Lock()  # the loader's and the evaluation's threads share one processor
-    self._layouts: dict = {}
+    self._layouts: dict = {}  # micro-batch layouts by vision items, oldest dropped first
+    pad = getattr(processor.tokenizer, "pad_token_id", None)
+    self.pad_id = int(pad) if pad is not None else int(processor.cfg.eos_token_id)
 
   def inputs(self, records: Sequence[ImageRecord]):
     """The processor's batch (host numpy) of `records`' prompts; their media are decoded on a few threads."""
@@ -59,54 +62,56 @@ class Batcher:
     with self._processing:
       return self.processor(convs, padding_side="left", pad_to_multiple_of=d.pad_to_multiple)
 
-  def host_prompts(self, inputs, num_micro: int):
-    """ModelInputs of B prompts -> (PromptBatch [M, B/M, ...] of host arrays, the grid (t, h, w) its images all
-    share or None); numpy only."""
-    b = inputs.input_ids.shape[0]
-    if b % num_micro:
-      raise ValueError(f"batch of {b} prompts does not split into {num_micro} micro-batches")
-    mb = b // num_micro
-    grid, pixels = None, None
-    if inputs.pixel_values is not None:
-      per_item = _per_item(inputs.grid_thw)
-      pixels = inputs.pixel_values.reshape(num_micro, mb * per_item, -1)
-      grid = inputs.grid_thw[0]
-    split = lambda x: x.reshape(num_micro, mb, *x.shape[1:])
-    pos = inputs.positions.reshape(3, num_micro, mb, -1).transpose(1, 0, 2, 3)
-    return PromptBatch(split(inputs.input_ids), pos, split(inputs.attention_mask), pixels), grid
+  def host_prompts(self, inputs, num_micro: int) -> SamplerBatch:
+    """ModelInputs of B prompts -> the same batch padded to its bucket (host numpy, `bucket_prompts`): images of
+    any sizes in one padded pack, split into `num_micro` micro-batches on device by `prompt_batch`."""
+    if inputs.input_ids.shape[0] % num_micro:
+      raise ValueError(f"batch of {inputs.input_ids.shape[0]} prompts does not split into {num_micro} micro-batches")
+    cfg = self.processor.cfg
+    padded, rows, items = bucket_prompts(
+      inputs, cfg, length_multiple=self.config.data.pad_to_multiple, pad_id=self.pad_id
+    )
+    return SamplerBatch(padded, rows, padded.batch, 0, None if items is None else (items,))
 
   def prompts(self, inputs, num_micro: int):
-    """ModelInputs of B prompts (or `host_prompts` of them) -> (PromptBatch [M, B/M, ...] on device, shared
-    VisionLayout of one global micro-batch)."""
-    batch, grid = inputs if isinstance(inputs, tuple) else self.host_prompts(inputs, num_micro)
-    # The step sees the global micro-batch (every process's images, all of one size).
-    layout = None if grid is None else self.layout(grid, batch.ids.shape[1] * jax.process_count())
-    return self.place(batch, PROMPT_AXES), layout
+    """ModelInputs of B prompts (or `host_prompts` of them) -> (PromptBatch [M, B/M, ...] on device, the
+    micro-batches' VisionLayouts [M, ...] or None)."""
+    batch = inputs if isinstance(inputs, SamplerBatch) else self.host_prompts(inputs, num_micro)
+    return self.prompt_batch(place_batch(batch, self.processor.cfg, self.pad_id), num_micro)
 
   def prompt_batch(self, placed: SamplerBatch, num_micro: int):
-    """The update's (PromptBatch [M, B/M, ...], layout) from the sampler's placed batch, on device: the same
-    arrays `prompts` would upload (bucket rows dropped, every process's micro-batch m in micro-batch m), and
-    the same shardings, with no host round trip."""
+    """The update's (PromptBatch [M, B/M, ...], VisionLayouts [M, ...]) from a placed batch (the sampler's), on
+    device: bucket rows dropped, every process's micro-batch m in micro-batch m, each micro-batch's images
+    gathered from the placed pack into a pack of its own (all padded to one bucketed layout shape)."""
     p, rows, block = placed.prompts, placed.rows, placed.block
     if rows % num_micro:
       raise ValueError(f"batch of {rows} prompts does not split into {num_micro} micro-batches")
     procs, mb = p.batch // block, rows // num_micro
     t = p.input_ids.shape[1]
-    specs = [(1, block, rows), (0, block, rows), (0, block, rows)]  # positions, ids, mask: (axis, block, real)
+    specs = ((1, block, rows), (0, block, rows), (0, block, rows))  # positions, ids, mask: (axis, block, real)
     shapes = {"ids": (num_micro, procs * mb, t), "positions": (num_micro, 3, procs * mb, t)}
     shapes["mask"] = shapes["ids"]
-    layout, arrays = None, [p.positions, p.input_ids, p.attention_mask]
-    if p.vision is not None:
-      per_item = _per_item(placed.grid_thw)
-      pixels = p.vision.pixel_values
-      specs.append((0, pixels.shape[0] // procs, rows * per_item))
-      shapes["pixel_values"] = (num_micro, procs * mb * per_item, pixels.shape[1])
-      arrays.append(pixels)
-      layout = self.layout(placed.grid_thw[0], mb * procs)
-    names = ["positions", "ids", "mask", "pixel_values"][: len(arrays)]
+    names = ("positions", "ids", "mask")
     shardings = tuple(self.sharding(PROMPT_AXES[n], shapes[n]) for n in names)
-    out = dict(zip(names, _relayout_fn(tuple(specs), procs, num_micro, shardings)(*arrays)))
-    return PromptBatch(out["ids"], out["positions"], out["mask"], out.get("pixel_values")), layout
+    out = dict(zip(names, _relayout_fn(specs, procs, num_micro, shardings)(p.positions, p.input_ids, p.attention_mask)))
+    pixels, layouts = None, None
+    if p.vision is not None:
+      index, layouts = self.micro_layouts(placed.packs, mb, num_micro)
+      shape = (num_micro, index.shape[1], p.vision.pixel_values.shape[1])
+      pixels = _gather_fn(self.sharding(PROMPT_AXES["pixel_values"], shape))(p.vision.pixel_values, index)
+    return PromptBatch(out["ids"], out["positions"], out["mask"], pixels), layouts
+
+  def micro_layouts(self, packs, rows_per_micro: int, num_micro: int):
+    """`micro_packs` on device (replicated), computed and uploaded once per distinct set of vision items (a run
+    whose images share one size, like the embedded default's, reuses one)."""
+    key = (rows_per_micro, num_micro, tuple((p.patches, p.rows.tobytes(), p.grid_thw.tobytes()) for p in packs))
+    if key not in self._layouts:
+      if len(self._layouts) >= 64:
+        self._layouts.pop(next(iter(self._layouts)))
+      replicated = NamedSharding(self.mesh, P())
+      put = lambda x: jax.make_array_from_process_local_data(replicated, x)
+      self._layouts[key] = jax.tree.map(put, micro_packs(packs, rows_per_micro, num_micro, self.processor.cfg.vision))
+    return self._layouts[key]
 
   def rollout_batch(
     self, arrays: SampledArrays, placed: SamplerBatch, num_samples: int, num_micro: int, with_logprobs: bool = True
@@ -120,16 +125,6 @@ class Batcher:
     sharding = self.sharding((None, "batch", None), (num_micro, procs * rows * g // num_micro, n))
     fn = _rollout_fn(procs, block * g, rows * g, num_micro, sharding, with_logprobs)
     return fn(arrays.tokens, arrays.lengths, arrays.policy_logprobs if with_logprobs else None)
-
-  def layout(self, grid, count: int):
-    """The VisionLayout of `count` items of one `grid` (t, h, w), computed and uploaded (replicated) once, so
-    every step's programs reuse it."""
-    key = (tuple(int(v) for v in grid), count)
-    if key not in self._layouts:
-      layout = vision_layout(np.repeat(np.asarray(grid)[None], count, axis=0), self.processor.cfg.vision)
-      replicated = NamedSharding(self.mesh, P())
-      self._layouts[key] = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x), layout)
-    return self._layouts[key]
 
   def sharding(self, logical, shape) -> NamedSharding:
     return NamedSharding(self.mesh, logical_to_spec(tuple(logical)[: len(shape)], tuple(shape), self.mesh))
@@ -169,12 +164,31 @@ class Batcher:
       self._pool = None
 
 
-def _per_item(grids) -> int:
-  """Patches per image of a step whose images all share one size."""
-  grids = np.asarray(grids)
-  if not (grids == grids[0]).all():
-    raise ValueError("all images of a step must share one size; set data.image_size (pixels) to resize them")
-  return int(np.prod(grids[0]))
+def micro_packs(packs, rows_per_micro: int, num_micro: int, cfg) -> tuple[np.ndarray, VisionLayout]:
+  """Per micro-batch vision packs from a placed batch's packs (one per process, each `patches` long, laid end to
+  end): (index int32 [M, P * L] of each micro-batch pack's patches in the placed pixels, padding pointing at patch
+  0; the micro-batches' VisionLayouts stacked [M, ...]). Micro-batch m holds rows [m * b, (m + 1) * b) of every
+  process's block, process by process, each process's part padded to L, the bucketed size of the largest."""
+  groups = []  # [m][p] -> (grids, patch indexes)
+  for m in range(num_micro):
+    group = []
+    for p, pack in enumerate(packs):
+      sizes = np.prod(pack.grid_thw, -1).astype(np.int64)
+      starts = p * pack.patches + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+      keep = (pack.rows >= m * rows_per_micro) & (pack.rows < (m + 1) * rows_per_micro)
+      patches = [np.arange(a, a + n) for a, n in zip(starts[keep], sizes[keep])]
+      group.append((pack.grid_thw[keep], np.concatenate(patches) if patches else np.zeros((0,), np.int64)))
+    groups.append(group)
+  shape = None
+  for group in groups:
+    need = layout_shape([g for g, _ in group], cfg).bucketed(cfg)
+    shape = need if shape is None else shape.union(need)
+  index = np.zeros((num_micro, len(packs) * shape.patches), np.int32)
+  for m, group in enumerate(groups):
+    for p, (_, patches) in enumerate(group):
+      index[m, p * shape.patches : p * shape.patches + len(patches)] = patches
+  layouts = stack_layouts([vision_layout([g for g, _ in group], cfg, shape) for group in groups])
+  return index, layouts
 
 
 def micro_major(x: jax.Array, axis: int, processes: int, block: int, real: int, num_micro: int) -> jax.Array:
@@ -197,6 +211,11 @@ def _relayout_fn(specs: tuple, processes: int, num_micro: int, shardings: tuple)
     return tuple(micro_major(x, a, processes, b, r, num_micro) for x, (a, b, r) in zip(xs, specs))
 
   return jax.jit(fn, out_shardings=shardings)
+
+
+@functools.lru_cache(maxsize=32)
+def _gather_fn(sharding):
+  return jax.jit(lambda pixels, index: pixels[index], out_shardings=sharding)
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,8 +1,8 @@
 """The update steps: pure functions (state, batch) -> (state, metrics), jit-compiled with donated state.
 
 Batches carry a leading micro-batch axis M; gradients are accumulated over it with `lax.scan`, so memory is
-bounded by one micro-batch. Every micro-batch of a step shares one vision layout (same image sizes), which
-keeps the scan shape-static.
+bounded by one micro-batch. Each micro-batch has its own vision layout (images of any sizes), all padded to one
+`LayoutShape`, which keeps the scan shape-static.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from jaxcap.train.state import TrainState
 @dataclasses.dataclass(frozen=True)
 class PromptBatch:
   """M micro-batches of b prompts. ids int [M, b, P]; positions int [M, 3, b, P]; mask bool [M, b, P];
-  pixel_values float [M, L, patch_dim] or None (layout shared, passed separately)."""
+  pixel_values float [M, L, patch_dim] or None (each micro-batch's images packed and padded to L patches; their
+  layouts are passed separately)."""
 
   ids: jax.Array
   positions: jax.Array
@@ -59,6 +60,13 @@ def _micro(tree, i):
 
 def _vision(pixel_values, layout):
   return None if pixel_values is None else VisionInput(pixel_values, layout)
+
+
+def per_micro(layout: VisionLayout | None, num_micro: int) -> VisionLayout | None:
+  """One layout per micro-batch [M, ...]: `layout` as is when it has the leading M axis, else shared by all."""
+  if layout is None or layout.window_index.ndim == 2:
+    return layout
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_micro, *x.shape)), layout)
 
 
 def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
@@ -103,15 +111,16 @@ def _apply(
 def sequence_logprobs(
   graphdef, params, prompts: PromptBatch, layout: VisionLayout | None, tokens: jax.Array
 ) -> jax.Array:
-  """Teacher-forced log-probs [M, b*G, C] of `tokens` under `params`, one micro-batch at a time (no grad)."""
+  """Teacher-forced log-probs [M, b*G, C] of `tokens` under `params`, one micro-batch at a time (no grad).
+  `layout`: one per micro-batch [M, ...] or one shared by all."""
 
   def one(_, xs):
-    pb, tk = xs
+    pb, lay, tk = xs
     model = nnx.merge(graphdef, params)
-    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tk)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tk)
     return None, lp
 
-  _, out = jax.lax.scan(one, None, (prompts, tokens))
+  _, out = jax.lax.scan(one, None, (prompts, per_micro(layout, tokens.shape[0]), tokens))
   return out
 
 
@@ -151,17 +160,18 @@ def rl_step(
     raise ValueError("loss_config.kl_coef > 0 needs rollouts.ref_logprobs")
 
   def loss_fn(params, mb):
-    pb, tokens, mask, old_lp, ref_lp, adv, valid = mb
+    pb, lay, tokens, mask, old_lp, ref_lp, adv, valid = mb
     model = nnx.merge(graphdef, params)
     lp, ent = completion_logprobs(
-      model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tokens, with_entropy=True
+      model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tokens, with_entropy=True
     )
     loss, metrics = policy_loss(
       lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid, entropy=ent
     )
     return loss, metrics
 
-  batches = (prompts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
+  layouts = per_micro(layout, rollouts.tokens.shape[0])
+  batches = (prompts, layouts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
   counted = rollouts.mask & sample_valid[..., None]
   if loss_config.aggregation == "token-mean":
     weights = jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
@@ -189,14 +199,15 @@ def sft_step(
   targets int [M, b, C], target_mask bool [M, b, C] (the caption and its end-of-turn token)."""
 
   def loss_fn(params, mb):
-    pb, tokens, mask = mb
+    pb, lay, tokens, mask = mb
     model = nnx.merge(graphdef, params)
-    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, layout), tokens)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tokens)
     mask = mask.astype(jnp.float32)
     nll = -jnp.sum(lp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return nll, {"nll": nll}
 
   weights = jnp.sum(target_mask, axis=(1, 2))
-  loss, metrics, grads = _accumulate(loss_fn, state.params, (prompts, targets, target_mask), weights)
+  batches = (prompts, per_micro(layout, targets.shape[0]), targets, target_mask)
+  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
   state, opt_metrics = _apply(state, grads, optimizer, master_update)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -44,13 +44,16 @@ def test_compiles_once_per_bucket(models):
 def test_bucketing_pads_rows_and_length(models):
   _, _, proc = models
   batch = proc(_batch(3, 0, 1), padding_side="left")
-  prompts, rows = bucket_prompts(batch, proc.cfg, length_multiple=32, pad_id=7)
+  prompts, rows, items = bucket_prompts(batch, proc.cfg, length_multiple=32, pad_id=7)
   assert rows == 3 and prompts.batch == batch_bucket(3) == 4 and prompts.length % 32 == 0
   pad = prompts.length - batch.input_ids.shape[1]
   np.testing.assert_array_equal(prompts.input_ids[:3, pad:], batch.input_ids)
   assert not prompts.attention_mask[:, :pad].any() and (prompts.input_ids[:, :pad] == 7).all()
   np.testing.assert_array_equal(prompts.input_ids[3], prompts.input_ids[2])  # extra row repeats the last one
-  assert prompts.vision.pixel_values.shape[0] == 4 * batch.pixel_values.shape[0] // 3  # with its image
+  assert items.rows.tolist() == [0, 1, 2, 3] and len(items.grid_thw) == 4  # with its image
+  real = 4 * batch.pixel_values.shape[0] // 3
+  assert prompts.vision.pixel_values.shape[0] == items.patches >= real  # the pack padded to its bucket
+  np.testing.assert_array_equal(prompts.vision.pixel_values[real:], 0)
 
 
 def test_right_padded_prompts_are_rejected(models):
