@@ -43,7 +43,7 @@ class VisionLayout:
 
   rotary_pos: np.ndarray  # int32 [L, 2]  (h, w) of each patch, window-permuted (0 on padding)
   window_index: np.ndarray  # int32 [L / merge^2]  merge-unit permutation into window order (identity on padding)
-  reverse_index: np.ndarray  # int32 [L / merge^2]  its inverse
+  reverse_index: np.ndarray  # int32 [L / merge^2]  back to pack order, every pack's real units first, padding last
   windows: AttentionBlocks  # window-attention segments (in permuted order)
   frames: AttentionBlocks  # full-attention segments: one per temporal patch of each image/video
 
@@ -161,7 +161,7 @@ def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None)
       raise ValueError(f"vision items needing {exact} do not fit the layout shape {shape}")
     if shape.patches % unit:
       raise ValueError(f"layout shape of {shape.patches} patches is not whole merge units of {unit}")
-  rot, window_index, window_segs, frame_segs = [], [], [], []
+  rot, window_index, window_segs, frame_segs, is_real = [], [], [], [], []
   pos = 0  # patches laid out so far
   for pack in packs:
     start = pos
@@ -169,6 +169,7 @@ def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None)
       r, index, wl, fl = _item_geometry(t, h, w, cfg)
       rot.append(r.reshape(-1, unit, 2)[index].reshape(-1, 2))
       window_index.append(index + pos // unit)
+      is_real.append(np.ones(len(index), bool))
       for n in wl:
         window_segs.append((pos, n))
         pos += n
@@ -179,12 +180,18 @@ def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None)
     if pad_packs and (pad := start + shape.patches - pos):
       rot.append(np.zeros((pad, 2), np.int64))
       window_index.append(np.arange(pos // unit, pos // unit + pad // unit))
+      is_real.append(np.zeros(pad // unit, bool))
       pos += pad
   window_index = np.concatenate(window_index).astype(np.int32)
+  is_real = np.concatenate(is_real)
+  # merged features come out with every real unit first, in pack order (the order the model places them at the
+  # prompts' vision tokens), then the padding of all packs
+  reverse = np.argsort(window_index)
+  reverse = np.concatenate([reverse[is_real], reverse[~is_real]])
   return VisionLayout(
     rotary_pos=np.concatenate(rot).astype(np.int32),
     window_index=window_index,
-    reverse_index=np.argsort(window_index).astype(np.int32),
+    reverse_index=reverse.astype(np.int32),
     windows=_blocks(window_segs, pos, shape.windows, shape.window_len),
     frames=_blocks(frame_segs, pos, shape.frames, shape.frame_len),
   )

@@ -2,11 +2,13 @@
 
     python multiprocess_worker.py OUT.json PROCESS_ID PORT
 
-Samples G = 2 captions for 4 image prompts, 2 per process, under a mesh over both processes' devices, with
+Samples G = 2 captions for 4 image prompts of 4 native sizes, 2 per process (so the processes must agree on one
+bucket), under a mesh over both processes' devices, with
 `multihost_utils.process_allgather` made to raise while the sampler runs and decodes: the captions have to come
 from this process's own shards. Then checks them against the global arrays (gathered only here, for the check):
 this process's block of the global batch holds its prompts, and its tokens, lengths and captions are that
-block's. Also checks that the update's prompts and rollout arrays derived on device (2 micro-batches) equal the
+block's; greedy rollouts of the global batch equal each prompt decoded alone, unpadded, on this process's own
+device. Also checks that the update's prompts and rollout arrays derived on device (2 micro-batches) equal the
 host path's uploads. Writes what it checked.
 """
 
@@ -30,6 +32,7 @@ from jaxcap.train.config import base_config
 
 PROMPT = "describe the image in detail . a red blue green square circle triangle"
 ROWS, G, M_MICRO = 4, 2, 2
+SIZES = [(40, 60), (70, 50), (120, 100), (30, 30)]  # process 1's images take more patches and tokens
 
 
 def main(out, process_id, port):
@@ -37,13 +40,14 @@ def main(out, process_id, port):
   cfg = M.tiny()
   processor = Processor(word_tokenizer(PROMPT.split(), cfg), cfg)
   config = base_config()
-  config.data.prompt, config.data.image_size = PROMPT, 56
+  config.data.prompt, config.data.image_size = PROMPT, 0  # native sizes
   directory = out + ".images"
   os.makedirs(directory, exist_ok=True)
   records = []
   for i in range(ROWS):
     path = f"{directory}/{i}.png"
-    Image.fromarray((np.random.RandomState(i).rand(40, 60, 3) * 255).astype(np.uint8)).save(path)
+    h, w = SIZES[i]
+    Image.fromarray((np.random.RandomState(i).rand(h, w, 3) * 255).astype(np.uint8)).save(path)
     records.append(ImageRecord(id=str(i), image=path))
   per = ROWS // jax.process_count()
   mine = records[jax.process_index() * per : (jax.process_index() + 1) * per]
@@ -71,7 +75,8 @@ def main(out, process_id, port):
     assert isinstance(rollouts.arrays.tokens, jax.Array) and rollouts.arrays.tokens.shape[0] == ROWS * G
     lo = placed.first_row
     global_ids = allgather(placed.prompts.input_ids, tiled=True)
-    np.testing.assert_array_equal(global_ids[lo : lo + per], bucketed.prompts.input_ids)
+    local_length = bucketed.prompts.length
+    np.testing.assert_array_equal(global_ids[lo : lo + per, -local_length:], bucketed.prompts.input_ids)
     block = slice(lo * G, (lo + per) * G)
     all_tokens, all_lengths = (allgather(x, tiled=True) for x in (rollouts.arrays.tokens, rollouts.arrays.lengths))
     np.testing.assert_array_equal(tokens, all_tokens[block])
@@ -87,6 +92,22 @@ def main(out, process_id, port):
     for a, b in pairs + list(zip(derived, host)):
       assert a.shape == b.shape and a.sharding.is_equivalent_to(b.sharding, a.ndim), (a.shape, b.shape)
       np.testing.assert_array_equal(allgather(a, tiled=True), allgather(b, tiled=True))
+    greedy = Sampler(model, processor=processor, sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))
+    greedy_tokens = np.asarray(greedy(placed, jax.random.key(0)).tokens)
+  stops = {processor.cfg.eos_token_id}
+  for r, record in enumerate(mine):
+    alone = batcher.inputs([record])
+    ids, pos, mask = alone.input_ids, alone.positions, alone.attention_mask
+    want = []
+    for k in range(4):
+      logits, _ = model(ids, pos, mask, alone.vision())
+      want.append(int(np.argmax(np.asarray(logits[0, -1]))))
+      if want[-1] in stops:
+        break
+      ids = np.concatenate([ids, [[want[-1]]]], 1)
+      pos = np.concatenate([pos, pos[:, :, -1:] + 1], 2)
+      mask = np.concatenate([mask, [[True]]], 1)
+    np.testing.assert_array_equal(greedy_tokens[r, : len(want)], want)
   with open(out, "w") as f:
     json.dump({"first_row": lo, "text": text, "tokens": tokens.tolist(), "lengths": lengths.tolist()}, f)
   jax.distributed.shutdown()

@@ -3,6 +3,7 @@ the host path uploads (values and shardings); the loader's prefetch yields the s
 resumes at the same place; deferred metrics are the values an eager fetch gives; the launcher's compilation
 cache."""
 
+import functools
 import threading
 
 import jax
@@ -20,7 +21,9 @@ from jaxcap.sharding import make_mesh
 from jaxcap.train.batching import Batcher, micro_major
 from jaxcap.train.config import base_config
 from jaxcap.train.data import record_loader
+from jaxcap.train.logprobs import completion_logprobs
 from jaxcap.train.metrics import PendingMetrics
+from jaxcap.train.step import sequence_logprobs
 
 CFG = M.tiny()
 PROMPT = "describe the image in detail ."
@@ -70,6 +73,45 @@ def test_device_side_batches_equal_the_host_path(parts, rows, num_micro):
   assert len(rollouts.text) == rows * g
   np.testing.assert_array_equal(rollouts.host_lengths, np.asarray(rollouts.lengths))
   assert mask.sum() == rollouts.host_lengths.sum() > 0
+  batcher.close()
+
+
+def test_mixed_size_micro_batches_score_each_prompt_as_alone(parts, tmp_path):
+  """Native sizes (and a video) in one step: each micro-batch's images are gathered from the sampler's pack into
+  their own padded pack, and every prompt's completion log-probs equal that prompt run alone, unpadded."""
+  _, config, processor, model = parts
+  config = config.copy_and_resolve_references()
+  config.data.image_size = 0
+  sizes = [(40, 60), (120, 100), (30, 30), (70, 50), (56, 140), (84, 84)]
+  records = []
+  for i, (h, w) in enumerate(sizes):
+    path = tmp_path / f"{i}.png"
+    Image.fromarray((np.random.RandomState(i).rand(h, w, 3) * 255).astype(np.uint8)).save(path)
+    records.append(ImageRecord(id=str(i), image=str(path)))
+  frames = []
+  for k in range(3):
+    frames.append(str(tmp_path / f"f{k}.png"))
+    Image.fromarray((np.random.RandomState(10 + k).rand(56, 84, 3) * 255).astype(np.uint8)).save(frames[-1])
+  records.insert(2, ImageRecord(id="clip", frames=tuple(frames)))
+  records = records[:6]  # 6 prompts (a block of 8 rows), 3 micro-batches of 2
+  mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  batcher, num_micro = Batcher(processor, config, mesh), 3
+  tokens = np.random.RandomState(0).randint(0, CFG.text.vocab_size, (num_micro, 2, 5)).astype(np.int32)
+  graphdef, params = nnx.split(model)
+  with jax.set_mesh(mesh):
+    inputs = batcher.inputs(records)
+    prompts, layouts = batcher.prompts(inputs, num_micro)
+    assert layouts.window_index.shape[0] == num_micro
+    got = jax.jit(functools.partial(sequence_logprobs, graphdef))(
+      params, prompts, layouts, batcher.micro(tokens.reshape(-1, 5), num_micro)
+    )
+  got = np.asarray(got).reshape(len(records), -1)
+  for i, record in enumerate(records):
+    alone = batcher.inputs([record])
+    want, _ = completion_logprobs(
+      model, alone.input_ids, alone.positions, alone.attention_mask, alone.vision(), tokens.reshape(-1, 5)[i : i + 1]
+    )
+    np.testing.assert_allclose(got[i], np.asarray(want)[0], atol=2e-5, rtol=2e-5, err_msg=f"prompt {i}")
   batcher.close()
 
 
