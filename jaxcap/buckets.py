@@ -1,13 +1,16 @@
 """Shape buckets: the few sizes a variable quantity (prompt length, vision patches, attention segments) is padded
 to, so a stream of inputs of many sizes compiles a handful of programs, not one per size.
 
-The ladder has `steps` sizes per octave (1, 1.25, 1.5, 1.75 x 2^k for 4), so padding wastes at most 1/steps of the
-padded size (under 12.5% on average for 4 steps); every size is a multiple of `multiple`.
+The ladder has `steps` sizes per octave (1, 1.5 x 2^k for 2; 1, 1.25, 1.5, 1.75 x 2^k for 4): more steps pad less
+and compile more programs (benchmarks/mixed_sizes.py measures both on a COCO-like stream). Every size is a multiple
+of `multiple`.
 """
 
 from __future__ import annotations
 
 import math
+
+DEFAULT_STEPS = 2  # sizes per octave of the prompt-length and vision-pack ladders (config: data.bucket_steps)
 
 
 def ladder(n: int, multiple: int = 1, steps: int = 4) -> int:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcap.buckets import batch_bucket, ladder
+from jaxcap.buckets import DEFAULT_STEPS, batch_bucket, ladder
 from jaxcap.models.config import VisionConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, scan_layers, stacked
 
@@ -62,20 +62,18 @@ class LayoutShape:
     """The elementwise maximum: a shape that holds both."""
     return LayoutShape(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
-  def bucketed(self, cfg: VisionConfig) -> "LayoutShape":
-    """Rounded up the `jaxcap.buckets.ladder`: patches to whole merge units (64-patch multiples from 256 on, so a
-    pack splits evenly over up to 64 devices), segment lengths to the ladder (a window at most its full size),
-    segment counts to a coarser ladder (1, 2, 4, 6, 8, 12, ...: a short batch's few items fewer fit the full one's
-    program; attention over empty segments costs little)."""
+  def bucketed(self, cfg: VisionConfig, steps: int = DEFAULT_STEPS) -> "LayoutShape":
+    """Rounded up the `jaxcap.buckets.ladder` of `steps` sizes per octave: patches to whole merge units (64-patch
+    multiples from 256 on, so a pack splits evenly over up to 64 devices), segment lengths likewise (a window at
+    most its full size), segment counts to powers of two (attention over empty segments costs little)."""
     unit = cfg.spatial_merge_size**2
     full_window = (cfg.window_size // cfg.patch_size) ** 2
-    count = lambda n: batch_bucket(n) if n <= 4 else ladder(n, steps=2)
     return LayoutShape(
-      patches=ladder(self.patches, 64 if self.patches > 256 else unit),
-      windows=count(self.windows),
-      window_len=min(full_window, ladder(self.window_len, unit)),
-      frames=count(self.frames),
-      frame_len=ladder(self.frame_len, unit),
+      patches=ladder(self.patches, 64 if self.patches > 256 else unit, steps),
+      windows=batch_bucket(self.windows),
+      window_len=min(full_window, ladder(self.window_len, unit, steps)),
+      frames=batch_bucket(self.frames),
+      frame_len=ladder(self.frame_len, unit, steps),
     )
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from jaxcap.buckets import batch_bucket, ladder
+from jaxcap.buckets import DEFAULT_STEPS, batch_bucket, ladder
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import layout_shape, vision_layout
@@ -66,14 +66,19 @@ def item_rows(input_ids: np.ndarray, image_grid, video_grid, cfg: Qwen25VLConfig
 
 
 def bucket_prompts(
-  inputs: ModelInputs, cfg: Qwen25VLConfig, *, length_multiple: int = 16, pad_id: int = 0
+  inputs: ModelInputs,
+  cfg: Qwen25VLConfig,
+  *,
+  length_multiple: int = 16,
+  pad_id: int = 0,
+  steps: int = DEFAULT_STEPS,
 ) -> tuple[Prompts, int, VisionItems | None]:
   """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first, and
   the vision pack's items or None).
 
   Rows are padded to a power of two (extra rows repeat the last real row, its images included when the batch has
   no videos, so a short final batch has the vision shapes of a full one), the prompt length to the `jaxcap.buckets.ladder` (in `length_multiple` steps) with left
-  padding, and the vision pack, images of any sizes, to a bucketed `LayoutShape`.
+  padding, and the vision pack, images of any sizes, to a bucketed `LayoutShape` (`steps` sizes per octave).
   """
   ids = np.asarray(inputs.input_ids, np.int32)
   mask = np.asarray(inputs.attention_mask, bool)
@@ -99,12 +104,12 @@ def bucket_prompts(
     elif pixels is not None:  # videos are packed after all images: extra rows must hold no vision tokens
       vision_token = (ids[rows:] == cfg.image_token_id) | (ids[rows:] == cfg.video_token_id)
       ids[rows:][vision_token] = pad_id
-  prompts = pad_length(Prompts(ids, mask, positions, deltas), ladder(length, length_multiple), pad_id)
+  prompts = pad_length(Prompts(ids, mask, positions, deltas), ladder(length, length_multiple, steps), pad_id)
   items = None
   if pixels is not None:
     grids = np.asarray(grids)
     image_grid = grids if inputs.video_grid_thw is None else inputs.image_grid_thw
-    shape = layout_shape(grids, cfg.vision).bucketed(cfg.vision)
+    shape = layout_shape(grids, cfg.vision).bucketed(cfg.vision, steps)
     items = VisionItems(grids, item_rows(ids, image_grid, inputs.video_grid_thw, cfg), shape.patches)
     pixels = pad_patches(pixels, shape.patches)
     prompts = dataclasses.replace(prompts, vision=VisionInput(pixels, vision_layout(grids, cfg.vision, shape)))

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.prompt import ModelInputs
 from jaxcap.sampling.distribution import SamplingConfig
@@ -132,8 +133,9 @@ class Rollouts:
 class Sampler:
   """Batched sampling from a `Qwen25VL` with a static-shape KV cache.
 
-  Each call pads the prompts to a bucket (batch to a power of two, prompt length to `length_multiple`), so
-  repeated calls with the same bucket, vision shapes, G and sampling config reuse one compiled program. Under an
+  Each call pads the prompts to a bucket (batch to a power of two; prompt length, in `length_multiple` steps, and
+  the vision pack, images of any sizes, up a ladder of `bucket_steps` sizes per octave), so repeated calls in the
+  same bucket with the same G and sampling config reuse one compiled program. Under an
   ambient mesh (`jax.set_mesh`) the batch is sharded over ('data', 'fsdp') and heads over 'tensor'.
 
   The host side of a call can be split off: `bucket` (numpy only, safe on a loader thread), `place` (one upload),
@@ -148,6 +150,7 @@ class Sampler:
     processor: Any = None,
     sampling: SamplingConfig = SamplingConfig(),
     length_multiple: int = 16,
+    bucket_steps: int = DEFAULT_STEPS,
   ):
     self.cfg = model.cfg
     self.graphdef, self.params = nnx.split(model)
@@ -159,7 +162,7 @@ class Sampler:
     self.processor = processor
     self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
     self.sampling = sampling
-    self.length_multiple = length_multiple
+    self.length_multiple, self.bucket_steps = length_multiple, bucket_steps
     pad = getattr(self.tokenizer, "pad_token_id", None)
     self.pad_id = int(pad) if pad is not None else int(self.cfg.eos_token_id)
 
@@ -181,13 +184,15 @@ class Sampler:
           "conversations need a processor: build Sampler(model, processor=Processor(...)) or pass a ModelInputs batch"
         )
       prompts = self.processor(prompts, padding_side="left")
-    padded, rows, items = bucket_prompts(prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id)
+    padded, rows, items = bucket_prompts(
+      prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id, steps=self.bucket_steps
+    )
     return SamplerBatch(padded, rows, padded.batch, 0, None if items is None else (items,))
 
   def place(self, batch: SamplerBatch) -> SamplerBatch:
     """Uploads a bucketed batch under the ambient mesh; with several processes every process's batch becomes its
     block of one global batch (all processes must call it, with batches of the same shapes)."""
-    return place_batch(batch, self.cfg, self.pad_id)
+    return place_batch(batch, self.cfg, self.pad_id, self.bucket_steps)
 
   def __call__(
     self,
@@ -227,20 +232,20 @@ class Sampler:
     )
 
 
-def place_batch(batch: SamplerBatch, cfg, pad_id: int) -> SamplerBatch:
+def place_batch(batch: SamplerBatch, cfg, pad_id: int, steps: int = DEFAULT_STEPS) -> SamplerBatch:
   """`Sampler.place` for any bucketed batch (`bucket_prompts`): uploads it under the ambient mesh, the processes'
   blocks forming one global batch."""
   if batch.on_device:
     return batch
   if jax.process_count() > 1:
-    prompts, packs = _to_global(batch, cfg, pad_id)
+    prompts, packs = _to_global(batch, cfg, pad_id, steps)
     return dataclasses.replace(
       batch, prompts=prompts, first_row=_first_row(prompts.input_ids, batch.block), packs=packs
     )
   return dataclasses.replace(batch, prompts=_to_device(batch.prompts))
 
 
-def _to_global(batch: SamplerBatch, cfg, pad_id: int) -> tuple[Prompts, tuple[VisionItems, ...] | None]:
+def _to_global(batch: SamplerBatch, cfg, pad_id: int, steps: int) -> tuple[Prompts, tuple[VisionItems, ...] | None]:
   """Multi-process: every process's host batch becomes its block of one global batch (process order).
 
   The processes first agree on one bucket (the largest prompt length and vision pack any of them needs; one small
@@ -266,7 +271,7 @@ def _to_global(batch: SamplerBatch, cfg, pad_id: int) -> tuple[Prompts, tuple[Vi
     if not all(int(e[2]) for e in everyone):
       raise ValueError("some processes' prompts have images and others' none; every process needs vision items")
     packs = tuple(_decode_items(e[3:]) for e in everyone)
-    shape = layout_shape([p.grid_thw for p in packs], cfg.vision).bucketed(cfg.vision)
+    shape = layout_shape([p.grid_thw for p in packs], cfg.vision).bucketed(cfg.vision, steps)
     shape = dataclasses.replace(shape, patches=max(shape.patches, *(p.patches for p in packs)))
     packs = tuple(dataclasses.replace(p, patches=shape.patches) for p in packs)
     layout = vision_layout([p.grid_thw for p in packs], cfg.vision, shape)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
 from jaxcap.processing import Processor
@@ -46,6 +47,7 @@ class Batcher:
     self._pool: ThreadPoolExecutor | None = None
     self._processing = threading.Lock()  # the loader's and the evaluation's threads share one processor
     self._layouts: dict = {}  # micro-batch layouts by vision items, oldest dropped first
+    self.bucket_steps = int(config.data.get("bucket_steps", DEFAULT_STEPS))
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     self.pad_id = int(pad) if pad is not None else int(processor.cfg.eos_token_id)
 
@@ -69,7 +71,7 @@ class Batcher:
       raise ValueError(f"batch of {inputs.input_ids.shape[0]} prompts does not split into {num_micro} micro-batches")
     cfg = self.processor.cfg
     padded, rows, items = bucket_prompts(
-      inputs, cfg, length_multiple=self.config.data.pad_to_multiple, pad_id=self.pad_id
+      inputs, cfg, length_multiple=self.config.data.pad_to_multiple, pad_id=self.pad_id, steps=self.bucket_steps
     )
     return SamplerBatch(padded, rows, padded.batch, 0, None if items is None else (items,))
 
@@ -77,7 +79,7 @@ class Batcher:
     """ModelInputs of B prompts (or `host_prompts` of them) -> (PromptBatch [M, B/M, ...] on device, the
     micro-batches' VisionLayouts [M, ...] or None)."""
     batch = inputs if isinstance(inputs, SamplerBatch) else self.host_prompts(inputs, num_micro)
-    return self.prompt_batch(place_batch(batch, self.processor.cfg, self.pad_id), num_micro)
+    return self.prompt_batch(place_batch(batch, self.processor.cfg, self.pad_id, self.bucket_steps), num_micro)
 
   def prompt_batch(self, placed: SamplerBatch, num_micro: int):
     """The update's (PromptBatch [M, B/M, ...], VisionLayouts [M, ...]) from a placed batch (the sampler's), on
@@ -110,7 +112,8 @@ class Batcher:
         self._layouts.pop(next(iter(self._layouts)))
       replicated = NamedSharding(self.mesh, P())
       put = lambda x: jax.make_array_from_process_local_data(replicated, x)
-      self._layouts[key] = jax.tree.map(put, micro_packs(packs, rows_per_micro, num_micro, self.processor.cfg.vision))
+      layouts = micro_packs(packs, rows_per_micro, num_micro, self.processor.cfg.vision, self.bucket_steps)
+      self._layouts[key] = jax.tree.map(put, layouts)
     return self._layouts[key]
 
   def rollout_batch(
@@ -164,7 +167,9 @@ class Batcher:
       self._pool = None
 
 
-def micro_packs(packs, rows_per_micro: int, num_micro: int, cfg) -> tuple[np.ndarray, VisionLayout]:
+def micro_packs(
+  packs, rows_per_micro: int, num_micro: int, cfg, steps: int = DEFAULT_STEPS
+) -> tuple[np.ndarray, VisionLayout]:
   """Per micro-batch vision packs from a placed batch's packs (one per process, each `patches` long, laid end to
   end): (index int32 [M, P * L] of each micro-batch pack's patches in the placed pixels, padding pointing at patch
   0; the micro-batches' VisionLayouts stacked [M, ...]). Micro-batch m holds rows [m * b, (m + 1) * b) of every
@@ -181,7 +186,7 @@ def micro_packs(packs, rows_per_micro: int, num_micro: int, cfg) -> tuple[np.nda
     groups.append(group)
   shape = None
   for group in groups:
-    need = layout_shape([g for g, _ in group], cfg).bucketed(cfg)
+    need = layout_shape([g for g, _ in group], cfg).bucketed(cfg, steps)
     shape = need if shape is None else shape.union(need)
   index = np.zeros((num_micro, len(packs) * shape.patches), np.int32)
   for m, group in enumerate(groups):

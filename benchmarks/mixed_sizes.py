@@ -1,0 +1,184 @@
+"""Native-resolution batches: how many programs a stream of mixed image sizes compiles, what the bucket padding
+costs, and how fast a mixed-size batch runs per real token against a same-size batch of equal token count.
+
+    python benchmarks/mixed_sizes.py [--images 1000] [--batch 8] [--micro 2] [--pairs 5] [--json mixed.json]
+
+Part 1 (host only, Qwen2.5-VL-3B geometry and pixel budget 3136 .. 12,845,056 px as its preprocessor_config):
+`--images` COCO-like sizes (70% landscape 640 x 360..640, 20% portrait, 10% any side 200..1000) in steps of
+`--batch` prompts; counts the distinct shapes of the sampler's prefill (rows, prompt length, vision layout),
+its decode loop (rows, prompt length) and the update's micro-batches (`--micro`), and the padding ratios
+(padded / real vision patches, padded / real prompt tokens).
+Part 2 (timed): the `mid` model's jitted forward on a batch of `--batch` images of mixed sizes padded to its
+bucket vs a batch of one size with about the same number of real tokens, interleaved (benchmarks/harness.py);
+reports the time per real token of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+from harness import Section, add_arguments, interleaved, report, warm_up
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+TEXT_TOKENS = 24  # chat template + instruction around the image
+
+
+def coco_like_sizes(n: int, rng: np.random.RandomState) -> list[tuple[int, int]]:
+  """(height, width) pixels of `n` images shaped like COCO's: mostly 640 on the long side."""
+  out = []
+  for _ in range(n):
+    u = rng.rand()
+    if u < 0.7:
+      out.append((int(rng.randint(360, 641)), 640))
+    elif u < 0.9:
+      out.append((640, int(rng.randint(360, 641))))
+    else:
+      out.append((int(rng.randint(200, 1001)), int(rng.randint(200, 1001))))
+  return out
+
+
+def stream_programs(sizes, batch: int, micro: int, cfg, steps: int) -> dict:
+  """Distinct program shapes and padding of a stream of `sizes`, batched in order, as the trainer buckets them."""
+  from jaxcap.buckets import batch_bucket, ladder
+  from jaxcap.models.vision import layout_shape
+  from jaxcap.processing.vision import smart_resize
+
+  v = cfg.vision
+  factor = v.patch_size * v.spatial_merge_size
+  prefill, decode, update = set(), set(), set()
+  real_patches = padded_patches = real_tokens = padded_tokens = 0
+  for start in range(0, len(sizes) - batch + 1, batch):
+    grids = []
+    for h, w in sizes[start : start + batch]:
+      rh, rw = smart_resize(h, w, factor, 56 * 56, 12845056)
+      grids.append((1, rh // v.patch_size, rw // v.patch_size))
+    grids = np.asarray(grids)
+    lengths = TEXT_TOKENS + np.prod(grids, -1) // v.spatial_merge_size**2
+    length = ladder(int(lengths.max()), 16, steps)
+    shape = layout_shape(grids, v).bucketed(v, steps)
+    rows = batch_bucket(batch)
+    prefill.add((rows, length, shape))
+    decode.add((rows, length))
+    mb = batch // micro
+    micro_shape = None
+    for m in range(micro):
+      s = layout_shape(grids[m * mb : (m + 1) * mb], v).bucketed(v, steps)
+      micro_shape = s if micro_shape is None else micro_shape.union(s)
+    update.add((micro, mb, length, micro_shape))
+    real_patches += int(np.prod(grids, -1).sum())
+    padded_patches += shape.patches
+    real_tokens += int(lengths.sum())
+    padded_tokens += length * batch
+  return dict(
+    steps=len(sizes) // batch,
+    prefill_programs=len(prefill),
+    decode_programs=len(decode),
+    update_programs=len(update),
+    patch_padding=padded_patches / real_patches,
+    token_padding=padded_tokens / real_tokens,
+  )
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--images", type=int, default=1000)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--micro", type=int, default=2)
+  ap.add_argument("--scale", type=float, default=0.35, help="image sides of the timed batch, relative to COCO's")
+  ap.add_argument("--steps", type=int, default=2, help="bucket sizes per octave of the timed batches")
+  add_arguments(ap)
+  args = ap.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import jaxcap.models as M
+  from hf_reference import WORDS
+  from jaxcap.processing import Processor, word_tokenizer
+  from jaxcap.sampling import bucket_prompts
+
+  rng = np.random.RandomState(0)
+  sizes = coco_like_sizes(args.images, rng)
+  stream = {}
+  print(f"stream of {args.images} COCO-like images, {args.batch} per step, 3B geometry:")
+  print("  bucket_steps  prefill  decode  update programs  patches padded/real  prompt tokens padded/real")
+  for steps in (1, 2, 4):
+    stream[steps] = r = stream_programs(sizes, args.batch, args.micro, M.qwen25vl_3b(), steps)
+    print(
+      f"  {steps:12d}  {r['prefill_programs']:7d}  {r['decode_programs']:6d}  {r['update_programs']:15d}  "
+      f"{r['patch_padding']:19.3f}  {r['token_padding']:25.3f}"
+    )
+
+  cfg = M.mid()
+  model = M.Qwen25VL(cfg, rngs=nnx.Rngs(0))
+  proc = Processor(word_tokenizer(WORDS, cfg), cfg)
+  graphdef, params = nnx.split(model)
+
+  @jax.jit
+  def forward(params, ids, pos, mask, vision):
+    return nnx.merge(graphdef, params)(ids, pos, mask, vision)[0]
+
+  def conversations(sides):
+    return [
+      [
+        {
+          "role": "user",
+          "content": [
+            {"type": "image", "image": (rng.rand(h, w, 3) * 255).astype(np.uint8)},
+            {"type": "text", "text": "describe the image in detail ."},
+          ],
+        }
+      ]
+      for h, w in sides
+    ]
+
+  def prepared(sides):
+    prompts, rows, _ = bucket_prompts(proc(conversations(sides)), cfg, steps=args.steps)
+    vision = prompts.vision
+    args_ = (
+      jnp.asarray(prompts.input_ids),
+      jnp.asarray(prompts.positions),
+      jnp.asarray(prompts.attention_mask),
+      type(vision)(jnp.asarray(vision.pixel_values), jax.tree.map(jnp.asarray, vision.layout)),
+    )
+    real = int(np.asarray(prompts.attention_mask[:rows]).sum())
+    return args_, real, prompts
+
+  mixed_sides = [(int(h * args.scale), int(w * args.scale)) for h, w in coco_like_sizes(args.batch, rng)]
+  mixed, mixed_real, mixed_prompts = prepared(mixed_sides)
+  side = int(np.sqrt(np.mean([h * w for h, w in mixed_sides])))
+  same, same_real, same_prompts = prepared([(side, side)] * args.batch)
+  print(
+    f"timed: mid model, {args.batch} images; mixed sizes {mixed_sides}: {mixed_real} real tokens, padded "
+    f"{mixed_prompts.input_ids.size} tokens / {mixed_prompts.vision.pixel_values.shape[0]} patches; same size "
+    f"{side}x{side}: {same_real} real tokens, padded {same_prompts.input_ids.size} / "
+    f"{same_prompts.vision.pixel_values.shape[0]}"
+  )
+  run_mixed = lambda: forward(params, *mixed).block_until_ready()
+  run_same = lambda: forward(params, *same).block_until_ready()
+  warmup = {"mixed": warm_up(run_mixed), "same": warm_up(run_same)}
+  with Section() as section:
+    mixed_s, same_s = interleaved(run_mixed, run_same, args.pairs, names=("mixed", "same"))
+  # per real token: scale the same-size side's times to the mixed batch's real token count
+  same_scaled = [t * mixed_real / same_real for t in same_s]
+  record = report(
+    "mixed-size forward vs same-size (time per real token)",
+    mixed_real,
+    "real tokens/s",
+    {"mixed": mixed_s, "same": same_scaled},
+    warmup,
+    section,
+    extra=dict(stream=stream, mixed_sides=mixed_sides, same_side=side, mixed_real=mixed_real, same_real=same_real),
+    args=args,
+    json_path=args.json,
+  )
+  print(f"mixed-size batch costs x{1 / record['ratio_of_mins']:.3f} the same-size batch's time per real token")
+
+
+if __name__ == "__main__":
+  main()
