@@ -15,6 +15,8 @@ from jaxcap.judges.factory import judge_config
 def get_config():
   c = ml_collections.ConfigDict()
   c.manifest = ""  # manifest.jsonl; empty: generate a synthetic world under out_dir/synthetic_world
+  # 0: every manifest image; N: the first N (a training run's held-out captions cover its first eval.num_images)
+  c.num_images = 0
   c.synthetic = dict(num_scenes=24, seed=0, questions_per_scene=5)
   c.out_dir = "eval_report"
   c.judge = judge_config()  # jaxcap.judges.factory: rule_based, http (endpoints / fleet_config) or factory
@@ -29,6 +31,10 @@ def get_config():
     "student=builtin:student",
     "empty=builtin:empty",
   )
+  # A JSONL caption that is empty, or a second row for an image: "error" (default) names the image; the opt-ins
+  # are empty_captions="score" (scored as written) and duplicate_captions="samples" (each row one more sample).
+  c.empty_captions = "error"
+  c.duplicate_captions = "error"
   c.samples_per_image = 1  # captions per image drawn from callable captioners (Prism best-of-n / mean)
   c.baselines = {"student": "builtin:student", "meticulous": "builtin:teacher:meticulous"}  # CapArena
   c.honest = "builtin:reference"  # the red team's honest caption; "" skips the red team

@@ -27,7 +27,10 @@ import sys
 import zlib
 from typing import Iterable, Sequence
 
+import numpy as np
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi"}
 DEFAULT_PROMPT = "Describe this image in detail."
 
 
@@ -44,7 +47,7 @@ def list_images(source: str | os.PathLike) -> list[ImageItem]:
     items = [
       ImageItem(p.relative_to(source).as_posix(), str(p))
       for p in source.rglob("*")
-      if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+      if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES
     ]
   elif source.suffix == ".jsonl":
     items = []
@@ -53,11 +56,11 @@ def list_images(source: str | os.PathLike) -> list[ImageItem]:
         continue
       try:
         row = json.loads(line)
-        path = pathlib.Path(row.get("image") or row["path"])
+        path = pathlib.Path(row.get("image") or row.get("video") or row["path"])
         items.append(ImageItem(str(row.get("id", path.as_posix())), str(source.parent / path)))
       except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(
-          f"{source}:{n}: expected a JSON object with 'image' (or 'path') and optionally 'id' ({e!r})"
+          f"{source}:{n}: expected a JSON object with 'image' (or 'video' / 'path') and optionally 'id' ({e!r})"
         ) from None
   elif source.is_file():
     items = [ImageItem(line.strip(), line.strip()) for line in source.read_text().splitlines() if line.strip()]
@@ -111,35 +114,41 @@ def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
       os.fsync(f.fileno())
 
 
-def sort_by_size(items: Iterable[ImageItem], vision_cfg) -> tuple[list[ImageItem], list[dict]]:
-  """Images ordered by their processed size (patches), reading only file headers, so each batch mixes sizes that
-  pad little; returns (items, error rows)."""
-  from PIL import Image
-  from jaxcap.processing.vision import smart_resize
+def sort_by_size(items: Iterable[ImageItem], processor) -> tuple[list[ImageItem], list[dict]]:
+  """Images and videos ordered by their processed size (patches), reading only file headers (EXIF rotation
+  applied), so each batch mixes sizes that pad little; returns (items, error rows)."""
+  from jaxcap.processing import is_video_file, read_image_size, video_file_grid
 
   sized, errors = [], []
   for item in items:
     try:
-      with Image.open(item.path) as im:
-        width, height = im.size
-      h, w = smart_resize(height, width, vision_cfg.factor, vision_cfg.min_pixels, vision_cfg.max_pixels)
+      if is_video_file(item.path):
+        patches = int(np.prod(video_file_grid(item.path, processor.video_cfg, record=item.id)))
+      else:
+        h, w = read_image_size(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
+        patches = int(np.prod(processor.vision_cfg.grid(h, w)))
     except Exception as e:  # any unreadable file is reported, never fatal
-      errors.append({"id": item.id, "image": item.path, "error": f"cannot read image: {e}"})
+      errors.append({"id": item.id, "image": item.path, "error": f"cannot read: {e}"})
       continue
-    sized.append((h * w, item))
+    sized.append((patches, item))
   return [item for _, item in sorted(sized, key=lambda x: x[0])], errors
 
 
-def load_images(items: Sequence[ImageItem]) -> tuple[list[tuple[ImageItem, object]], list[dict]]:
-  """Fully decodes each image (a truncated file fails here, not inside the batch)."""
-  from jaxcap.processing.vision import load_image
+def load_images(items: Sequence[ImageItem], processor) -> tuple[list[tuple[ImageItem, dict]], list[dict]]:
+  """Fully decodes each image, or samples each video's frames (a truncated file fails here, not inside the batch):
+  (item, its conversation content item) pairs and error rows."""
+  from jaxcap.processing import is_video_file, load_image, read_video
 
   ok, errors = [], []
   for item in items:
     try:
-      image = load_image(item.path)
-      image.load()
-      ok.append((item, image))
+      if is_video_file(item.path):
+        clip = read_video(item.path, processor.video_cfg, resize=True, record=item.id)
+        ok.append((item, {"type": "video", "video": clip}))
+      else:
+        image = load_image(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
+        image.load()
+        ok.append((item, {"type": "image", "image": image}))
     except Exception as e:
       errors.append({"id": item.id, "image": item.path, "error": str(e)})
   return ok, errors
@@ -189,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise SystemExit(f"--process_index={index} is outside [0, --process_count={count})")
   out_path, err_path = shard_paths(args.out, args.errors, index, count)
   out_path.parent.mkdir(parents=True, exist_ok=True)
+  from jaxcap.locking import lock_output
+
+  lock = lock_output(out_path)  # noqa: F841  (held until main returns: one writer per output file)
   done = finished_ids(out_path) | finished_ids(err_path)
   mine = list_images(args.images)[index::count]
   pending = [it for it in mine if it.id not in done]
@@ -204,11 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   mesh = make_mesh({"data": -1}, devices=jax.local_devices())
   processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
   budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
-  processor.vision_cfg = vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
+  processor.vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
   sampling = SamplingConfig(
     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
   )
-  ordered, errors = sort_by_size(pending, vision_cfg)
+  ordered, errors = sort_by_size(pending, processor)
   append_lines(err_path, errors)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
@@ -216,13 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   with jax.set_mesh(mesh):
     sampler = Sampler(load_hf_checkpoint(args.checkpoint, mesh=mesh), processor=processor, sampling=sampling)
     for start in range(0, len(ordered), args.batch_size):
-      loaded, bad = load_images(ordered[start : start + args.batch_size])
+      loaded, bad = load_images(ordered[start : start + args.batch_size], processor)
       append_lines(err_path, bad)
       rows = []
       if loaded:
         conversations = [
-          [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": args.prompt}]}]
-          for _, image in loaded
+          [{"role": "user", "content": [media, {"type": "text", "text": args.prompt}]}] for _, media in loaded
         ]
         key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
         result = sampler(conversations, key)

@@ -69,8 +69,15 @@ def _rows(path: Path) -> list[tuple[int, Any]]:
       raise ManifestError(f"{path} is Parquet; `pip install pyarrow` to read it, or convert it to JSONL") from e
     return [(i + 1, r) for i, r in enumerate(pq.read_table(path).to_pylist())]
   rows = []
-  with open(path) as f:
-    for lineno, line in enumerate(f, 1):
+  with open(path, "rb") as f:  # decoded line by line, so an error names the line
+    for lineno, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a leading byte-order mark is not data
+      except UnicodeDecodeError as e:
+        raise ManifestError(
+          f"{path}:{lineno} is not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); re-encode the file "
+          "as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or fix that line."
+        ) from None
       if not line.strip():
         continue
       try:

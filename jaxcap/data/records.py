@@ -6,6 +6,7 @@ These are the rows of a dataset manifest (JSONL), whoever wrote it: the syntheti
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping, Sequence
 
 # RubiCap severity weights.
@@ -113,13 +114,18 @@ class ImageRecord:
   """Everything the rewards may need about one image (or clip). Fields a reward does not use may be empty."""
 
   id: str
-  image: str = ""  # path of the image, or of the first frame of a clip
-  frames: tuple[str, ...] = ()  # frame paths of a clip; empty for stills
+  image: str = ""  # path of the image or video file (mp4, webm, mkv, ...), or of the first frame of a clip
+  frames: tuple[str, ...] = ()  # frame paths of a clip; empty for stills and video files
   questions: tuple[MultipleChoiceQuestion, ...] = ()
   rubric: Rubric | None = None
   reference_caption: str = ""
   reference_units: tuple[str, ...] = ()  # atomic facts of the reference; derived by the judge when empty
   teacher_captions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  @property
+  def is_video(self) -> bool:
+    """Whether the record is a clip: a video file in `image` (by its suffix) or a list of frames."""
+    return bool(self.frames) or is_video_file(self.image)
 
   def to_json(self) -> dict[str, Any]:
     return {
@@ -137,9 +143,16 @@ class ImageRecord:
   def from_json(cls, row: Mapping[str, Any]) -> "ImageRecord":
     if "id" not in row:
       raise ValueError(f"Manifest row without an 'id' field (keys: {sorted(row)}); every row needs one.")
+    image = row.get("image", "")
+    if row.get("video"):  # a video file: kept in `image`, so paths resolve and are checked as images' are
+      if image or row.get("frames"):
+        raise ValueError(
+          f"Manifest row {row['id']!r} has 'video' and also 'image' or 'frames'; give one of them per row."
+        )
+      image = row["video"]
     return cls(
       id=str(row["id"]),
-      image=row.get("image", ""),
+      image=image,
       frames=tuple(row.get("frames", ())),
       questions=tuple(MultipleChoiceQuestion.from_json(q) for q in row.get("questions", ())),
       rubric=Rubric.from_json(row["rubric"]) if row.get("rubric") else None,
@@ -160,3 +173,14 @@ def align_records(captions: Sequence[str], records: Sequence[ImageRecord]) -> li
     f"Got {len(captions)} captions and {len(records)} records: pass one record per caption, or one per "
     "image with the G rollouts of each image contiguous (captions = B*G, records = B)."
   )
+
+
+# Containers `jaxcap.processing.video` decodes (with PyAV); a record's `image` with one of these is a clip.
+VIDEO_SUFFIXES = frozenset(
+  {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
+)
+
+
+def is_video_file(path: str | os.PathLike) -> bool:
+  """Whether `path` names a video container (by its suffix: mp4, webm, mkv, mov, avi, ...)."""
+  return os.path.splitext(os.fspath(path))[1].lower() in VIDEO_SUFFIXES

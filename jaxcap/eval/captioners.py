@@ -3,7 +3,7 @@
 A `CaptionSet` maps image id -> one or more captions (n samples per image; Prism uses all of them, the other
 suites use the first). Sources:
   * JSONL of captions (anyone's captioner): one object per line, either
-        {"id": "<image id>", "caption": "..."}            (repeat the id for more samples), or
+        {"id": "<image id>", "caption": "..."}            (an id repeated: more samples, with duplicates="samples"), or
         {"id": "<image id>", "captions": ["...", "..."]}
     ("image_id" is accepted for "id"). `python -m jaxcap.caption` writes this format for jaxcap / HF checkpoints.
   * a callable `caption_fn(records) -> list[str]`, one caption per record, in order (a thin adapter over a
@@ -51,13 +51,22 @@ class CaptionSet:
     if missing:
       raise ValueError(
         f"Captioner {self.name!r} lacks captions for {len(missing)} of {len(records)} images "
-        f"(first: {missing[:3]}); caption every manifest image or restrict the manifest."
+        f"(first: {missing[:3]}); caption every image evaluated, or evaluate fewer (`python -m jaxcap.eval "
+        "--config.num_images=N` takes the first N manifest images)."
       )
 
 
-def read_caption_jsonl(path: str | os.PathLike, name: str | None = None) -> CaptionSet:
-  """A CaptionSet from a JSONL file (format in the module docstring)."""
+DUPLICATE_POLICIES = ("samples", "error")
+
+
+def read_caption_jsonl(path: str | os.PathLike, name: str | None = None, *, duplicates: str = "samples") -> CaptionSet:
+  """A CaptionSet from a JSONL file (format in the module docstring). An id on several rows adds samples
+  (`duplicates="samples"`) or, with "error", raises naming the image and both lines (e.g. an annotator that
+  wrote an image twice, whose second caption would otherwise be scored as a sample)."""
+  if duplicates not in DUPLICATE_POLICIES:
+    raise ValueError(f"duplicates={duplicates!r}: use one of {DUPLICATE_POLICIES}.")
   captions: dict[str, list[str]] = {}
+  first_line: dict[str, int] = {}
   with open(path) as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
@@ -77,7 +86,15 @@ def read_caption_jsonl(path: str | os.PathLike, name: str | None = None) -> Capt
         raise ValueError(f"{path}:{n} has neither 'caption' nor 'captions'; add the caption text.")
       if not all(isinstance(t, str) for t in texts):
         raise ValueError(f"{path}:{n}: captions must be strings, got {texts!r}.")
-      captions.setdefault(str(image_id), []).extend(texts)
+      image_id = str(image_id)
+      if image_id in first_line and duplicates == "error":
+        raise ValueError(
+          f"{path}:{n}: image {image_id!r} already has a caption (line {first_line[image_id]}); keep one row per "
+          "image (several samples go in one row's 'captions' list), or set --config.duplicate_captions=samples to "
+          "score every row as a sample."
+        )
+      first_line.setdefault(image_id, n)
+      captions.setdefault(image_id, []).extend(texts)
   return CaptionSet(name or os.path.splitext(os.path.basename(path))[0], {k: tuple(v) for k, v in captions.items()})
 
 
@@ -131,8 +148,10 @@ def builtin_captions(name: str, kind: str, records: Sequence[ImageRecord]) -> Ca
   return CaptionSet(name, {r.id: (one(r),) for r in records})
 
 
-def load_captioner(name: str, spec: str, records: Sequence[ImageRecord], *, num_samples: int = 1) -> CaptionSet:
-  """A CaptionSet from a spec string (see module docstring)."""
+def load_captioner(
+  name: str, spec: str, records: Sequence[ImageRecord], *, num_samples: int = 1, duplicates: str = "samples"
+) -> CaptionSet:
+  """A CaptionSet from a spec string (see module docstring); `duplicates` as `read_caption_jsonl`'s."""
   if spec.startswith("builtin:"):
     return builtin_captions(name, spec[len("builtin:") :], records)
   if spec.startswith("callable:"):
@@ -151,4 +170,4 @@ def load_captioner(name: str, spec: str, records: Sequence[ImageRecord], *, num_
     raise FileNotFoundError(
       f"Captioner {name!r}: no caption file at {path!r}; write it with `python -m jaxcap.caption` or fix the path."
     )
-  return read_caption_jsonl(path, name)
+  return read_caption_jsonl(path, name, duplicates=duplicates)

@@ -1,8 +1,10 @@
 """What `python -m jaxcap.eval` does, as functions: config -> judge, records, captioners -> report files.
 
-Config keys (see configs/eval.py): manifest (empty: generate a synthetic world under out_dir), synthetic,
-judge, captioners ("NAME=SPEC", ...), baselines {name: spec}, honest (spec or ""), suites, per-suite options,
-bootstrap, out_dir. Captioner specs are described in `jaxcap.eval.captioners`.
+Config keys (see configs/eval.py): manifest (empty: generate a synthetic world under out_dir), num_images (0:
+every manifest image, N: the first N, as a training run's held-out captions with eval.num_images = N), synthetic,
+judge, captioners ("NAME=SPEC", ...), baselines {name: spec}, honest (spec or ""), empty_captions and
+duplicate_captions (policies, default "error"), suites, per-suite options, bootstrap, out_dir. Captioner specs
+are described in `jaxcap.eval.captioners`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from typing import Any, Mapping, Sequence
 
 from jaxcap.eval.captionqa import CaptionQAConfig
 from jaxcap.eval.caparena import CapArenaConfig
-from jaxcap.eval.captioners import load_captioner
+from jaxcap.eval.captioners import DUPLICATE_POLICIES, CaptionSet, load_captioner
 from jaxcap.eval.dcscore import DCScoreConfig
 from jaxcap.eval.evaluate import SUITES, EvalConfig, evaluate
 from jaxcap.eval.prism import PrismConfig
 from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.report import write_report
 from jaxcap.judges.factory import build_judge, judge_name
+from jaxcap.judges.preflight import preflight_judge
 
 
 def _plain(value: Any) -> Any:
@@ -41,6 +44,45 @@ def parse_captioner_flags(pairs: Sequence[str]) -> dict[str, str]:
       raise ValueError(f"Captioner {pair!r}: write NAME=SPEC, e.g. rl=jsonl:runs/rl/captions.jsonl.")
     out[name] = spec
   return out
+
+
+EMPTY_POLICIES = ("error", "score")
+
+
+def check_captions(
+  sources: Sequence[tuple[CaptionSet, str]], records: Sequence, manifest_size: int, empty: str = "error"
+) -> dict[str, int]:
+  """Fails, naming the captioner, its spec and the images, when a captioner of `sources` ((captions, spec)
+  pairs) misses images of `records` or (with `empty="error"`) has an empty caption for one; returns the number
+  of empty captions per captioner."""
+  empties = {}
+  for c, spec in sources:
+    where = f"Captioner {c.name!r} ({spec})"
+    missing = [i for i, r in enumerate(records) if not c.captions.get(r.id)]
+    if missing:
+      covered = len(records) - len(missing)
+      prefix = missing[0] == covered  # it captioned exactly the first `covered` images
+      if prefix and covered:
+        fix = (
+          f"it covers the first {covered} of the {manifest_size} manifest images (a training run's held-out "
+          f"captions cover the first eval.num_images): pass --config.num_images={covered} to evaluate those, or "
+          "caption the rest."
+        )
+      else:
+        fix = "caption them, or evaluate a manifest of the captioned images only."
+      ids = ", ".join(repr(records[i].id) for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+      raise ValueError(f"{where} has no caption for {len(missing)} of {len(records)} images ({ids}); {fix}")
+    if spec.startswith("builtin:"):
+      continue  # built-ins are what they say (builtin:empty is empty on purpose)
+    blank = [r.id for r in records if any(not t.strip() for t in c.samples(r.id))]
+    if blank and empty == "error":
+      ids = ", ".join(map(repr, blank[:5])) + (", ..." if len(blank) > 5 else "")
+      raise ValueError(
+        f"{where} has an empty caption for {len(blank)} of {len(records)} images ({ids}); re-caption them, or "
+        "set --config.empty_captions=score to score empty captions as written."
+      )
+    empties[c.name] = len(blank)
+  return empties
 
 
 def eval_config(config: Mapping[str, Any]) -> EvalConfig:
@@ -84,16 +126,33 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
       seed=int(syn.get("seed", 0)),
       questions_per_scene=int(syn.get("questions_per_scene", 5)),
     )
+  empty, duplicates = config.get("empty_captions", "error"), config.get("duplicate_captions", "error")
+  if empty not in EMPTY_POLICIES:
+    raise ValueError(f"config.empty_captions={empty!r}: use one of {EMPTY_POLICIES}.")
+  if duplicates not in DUPLICATE_POLICIES:
+    raise ValueError(f"config.duplicate_captions={duplicates!r}: use one of {DUPLICATE_POLICIES}.")
+  num_images = int(config.get("num_images", 0))
+  if num_images < 0:
+    raise ValueError(f"config.num_images={num_images}: use 0 (every manifest image) or N > 0 (the first N).")
   records, scenes = read_manifest(manifest, require_media=False)
+  manifest_size = len(records)
+  records = records[:num_images] if num_images else records
   judge_cfg = config.get("judge", {})
-  judge = build_judge(judge_cfg, scenes=scenes, records=records)
+  judge = preflight_judge(build_judge(judge_cfg, scenes=scenes, records=records), judge_cfg, records=records)
   specs = dict(captioner_overrides) if captioner_overrides else parse_captioner_flags(config["captioners"])
   if not specs:
     raise ValueError("No captioners to evaluate; set config.captioners or pass --captioner NAME=SPEC.")
   samples = int(config.get("samples_per_image", 1))
-  captioners = [load_captioner(name, spec, records, num_samples=samples) for name, spec in specs.items()]
-  baselines = {name: load_captioner(name, spec, records) for name, spec in config.get("baselines", {}).items()}
-  honest = load_captioner("honest", config["honest"], records) if config.get("honest") else None
+  load = lambda name, spec, **kw: load_captioner(name, spec, records, duplicates=duplicates, **kw)
+  captioners = [load(name, spec, num_samples=samples) for name, spec in specs.items()]
+  baseline_specs = config.get("baselines", {})
+  baselines = {name: load(name, spec) for name, spec in baseline_specs.items()}
+  honest = load("honest", config["honest"]) if config.get("honest") else None
+  sources = [*zip(captioners, specs.values()), *((baselines[n], s) for n, s in baseline_specs.items())]
+  sources += [(honest, config["honest"])] if honest else []
+  empties = check_captions(sources, records, manifest_size, empty)  # before any judge call
+  if any(empties.values()):
+    print(f"scoring empty captions as written: {empties}", flush=True)
   report = evaluate(
     judge,
     records,
@@ -102,6 +161,14 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
     honest=honest,
     config=settings,
     judge_name=judge_name(judge_cfg),
-    settings={"manifest": str(manifest), "captioners": specs},
+    settings={
+      "manifest": str(manifest),
+      "manifest_images": manifest_size,
+      "num_images": len(records),
+      "captioners": specs,
+      "empty_captions": empty,
+      "empty_captions_scored": {k: v for k, v in empties.items() if v},
+      "duplicate_captions": duplicates,
+    },
   )
   return write_report(report, out_dir)

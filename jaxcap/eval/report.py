@@ -177,6 +177,14 @@ def _grouped(report: EvalReport, prefix: str, suffix: str = "") -> list[str]:
   return sorted(k for k in names if k.count("/") >= 2)
 
 
+def _subset(settings: Mapping[str, Any], n: int) -> str:
+  """ " (the first n of the manifest's m)" when only part of the manifest was evaluated; the scores say so."""
+  m = settings.get("manifest_images")
+  out = f" (the first {n} of the manifest's {m})" if m and m > n else ""
+  scored = settings.get("empty_captions_scored")
+  return out + (f" · empty captions scored as written: {scored}" if scored else "")
+
+
 def render_markdown(report: EvalReport, plots: Mapping[str, str] = {}) -> str:
   """The report as Markdown; `plots` maps a caption to an image path relative to the Markdown file."""
   s = report.settings
@@ -187,7 +195,7 @@ def render_markdown(report: EvalReport, plots: Mapping[str, str] = {}) -> str:
   out = [
     "# jaxcap caption evaluation",
     "",
-    f"Judge: `{report.judge}` · images: {len(report.image_ids)} · intervals: {ci}.",
+    f"Judge: `{report.judge}` · images: {len(report.image_ids)}{_subset(s, len(report.image_ids))} · intervals: {ci}.",
     "All metrics in percent; CapArena score in [-100, 100]. Failed judgments are masked and counted, "
     "never scored as 0.",
     "",

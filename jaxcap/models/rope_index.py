@@ -22,8 +22,9 @@ def rope_index(
   input_ids int [B, T]; attention_mask [B, T] (1 = real token; padding may be left or right). Grids are consumed
   in order across the batch, as the processor emits them. Text tokens advance all three ids together; an
   image/video's (t, h, w) ids start at the running position, with video time ids spaced by
-  `tokens_per_second * second_per_grid_ts`. Returns positions int32 [3, B, T] (0 on padding) and
-  rope_deltas int32 [B] (max position + 1 - number of real tokens), used to continue positions when decoding.
+  `tokens_per_second * second_per_grid_ts` (seconds per temporal patch; float32, as transformers computes).
+  Returns positions int32 [3, B, T] (0 on padding) and rope_deltas int32 [B] (max position + 1 - number of real
+  tokens), used to continue positions when decoding.
   """
   input_ids = np.asarray(input_ids)
   b, t = input_ids.shape
@@ -33,7 +34,9 @@ def rope_index(
     1: iter(np.asarray(image_grid_thw).tolist() if image_grid_thw is not None else []),
     2: iter(np.asarray(video_grid_thw).tolist() if video_grid_thw is not None else []),
   }
-  seconds = iter(np.asarray(second_per_grid_ts).tolist() if second_per_grid_ts is not None else [])
+  # float32, as the processor's `second_per_grid_ts` tensor: transformers multiplies in float32 and truncates, and
+  # float64 products land just below an integer where float32 rounds onto it (25 fps clips, long videos)
+  seconds = iter(np.asarray(second_per_grid_ts, np.float32) if second_per_grid_ts is not None else [])
   positions = np.zeros((3, b, t), np.int64)
   deltas = np.zeros((b,), np.int64)
   for row in range(b):
@@ -53,14 +56,14 @@ def rope_index(
           f"row {row} has more {'image' if kind == 1 else 'video'} placeholders than grids "
           "were given; pass image_grid_thw / video_grid_thw from jaxcap.processing."
         ) from None
-      interval = cfg.vision.tokens_per_second * next(seconds, 1.0) if kind == 2 else 1
+      interval = np.float32(cfg.vision.tokens_per_second) * next(seconds, np.float32(1)) if kind == 2 else 1
       lt, lh, lw = gt, gh // m, gw // m
       if n != lt * lh * lw:
         raise ValueError(
           f"row {row}: a run of {n} vision placeholder tokens does not match its grid "
           f"{gt}x{gh}x{gw} ({lt * lh * lw} tokens); build prompts with jaxcap.processing."
         )
-      tt = (np.arange(lt) * interval).astype(np.int64)  # truncation, as torch's .long()
+      tt = (np.arange(lt, dtype=np.float32) * np.float32(interval)).astype(np.int64)  # truncation, as .long()
       tg, hg, wg = np.meshgrid(tt, np.arange(lh) + current, np.arange(lw) + current, indexing="ij")
       pieces.append(np.stack([tg.reshape(-1) + current, hg.reshape(-1), wg.reshape(-1)]))
       current += max(gh, gw) // m

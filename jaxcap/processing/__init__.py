@@ -2,4 +2,21 @@
 
 from jaxcap.processing.prompt import ModelInputs, Processor, pad_batch, render_chat
 from jaxcap.processing.tokenizer import word_tokenizer
-from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image, preprocess_video, smart_resize
+from jaxcap.processing.video import (
+  VideoClip,
+  VideoPreprocessConfig,
+  is_video_file,
+  load_video,
+  preprocess_video,
+  probe_video,
+  read_video,
+  smart_nframes,
+  video_file_grid,
+)
+from jaxcap.processing.vision import (
+  VisionPreprocessConfig,
+  load_image,
+  preprocess_image,
+  read_image_size,
+  smart_resize,
+)

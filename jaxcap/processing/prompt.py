@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -10,7 +11,8 @@ import numpy as np
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.rope_index import rope_index
 from jaxcap.models.vision import VisionLayout, vision_layout
-from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image, preprocess_video
+from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
+from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
@@ -77,6 +79,9 @@ class Processor:
   """Tokenizer + image/video preprocessing for Qwen2.5-VL, equal to the HF processor's outputs.
 
   `tokenizer` is any HF tokenizer with the Qwen special tokens (e.g. `AutoTokenizer.from_pretrained(ckpt_dir)`);
+  `vision_cfg` / `video_cfg` are the image and video processor settings (`from_pretrained` reads them from the
+  checkpoint; by default images get transformers' defaults for `cfg`'s geometry and video frames the image
+  budget); `fps` is the rate assumed for videos given as frame lists without an 'fps' (default video_cfg.fps);
   `system` is the system prompt added when a conversation has none (None: no system turn).
   """
 
@@ -85,8 +90,9 @@ class Processor:
     tokenizer: Any,
     cfg: Qwen25VLConfig,
     vision_cfg: VisionPreprocessConfig | None = None,
-    fps: float = 2.0,
+    fps: float | None = None,
     system: str | None = DEFAULT_SYSTEM,
+    video_cfg: VideoPreprocessConfig | None = None,
   ):
     self.tokenizer, self.cfg, self.system = tokenizer, cfg, system
     self.vision_cfg = vision_cfg or VisionPreprocessConfig(
@@ -94,21 +100,65 @@ class Processor:
       temporal_patch_size=cfg.vision.temporal_patch_size,
       merge_size=cfg.vision.spatial_merge_size,
     )
-    self.fps = fps
-    for token, want in ((IMAGE_PAD, cfg.image_token_id), (VIDEO_PAD, cfg.video_token_id)):
-      got = tokenizer.convert_tokens_to_ids(token)
+    self.video_cfg = video_cfg or VideoPreprocessConfig.from_image(self.vision_cfg)
+    self.fps = float(fps) if fps is not None else self.video_cfg.fps
+    want = (cfg.vision.patch_size, cfg.vision.temporal_patch_size, cfg.vision.spatial_merge_size)
+    for name, pc in (("image", self.vision_cfg), ("video", self.video_cfg)):
+      got = (pc.patch_size, pc.temporal_patch_size, pc.merge_size)
       if got != want:
         raise ValueError(
-          f"tokenizer maps {token} to {got} but the model config expects {want}; "
+          f"the {name} processor config has (patch_size, temporal_patch_size, merge_size) = {got} but the model's "
+          f"vision config has {want}; use the processor configs that came with the checkpoint."
+        )
+    for token, want_id in ((IMAGE_PAD, cfg.image_token_id), (VIDEO_PAD, cfg.video_token_id)):
+      got_id = tokenizer.convert_tokens_to_ids(token)
+      if got_id != want_id:
+        raise ValueError(
+          f"tokenizer maps {token} to {got_id} but the model config expects {want_id}; "
           "load the tokenizer from the same checkpoint directory as the model."
         )
 
   @classmethod
-  def from_pretrained(cls, directory, cfg: Qwen25VLConfig | None = None, **kw) -> "Processor":
+  def from_pretrained(
+    cls,
+    directory,
+    cfg: Qwen25VLConfig | None = None,
+    vision_cfg: VisionPreprocessConfig | None = None,
+    video_cfg: VideoPreprocessConfig | None = None,
+    **kw,
+  ) -> "Processor":
+    """The processor of a checkpoint directory: its tokenizer, `config.json`, and image / video processor
+    settings read as transformers reads them (`VisionPreprocessConfig.from_pretrained`,
+    `VideoPreprocessConfig.from_pretrained`) unless given."""
     from transformers import AutoTokenizer
     from jaxcap.checkpoint.hf import read_config
 
-    return cls(AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), **kw)
+    vision_cfg = vision_cfg or VisionPreprocessConfig.from_pretrained(directory)
+    video_cfg = video_cfg or VideoPreprocessConfig.from_pretrained(directory, image=vision_cfg)
+    return cls(
+      AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), vision_cfg, video_cfg=video_cfg, **kw
+    )
+
+  def video(self, item: dict) -> tuple[np.ndarray, np.ndarray, float]:
+    """One video content item -> (patches, grid_thw, second_per_grid_t). item["video"] is a file path (sampled
+    with the item's 'fps' / 'min_frames' / 'max_frames' / 'nframes', else video_cfg's), a `VideoClip`, a uint8
+    array [T, H, W, C] or a list of frames (whose rate is item['fps'], else `self.fps`)."""
+    source = item["video"]
+    fps = item.get("fps")
+    if fps is None and not isinstance(source, (str, os.PathLike)):
+      fps = self.fps
+    clip = load_video(
+      source,
+      self.video_cfg,
+      fps=fps,
+      min_frames=item.get("min_frames"),
+      max_frames=item.get("max_frames"),
+      nframes=item.get("nframes"),
+      resize=True,
+      record=item.get("record"),
+    )
+    patches, grid = preprocess_video(clip, self.video_cfg)
+    return patches, grid, self.video_cfg.temporal_patch_size / clip.fps
 
   def __call__(
     self,
@@ -117,8 +167,9 @@ class Processor:
     pad_to_multiple_of: int = 1,
     add_generation_prompt: bool = True,
   ) -> ModelInputs:
-    """Builds a batch from B conversations (HF message format; image items carry 'image': path/PIL/array,
-    video items 'video': list of frames and optionally 'fps')."""
+    """Builds a batch from B conversations (HF message format; image items carry 'image': path / PIL / uint8
+    array, video items 'video': a file path or frames, see `video`; an optional 'record' id names the item
+    in errors)."""
     merge = self.vision_cfg.merge_size**2
     texts, images, videos, seconds = [], [], [], []
     for messages in conversations:
@@ -126,10 +177,11 @@ class Processor:
       for msg in messages:
         for item in msg["content"] if not isinstance(msg["content"], str) else ():
           if item.get("type") == "image":
-            images.append(preprocess_image(item["image"], self.vision_cfg))
+            images.append(preprocess_image(item["image"], self.vision_cfg, record=item.get("record")))
           elif item.get("type") == "video":
-            videos.append(preprocess_video(item["video"], self.vision_cfg))
-            seconds.append(self.vision_cfg.temporal_patch_size / float(item.get("fps", self.fps)))
+            patches, grid, spg = self.video(item)
+            videos.append((patches, grid))
+            seconds.append(spg)
       texts.append(text)
     # Expand each placeholder to one token per merged patch, in order.
     counters = {IMAGE_PAD: iter(images), VIDEO_PAD: iter(videos)}

@@ -1,27 +1,119 @@
-"""Image and video preprocessing equal to `Qwen2VLImageProcessor` / `Qwen2VLVideoProcessor` (numpy + Pillow).
+"""Image preprocessing equal to transformers' `Qwen2VLImageProcessorPil` (numpy + Pillow), configured from a
+checkpoint's `preprocessor_config.json`.
 
 Output layout: patches float32 [grid_t * grid_h * grid_w, C * temporal_patch * patch^2] ordered by
 (t, h-block, w-block, merge-row, merge-col), and grid_thw int [3] counted in patches.
+
+Loading follows transformers too: a file gets its EXIF orientation applied (`image_utils.load_image`), and
+transparency (RGBA / LA / PA, or a palette / RGB image with a `transparency` entry) is composited on white
+(`image_transforms.convert_to_rgb`); grayscale, CMYK, palette and 16-bit images go through Pillow's
+`convert("RGB")`, as there (16-bit values above 255 saturate, they are not rescaled). One deliberate
+difference: transformers' `load_image` of a *path* converts straight to RGB, dropping alpha; here a file with
+transparency is composited on white like an image passed to the image processor (and like qwen-vl-utils).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
-# OpenAI CLIP statistics, as in the Qwen2-VL processors.
-IMAGE_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
-IMAGE_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+# OpenAI CLIP statistics, the Qwen2-VL processors' defaults.
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_MEAN = np.array(OPENAI_CLIP_MEAN, np.float32)
+IMAGE_STD = np.array(OPENAI_CLIP_STD, np.float32)
+
+# Pillow's own default `Image.MAX_IMAGE_PIXELS` (1024**3 // 4 // 3, ~9459 x 9459): decoding more costs GBs.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
+IMAGE_CONFIG = "preprocessor_config.json"
+PROCESSOR_CONFIG = "processor_config.json"  # transformers v5 nests {"image_processor": ..., "video_processor": ...}
+
+
+def read_processor_dict(directory: str | os.PathLike, kind: str) -> tuple[dict, str | None]:
+  """The `kind` ("image_processor" / "video_processor") settings of a checkpoint and the file they came from,
+  with transformers' priority: `processor_config.json`'s nested entry, then `video_preprocessor_config.json`
+  (videos only), then `preprocessor_config.json`. ({}, None) when the directory has none of them."""
+  directory = Path(directory)
+  nested = directory / PROCESSOR_CONFIG
+  if nested.is_file():
+    row = _read_json(nested)
+    if isinstance(row.get(kind), dict):
+      return row[kind], f"{nested} [{kind}]"
+  names = ("video_preprocessor_config.json", IMAGE_CONFIG) if kind == "video_processor" else (IMAGE_CONFIG,)
+  for name in names:
+    if (directory / name).is_file():
+      return _read_json(directory / name), str(directory / name)
+  return {}, None
+
+
+def _read_json(path: Path) -> dict:
+  try:
+    row = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot read {path}: {e}; fix or delete the file") from e
+  if not isinstance(row, dict):
+    raise ValueError(f"{path} holds a {type(row).__name__}, not a JSON object; fix or delete the file")
+  return row
+
+
+def pixel_budget(row: Mapping[str, Any], default_min: int, default_max: int, source: str) -> tuple[int, int]:
+  """(min_pixels, max_pixels) as the Qwen2-VL processors' `__init__` reads them: `size` {shortest_edge,
+  longest_edge} (or the class default when absent), overridden by top-level `min_pixels` / `max_pixels`."""
+  size = row.get("size")
+  size = {"shortest_edge": default_min, "longest_edge": default_max} if size is None else dict(size)
+  for key, alias in (("shortest_edge", "min_pixels"), ("longest_edge", "max_pixels")):
+    if row.get(alias) is not None:
+      size[key] = row[alias]
+    elif key not in size and alias in size:  # old configs spelled the size keys min_pixels / max_pixels
+      size[key] = size[alias]
+  if not size.get("shortest_edge") or not size.get("longest_edge"):
+    raise ValueError(
+      f"{source}: size {row.get('size')} has no shortest_edge / longest_edge pixel budget; set 'min_pixels' and "
+      "'max_pixels' (pixels per image) in that file."
+    )
+  return int(size["shortest_edge"]), int(size["longest_edge"])
+
+
+def normalisation(row: Mapping[str, Any], source: str) -> dict[str, Any]:
+  """The rescale / normalise / geometry fields shared by the image and video processor configs."""
+  out = {}
+  for key, cast in (("patch_size", int), ("temporal_patch_size", int), ("merge_size", int)):
+    if row.get(key) is not None:
+      out[key] = cast(row[key])
+  for key in ("image_mean", "image_std"):
+    if row.get(key) is not None:
+      value = row[key]
+      value = (value,) * 3 if isinstance(value, (int, float)) else tuple(float(v) for v in value)
+      if len(value) != 3:
+        raise ValueError(f"{source}: {key} has {len(value)} entries; give one per RGB channel (3).")
+      out[key] = value
+  for key in ("do_rescale", "do_normalize"):
+    if row.get(key) is not None:
+      out[key] = bool(row[key])
+  if row.get("rescale_factor") is not None:
+    out["rescale_factor"] = float(row["rescale_factor"])
+  if row.get("resample") is not None:
+    out["resample"] = int(row["resample"])
+  for key in ("do_resize", "do_convert_rgb"):
+    if row.get(key) is False:
+      raise ValueError(f"{source} sets {key}=false; jaxcap always resizes and converts to RGB, remove the entry.")
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
 class VisionPreprocessConfig:
-  """Pixel budget and geometry; defaults are Qwen2.5-VL's `preprocessor_config.json`."""
+  """Image pixel budget, geometry and normalisation; defaults are transformers' `Qwen2VLImageProcessor`'s.
+
+  min_pixels / max_pixels bound the resized area (pixels); `max_image_pixels` rejects larger files before
+  decoding (None: no limit)."""
 
   min_pixels: int = 56 * 56
   max_pixels: int = 28 * 28 * 1280
@@ -29,16 +121,44 @@ class VisionPreprocessConfig:
   temporal_patch_size: int = 2
   merge_size: int = 2
   resample: int = Image.Resampling.BICUBIC
+  image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
+  image_std: tuple[float, ...] = OPENAI_CLIP_STD
+  do_rescale: bool = True
+  rescale_factor: float = 1 / 255
+  do_normalize: bool = True
+  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
 
   @property
   def factor(self) -> int:
     return self.patch_size * self.merge_size
 
+  def grid(self, height: int, width: int) -> tuple[int, int, int]:
+    """(grid_t, grid_h, grid_w) in patches of an image of height x width pixels (`read_image_size` of a file);
+    it costs grid_h * grid_w / merge_size^2 tokens."""
+    h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+    return 1, h // self.patch_size, w // self.patch_size
+
+  @classmethod
+  def from_dict(cls, row: Mapping[str, Any], source: str = IMAGE_CONFIG, **overrides) -> "VisionPreprocessConfig":
+    """From the JSON of a `preprocessor_config.json` (keys transformers reads; others are ignored)."""
+    min_pixels, max_pixels = pixel_budget(row, cls.min_pixels, cls.max_pixels, source)
+    fields = dict(min_pixels=min_pixels, max_pixels=max_pixels, **normalisation(row, source))
+    return cls(**{**fields, **overrides})
+
+  @classmethod
+  def from_pretrained(cls, directory: str | os.PathLike, **overrides) -> "VisionPreprocessConfig":
+    """The image processor settings of a checkpoint directory, as transformers' `AutoImageProcessor` reads them
+    (`processor_config.json` nested entry, else `preprocessor_config.json`); defaults when it has neither.
+    `overrides` replace single fields (e.g. max_pixels=...)."""
+    row, source = read_processor_dict(directory, "image_processor")
+    return cls.from_dict(row, source or f"{directory}/{IMAGE_CONFIG}", **overrides)
+
 
 def smart_resize(
   height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
 ) -> tuple[int, int]:
-  """Target (height, width): multiples of `factor`, area within [min_pixels, max_pixels], aspect kept."""
+  """Target (height, width): multiples of `factor`, area within [min_pixels, max_pixels], aspect kept
+  (transformers' `qwen2_vl.image_processing_qwen2_vl.smart_resize`)."""
   if max(height, width) / min(height, width) > 200:
     raise ValueError(f"image of {height}x{width} has aspect ratio above 200; crop or pad it first.")
   h_bar = round(height / factor) * factor
@@ -54,32 +174,107 @@ def smart_resize(
   return h_bar, w_bar
 
 
-def load_image(source: str | os.PathLike | Image.Image | np.ndarray) -> Image.Image:
-  """An RGB PIL image from a path, PIL image or uint8 HWC array; a clear error names an unreadable file."""
+def _too_large(path, detail: str, record: str | None) -> ValueError:
+  who = f"record {record!r}: " if record is not None else ""
+  return ValueError(
+    f"{who}image {os.fspath(path)} is too large to decode ({detail}); downscale the file (e.g. "
+    "`convert IN -resize 8192x8192\\> OUT`), drop it from the data, or raise the limit "
+    "(VisionPreprocessConfig.max_image_pixels; above twice Pillow's default also PIL.Image.MAX_IMAGE_PIXELS)."
+  )
+
+
+def _open(path, max_image_pixels: int | None, record: str | None) -> Image.Image:
+  """Opens (header only) a file, enforcing the pixel limit before anything is decoded."""
+  try:
+    image = Image.open(path)
+  except Image.DecompressionBombError as e:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
+    raise _too_large(path, f"Pillow's decompression-bomb guard: {e}".rstrip("."), record) from None
+  except (OSError, ValueError, SyntaxError) as e:
+    who = f"record {record!r}: " if record is not None else ""
+    raise ValueError(f"{who}cannot read image {os.fspath(path)!r}: {e}") from e
+  if max_image_pixels is not None and image.width * image.height > max_image_pixels:
+    image.close()
+    detail = f"{image.width}x{image.height} = {image.width * image.height:,} pixels, above {max_image_pixels:,}"
+    raise _too_large(path, detail, record)
+  return image
+
+
+def read_image_size(
+  path: str | os.PathLike, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS, record: str | None = None
+) -> tuple[int, int]:
+  """(height, width) of an image file as `load_image` returns it (EXIF rotation applied), from the header only."""
+  with _open(path, max_image_pixels, record) as image:
+    width, height = image.size
+    orientation = image.getexif().get(0x0112, 1)  # ExifTags.Base.Orientation
+  return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+
+
+def convert_to_rgb(image: Image.Image) -> Image.Image:
+  """RGB, transparency composited on white (transformers' `image_transforms.convert_to_rgb`)."""
+  if "A" in image.getbands() or image.info.get("transparency") is not None:
+    image = image.convert("RGBA")
+    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, image).convert("RGB")
+  return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _array_to_rgb(array: np.ndarray) -> np.ndarray:
+  """uint8 [H, W], [H, W, 1|3|4] -> uint8 [H, W, 3], alpha composited on white as transformers does for arrays."""
+  if array.dtype != np.uint8:
+    raise ValueError(f"image array of dtype {array.dtype}; pass uint8 [H, W, 3] (0..255), or a PIL image.")
+  if array.ndim == 2:
+    array = array[..., None]
+  if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+    raise ValueError(f"image array of shape {array.shape}; pass uint8 [H, W, 3] (channels last).")
+  if array.shape[-1] == 1:
+    return np.repeat(array, 3, axis=-1)
+  if array.shape[-1] == 4:
+    alpha = array[..., 3:4] / 255
+    return np.round(alpha * array[..., :3] + (1 - alpha) * 255).astype(np.uint8)
+  return array
+
+
+def load_image(
+  source: str | os.PathLike | Image.Image | np.ndarray,
+  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+  record: str | None = None,
+) -> Image.Image:
+  """An RGB PIL image, fully decoded, from a path (EXIF orientation applied), a PIL image or a uint8 array.
+
+  A file that cannot be read, or larger than `max_image_pixels`, raises ValueError naming it (and `record`)."""
   if isinstance(source, Image.Image):
-    image = source
-  elif isinstance(source, np.ndarray):
-    image = Image.fromarray(source)
+    return convert_to_rgb(source)
+  if isinstance(source, np.ndarray):
+    return Image.fromarray(_array_to_rgb(source))
+  if not isinstance(source, (str, os.PathLike)):
+    raise ValueError(f"cannot load an image from a {type(source).__name__}; pass a path, a PIL image or an array.")
+  image = _open(source, max_image_pixels, record)
+  try:
+    with image:
+      image = convert_to_rgb(ImageOps.exif_transpose(image))
+      image.load()
+  except (OSError, ValueError, SyntaxError) as e:
+    who = f"record {record!r}: " if record is not None else ""
+    raise ValueError(f"{who}cannot read image {os.fspath(source)!r}: {e}") from e
+  return image
+
+
+def normalize(x: np.ndarray, cfg) -> np.ndarray:
+  """uint8 [..., H, W, C] -> float32 [..., C, H, W], rescaled and normalised as the PIL image processor does
+  (rescale in float64 then cast, normalise in float32)."""
+  x = np.moveaxis(x, -1, -3)
+  if cfg.do_rescale:
+    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
   else:
-    try:
-      with Image.open(source) as f:
-        image = f.copy()
-    except (OSError, ValueError) as e:
-      raise ValueError(f"cannot read image {os.fspath(source)!r}: {e}") from e
-  return image.convert("RGB") if image.mode != "RGB" else image
+    x = x.astype(np.float32)
+  if cfg.do_normalize:
+    mean = np.asarray(cfg.image_mean, np.float32)[:, None, None]
+    std = np.asarray(cfg.image_std, np.float32)[:, None, None]
+    x = (x - mean) / std
+  return x
 
 
-def _resize_normalize(image: Image.Image, size: tuple[int, int], cfg: VisionPreprocessConfig) -> np.ndarray:
-  """RGB image -> float32 [C, H, W] at `size` (h, w), rescaled to [0, 1] and CLIP-normalised."""
-  h, w = size
-  if image.size != (w, h):
-    image = image.resize((w, h), resample=cfg.resample)
-  x = np.asarray(image, np.float32) * np.float32(1 / 255)
-  x = (x - IMAGE_MEAN) / IMAGE_STD
-  return x.transpose(2, 0, 1)
-
-
-def _patchify(frames: np.ndarray, cfg: VisionPreprocessConfig) -> tuple[np.ndarray, np.ndarray]:
+def patchify(frames: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:
   """frames float32 [F, C, H, W] (F a multiple of temporal_patch_size) -> (patches, grid_thw)."""
   f, c, h, w = frames.shape
   p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
@@ -89,28 +284,13 @@ def _patchify(frames: np.ndarray, cfg: VisionPreprocessConfig) -> tuple[np.ndarr
   return x.reshape(gt * gh * gw, c * tp * p * p), np.array([gt, gh, gw], np.int64)
 
 
-def preprocess_image(image, cfg: VisionPreprocessConfig = VisionPreprocessConfig()) -> tuple[np.ndarray, np.ndarray]:
-  """One image (path, PIL or uint8 array) -> (patches float32 [gh * gw, patch_dim], grid_thw [1, gh, gw])."""
-  image = load_image(image)
-  size = smart_resize(image.height, image.width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
-  x = _resize_normalize(image, size, cfg)
-  frames = np.broadcast_to(x[None], (cfg.temporal_patch_size, *x.shape))  # a still image is duplicated in time
-  return _patchify(frames, cfg)
-
-
-def preprocess_video(
-  frames: Sequence, cfg: VisionPreprocessConfig = VisionPreprocessConfig()
+def preprocess_image(
+  image, cfg: VisionPreprocessConfig = VisionPreprocessConfig(), record: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Already-sampled frames (paths, PIL images or uint8 arrays) -> (patches, grid_thw [gt, gh, gw]).
-
-  Every frame is resized to the first frame's smart_resize target; the last frame is repeated to fill the
-  final temporal patch.
-  """
-  images = [load_image(f) for f in frames]
-  if not images:
-    raise ValueError("a video needs at least one frame")
-  size = smart_resize(images[0].height, images[0].width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
-  x = np.stack([_resize_normalize(im, size, cfg) for im in images])
-  if pad := -len(x) % cfg.temporal_patch_size:
-    x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-  return _patchify(x, cfg)
+  """One image (path, PIL or uint8 array) -> (patches float32 [gh * gw, patch_dim], grid_thw [1, gh, gw])."""
+  image = load_image(image, cfg.max_image_pixels, record)
+  h, w = smart_resize(image.height, image.width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+  image = image.resize((w, h), resample=cfg.resample)  # transformers resizes even at equal size (a copy)
+  x = normalize(np.asarray(image), cfg)
+  frames = np.broadcast_to(x[None], (cfg.temporal_patch_size, *x.shape))  # a still image is duplicated in time
+  return patchify(frames, cfg)

@@ -54,7 +54,10 @@ class Batcher:
   def inputs(self, records: Sequence[ImageRecord]):
     """The processor's batch (host numpy) of `records`' prompts; their media are decoded on a few threads."""
     d = self.config.data
-    load = lambda r: data_lib.conversation(r, d.prompt, d.image_size)
+    vision_cfg = self.processor.vision_cfg
+    load = lambda r: data_lib.conversation(
+      r, d.prompt, d.image_size, video_cfg=self.processor.video_cfg, max_image_pixels=vision_cfg.max_image_pixels
+    )
     if self.media_threads > 1 and len(records) > 1:
       if self._pool is None:
         self._pool = ThreadPoolExecutor(self.media_threads, thread_name_prefix="media")

@@ -8,10 +8,13 @@ from typing import Any, Callable, Sequence
 
 import grain
 import jax
+import numpy as np
 from PIL import Image
 
 from jaxcap.data.manifest import ManifestError
-from jaxcap.data.records import ImageRecord
+from jaxcap.data.records import ImageRecord, is_video_file
+from jaxcap.processing.video import VideoClip, VideoPreprocessConfig, read_video
+from jaxcap.processing.vision import DEFAULT_MAX_IMAGE_PIXELS, load_image
 
 
 def record_loader(
@@ -22,6 +25,8 @@ def record_loader(
   process_count: int | None = None,
   prepare: Callable[[list], Any] | None = None,
   prefetch: int = 2,
+  sizes: Sequence[int] | None = None,
+  group: int = 0,
 ):
   """An endless, checkpointable iterator over lists of `batch_size` records for this process.
 
@@ -32,6 +37,9 @@ def record_loader(
   With `prepare`, the iterator yields `prepare(records)` instead, computed ahead on one background thread for
   at most `prefetch` batches (e.g. decoding and processing the images of the next steps while the device runs
   this one); the batches, their order and the saved position are the same as without it.
+
+  With `sizes` (e.g. vision patches per record) and `group` > 1, each window of `group` global batches of an
+  epoch holds records sorted by size (`jaxcap.train.size_groups`): batches of similar sizes pad less.
   """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
@@ -41,7 +49,13 @@ def record_loader(
       f"{process_count} processes; lower the batch size or add data."
     )
   lo, hi = process_index * batch_size, (process_index + 1) * batch_size
-  ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
+  if sizes is not None and group > 1:
+    from jaxcap.train.size_groups import grouped_records
+
+    pick = grouped_records(list(records), sizes, batch_size * process_count, group, seed)
+    ds = grain.MapDataset.range(len(records)).repeat().map_with_index(pick)
+  else:
+    ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
   ds = ds.batch(batch_size * process_count, batch_fn=list).map(lambda batch: batch[lo:hi])
   if prepare is None:
     return iter(ds.to_iter_dataset())
@@ -51,22 +65,49 @@ def record_loader(
   return iter(ds.map(prepare).to_iter_dataset(options))
 
 
-def load_media(record: ImageRecord, image_size: int | None) -> Any:
-  """The record's PIL image (or list of frames), resized to `image_size` squared when set, so that every item
-  of a step shares one vision layout. Raises ValueError naming the record and file when unreadable."""
+def load_media(
+  record: ImageRecord,
+  image_size: int | None,
+  video_cfg: VideoPreprocessConfig | None = None,
+  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+) -> Any:
+  """The record's media, decoded: an RGB PIL image (EXIF rotation applied, transparency on white), a list of
+  frames, or for a video file a `VideoClip` of the frames `video_cfg` samples (default: fps 2, 4..768 frames),
+  already resized to the target when `video_cfg` is given (pass the processor's). With `image_size` every image / frame is resized to that square side
+  (pixels), so that every item of a step shares one vision layout. Raises ValueError naming the record and the
+  file when the file is unreadable, or larger than `max_image_pixels` (with the fix)."""
+  if is_video_file(record.image) and not record.frames:
+    # resized while decoding (small in memory) only for the processor's own config; else at full size
+    clip = read_video(record.image, video_cfg, resize=video_cfg is not None and not image_size, record=record.id)
+    if image_size:
+      clip.frames = np.stack([np.asarray(_square(Image.fromarray(f), image_size)) for f in clip.frames])
+    return clip
 
   def one(p):
-    try:
-      with Image.open(p) as f:
-        im = f.convert("RGB")
-    except (OSError, ValueError) as e:
-      raise ValueError(f"record {record.id!r}: cannot read image {p}: {e}") from e
-    return im.resize((image_size, image_size), Image.Resampling.BICUBIC) if image_size else im
+    return _square(load_image(p, max_image_pixels, record=record.id), image_size)
 
   return [one(p) for p in record.frames] if record.frames else one(record.image)
 
 
-def conversation(record: ImageRecord, prompt: str, image_size: int | None, fps: float = 2.0) -> list[dict]:
-  media = load_media(record, image_size)
-  item = {"type": "video", "video": media, "fps": fps} if record.frames else {"type": "image", "image": media}
+def _square(image: Image.Image, image_size: int | None):
+  return image.resize((image_size, image_size), Image.Resampling.BICUBIC) if image_size else image
+
+
+def conversation(
+  record: ImageRecord,
+  prompt: str,
+  image_size: int | None,
+  fps: float = 2.0,
+  video_cfg: VideoPreprocessConfig | None = None,
+  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+) -> list[dict]:
+  """One user turn: the record's media (`load_media`) then `prompt`. `fps` is the rate of a record's frame list;
+  a video file is sampled by `video_cfg` (pass the processor's, `processor.video_cfg`)."""
+  media = load_media(record, image_size, video_cfg, max_image_pixels)
+  if isinstance(media, VideoClip):
+    item = {"type": "video", "video": media, "record": record.id}
+  elif record.frames:
+    item = {"type": "video", "video": media, "fps": fps, "record": record.id}
+  else:
+    item = {"type": "image", "image": media, "record": record.id}
   return [{"role": "user", "content": [item, {"type": "text", "text": prompt}]}]

@@ -72,7 +72,8 @@ class HeldOutEval:
     captions, lengths = self.captions(params, records, self.batch_size)
     qa = self.qa(captions, records, step=0)
     own = self.reward(captions, records, step=0)
-    metrics = {"eval/qa_accuracy": float(qa.values[qa.valid[:, 0], 0].mean())}
+    answered = qa.valid[:, 0]  # NaN (null in the logs) when no judgment was valid: nothing was measured
+    metrics = {"eval/qa_accuracy": float(qa.values[answered, 0].mean()) if answered.any() else float("nan")}
     if own.valid.any(axis=0).all():  # not, e.g. no RubiCap reward before rubrics are written against the policy
       metrics["eval/reward"] = weighted_mean(own.values, own.valid, own.weights)
     metrics.update({"eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import shutil
 from pathlib import Path
 from typing import Mapping
 
@@ -40,58 +42,110 @@ class PendingMetrics:
 
 
 class MetricsWriter:
-  """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to TensorBoard (process 0)."""
+  """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to TensorBoard (process 0).
+
+  The JSONL log is strict JSON: a value that was not measured (NaN, e.g. no valid judgment) is written as null
+  and left out of TensorBoard. TensorBoard's event files are rebuilt from the log whenever records are dropped
+  or replaced, so a resumed run never shows a step twice. A held-out evaluation record (only `eval/` keys)
+  logged again at the same (phase, step), as when a finished run is rerun, replaces the earlier one."""
 
   def __init__(self, directory: str | Path, enabled: bool = True):
     self.directory = Path(directory)
     self.enabled = enabled and jax.process_index() == 0
     self.path = self.directory / "metrics.jsonl"
     self._tb = None
+    self._evals: set[tuple[str, int]] | None = None  # (phase, step) of the logged eval records; None: not read yet
     if self.enabled:
       self.directory.mkdir(parents=True, exist_ok=True)
-      try:
-        from tensorboardX import SummaryWriter
+      self._tb = self._open_tensorboard()
 
-        self._tb = SummaryWriter(str(self.directory / "tensorboard"))
-      except ImportError:  # TensorBoard is optional; the JSONL log is complete without it
-        self._tb = None
+  def _open_tensorboard(self):
+    try:
+      from tensorboardX import SummaryWriter
+    except ImportError:  # TensorBoard is optional; the JSONL log is complete without it
+      return None
+    return SummaryWriter(str(self.directory / "tensorboard"))
+
+  def _rows(self) -> list[dict]:
+    return read_metrics(self.path) if self.path.exists() else []
+
+  def _rewrite(self, rows: list[dict]) -> None:
+    """Replaces the log with `rows` and rebuilds the TensorBoard events from them (event files only append)."""
+    self.path.write_text("".join(to_json(r) + "\n" for r in rows))
+    self._evals = None
+    if self._tb is not None:
+      self._tb.close()
+      shutil.rmtree(self.directory / "tensorboard", ignore_errors=True)
+      self._tb = self._open_tensorboard()
+      for r in rows:
+        self._add_scalars(r["phase"], r["step"], {k: v for k, v in r.items() if k not in ("phase", "step")})
+      self._tb.flush()
 
   def truncate_after(self, phase: str, step: int) -> None:
     """Drops records logged after a checkpoint (phase, step), so a resumed run does not log them twice."""
     if not (self.enabled and self.path.exists()):
       return
     order = {"vision": 0, "sft": 1, "rl": 2}
-    keep = [
-      line
-      for line in self.path.read_text().splitlines()
-      if line.strip()
-      and (order.get(json.loads(line)["phase"], 0), json.loads(line)["step"]) <= (order.get(phase, 0), step)
-    ]
-    self.path.write_text("".join(line + "\n" for line in keep))
+    rows = self._rows()
+    keep = [r for r in rows if (order.get(r["phase"], 0), r["step"]) <= (order.get(phase, 0), step)]
+    if len(keep) < len(rows):
+      self._rewrite(keep)
 
   def reset(self) -> None:
     """Drops every record: a run with no checkpoint starts over."""
-    if self.enabled and self.path.exists():
-      self.path.write_text("")
+    if self.enabled and (self.path.exists() or (self.directory / "tensorboard").exists()):
+      self._rewrite([])
 
   def write(self, phase: str, step: int, metrics: Mapping[str, float]) -> None:
     if not self.enabled:
       return
+    record = {"phase": phase, "step": step, **metrics}
+    if metrics and all(k.startswith("eval/") for k in metrics):
+      if self._evals is None:
+        self._evals = {(r["phase"], r["step"]) for r in self._rows() if _is_eval(r)}
+      if (phase, step) in self._evals:  # the same evaluation measured again: one record, the latest
+        self._rewrite([record if _is_eval(r) and (r["phase"], r["step"]) == (phase, step) else r for r in self._rows()])
+        return
+      self._evals.add((phase, step))
     with open(self.path, "a") as f:
-      f.write(json.dumps({"phase": phase, "step": step, **metrics}) + "\n")
+      f.write(to_json(record) + "\n")
     if self._tb is not None:
-      for k, v in metrics.items():
-        self._tb.add_scalar(f"{phase}/{k}", v, step)
+      self._add_scalars(phase, step, metrics)
       self._tb.flush()
+
+  def _add_scalars(self, phase: str, step: int, metrics: Mapping[str, float | None]) -> None:
+    for k, v in metrics.items():
+      if v is not None and math.isfinite(v):  # no point for a value that was not measured
+        self._tb.add_scalar(f"{phase}/{k}", v, step)
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
 
 
+def _is_eval(row: Mapping) -> bool:
+  keys = [k for k in row if k not in ("phase", "step")]
+  return bool(keys) and all(k.startswith("eval/") for k in keys)
+
+
 def to_json(obj, **kw) -> str:
-  """json.dumps that also takes numpy scalars and arrays (summaries, checkpoint metadata)."""
-  return json.dumps(obj, default=_jsonable, **kw)
+  """Strict JSON (summaries, checkpoint metadata, metric records): numpy scalars and arrays become numbers and
+  lists, and NaN / infinity become null (a value that was not measured), never bare `NaN` that JSON parsers
+  reject."""
+  return json.dumps(_finite(obj), default=_jsonable, allow_nan=False, **kw)
+
+
+def _finite(x):
+  """`x` with every non-finite float replaced by None, recursively (numpy values converted first)."""
+  if isinstance(x, (np.ndarray, np.generic)):
+    x = x.tolist()
+  if isinstance(x, float):
+    return x if math.isfinite(x) else None
+  if isinstance(x, Mapping):
+    return {k: _finite(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_finite(v) for v in x]
+  return x
 
 
 def _jsonable(x):
@@ -123,7 +177,7 @@ def plot_curves(
   fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4 * max(1, len(present)), 3.2), squeeze=False)
   for ax, key in zip(axes[0], present):
     for phase, style in (("sft", "--"), ("rl", "-")):
-      pts = [(r["step"] + offset[phase], r[key]) for r in rows if r["phase"] == phase and key in r]
+      pts = [(r["step"] + offset[phase], r[key]) for r in rows if r["phase"] == phase and r.get(key) is not None]
       if pts:
         ax.plot(*zip(*pts), style, marker="o" if len(pts) < 30 else None, ms=3, label=phase)
     ax.set_title(key)

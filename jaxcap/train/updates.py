@@ -118,6 +118,10 @@ def reward_metrics(rewards) -> dict[str, float]:
 
 
 def weighted_mean(values: np.ndarray, valid: np.ndarray, weights: np.ndarray) -> float:
-  """Mean over captions of the weighted reward, each dimension averaged over its valid entries only."""
-  means = np.array([values[valid[:, k], k].mean() if valid[:, k].any() else 0.0 for k in range(values.shape[1])])
-  return float(means @ np.asarray(weights))
+  """Mean over captions of the weighted reward, each dimension averaged over its valid entries only; NaN when a
+  weighted dimension has no valid entry (nothing measured it, so no mean is claimed)."""
+  weights, measured = np.asarray(weights), valid.any(axis=0)
+  if not measured[weights != 0].all():
+    return float("nan")
+  means = np.array([values[valid[:, k], k].mean() if measured[k] else 0.0 for k in range(values.shape[1])])
+  return float(means @ weights)

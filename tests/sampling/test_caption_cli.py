@@ -117,3 +117,41 @@ def test_listing_sources(setup, tmp_path):
     caption.list_images(manifest)
   with pytest.raises(FileNotFoundError, match="--images"):
     caption.list_images(tmp_path / "missing")
+
+
+def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path):
+  """One batch of images of three sizes and an mp4 clip: each caption equals greedy decoding of that item alone."""
+  import av
+  import jax
+
+  from jaxcap.processing import load_image, read_video
+  from jaxcap.sampling import Sampler, SamplingConfig
+
+  root, _ = setup
+  folder = tmp_path / "media"
+  folder.mkdir()
+  rng = np.random.RandomState(1)
+  for i, (h, w) in enumerate([(56, 56), (84, 140), (112, 56)]):
+    Image.fromarray((rng.rand(h, w, 3) * 255).astype(np.uint8)).save(folder / f"img{i}.png")
+  with av.open(str(folder / "clip.mp4"), "w") as container:
+    stream = container.add_stream("mpeg4", rate=4)
+    stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+    for k in range(12):
+      frame = av.VideoFrame.from_ndarray((rng.rand(48, 64, 3) * 255).astype(np.uint8), format="rgb24")
+      container.mux(stream.encode(frame))
+    container.mux(stream.encode())
+  out = tmp_path / "captions.jsonl"
+  args = ["--checkpoint", str(root / "ckpt"), "--images", str(folder), "--out", str(out), "--batch_size", "4"]
+  assert caption.main([*args, "--max_new_tokens", "5", "--prompt", "describe .", "--no_progress"]) == 0
+  got = {r["id"]: r["caption"] for r in _rows(out)}
+  assert sorted(got) == ["clip.mp4", "img0.png", "img1.png", "img2.png"]
+  sampler = Sampler.from_checkpoint(root / "ckpt", sampling=SamplingConfig(temperature=0, max_new_tokens=5))
+  proc = sampler.processor
+  for name, text in got.items():
+    path = folder / name
+    if name.endswith(".mp4"):
+      media = {"type": "video", "video": read_video(path, proc.video_cfg, resize=True)}
+    else:
+      media = {"type": "image", "image": load_image(path)}
+    alone = sampler([[{"role": "user", "content": [media, {"type": "text", "text": "describe ."}]}]], jax.random.key(0))
+    assert alone.text[0] == text, name

@@ -1,0 +1,460 @@
+"""Videos for Qwen2.5-VL: files decoded with PyAV and sampled as qwen-vl-utils does, frames preprocessed as
+transformers' `Qwen2VLVideoProcessor` does.
+
+Frame sampling (qwen-vl-utils `vision_process.smart_nframes` / `_read_video_decord`, the reference for
+Qwen2.5-VL): nframes = total_frames / video_fps * fps, clamped to [ceil2(min_frames), floor2(max_frames)] and
+to total_frames, floored to a multiple of the temporal patch (FRAME_FACTOR 2); the frames taken are
+`round(linspace(0, total_frames - 1, nframes))` (float32, as torch.linspace computes); the sampled rate is
+`nframes / total_frames * video_fps` and `second_per_grid_ts = temporal_patch_size / sampled_fps`, as
+transformers' `Qwen2_5_VLProcessor` (`VideoMetadata.sampled_fps`) computes it. transformers' own sampler
+(`Qwen2VLVideoProcessor.sample_frames`) takes `floor(arange(0, total, total / nframes))` instead; frames given
+as a list are used as they are.
+
+Pixel budget (transformers' `cap_pixels_per_frame=True`, which mirrors qwen-vl-utils' VIDEO_TOTAL_PIXELS): each
+frame gets at most max(min(max_pixels, total_pixels * temporal_patch_size // nframes), int(min_pixels * 1.05))
+pixels, total_pixels = int(max_video_tokens * (patch * merge)^2 * 0.9) (128,000 tokens by default), then
+`smart_resize`. Resizing is torch's antialiased bicubic on uint8 (what torchvision's `resize` runs on the CPU for
+uint8 video tensors), reimplemented here in numpy to the bit; rescale / normalise follow transformers'
+torchvision backend (uint8 -> float32, minus mean * 255, over std * 255).
+
+Output: patches float32 [grid_t * grid_h * grid_w, C * temporal_patch * patch^2], grid_thw int [3].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from jaxcap.data.records import VIDEO_SUFFIXES, is_video_file  # noqa: F401 -- re-exported
+from jaxcap.processing.vision import (
+  DEFAULT_MAX_IMAGE_PIXELS,
+  OPENAI_CLIP_MEAN,
+  OPENAI_CLIP_STD,
+  VisionPreprocessConfig,
+  _array_to_rgb,
+  load_image,
+  normalisation,
+  patchify,
+  pixel_budget,
+  read_processor_dict,
+  smart_resize,
+)
+
+# qwen-vl-utils' defaults (vision_process.py) and transformers' Qwen2VLVideoProcessor class defaults.
+FRAME_FACTOR = 2
+FPS = 2.0
+FPS_MIN_FRAMES = 4
+FPS_MAX_FRAMES = 768
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+MAX_VIDEO_TOKENS = 128_000
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoPreprocessConfig:
+  """Video pixel budget, geometry, normalisation and frame sampling; defaults are transformers'
+  `Qwen2VLVideoProcessor`'s and qwen-vl-utils' (fps 2, 4..768 frames, a 128k-token budget across frames).
+
+  min_pixels / max_pixels bound each frame's resized area (pixels); fps is the sampling rate for files
+  (frames per second); num_frames, when set, samples that many frames instead."""
+
+  min_pixels: int = VIDEO_MIN_PIXELS
+  max_pixels: int = VIDEO_MAX_PIXELS
+  patch_size: int = 14
+  temporal_patch_size: int = 2
+  merge_size: int = 2
+  resample: int = Image.Resampling.BICUBIC
+  image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
+  image_std: tuple[float, ...] = OPENAI_CLIP_STD
+  do_rescale: bool = True
+  rescale_factor: float = 1 / 255
+  do_normalize: bool = True
+  fps: float = FPS
+  min_frames: int = FPS_MIN_FRAMES
+  max_frames: int = FPS_MAX_FRAMES
+  num_frames: int | None = None
+  cap_pixels_per_frame: bool = True
+  max_video_tokens: int = MAX_VIDEO_TOKENS
+  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS  # for frames given as image files
+
+  def __post_init__(self):
+    if self.resample != Image.Resampling.BICUBIC:
+      raise ValueError(
+        f"video resample={self.resample}: jaxcap implements bicubic (3) only, as Qwen2.5-VL's configs use; "
+        "remove 'resample' from the video processor config or set it to 3."
+      )
+
+  @property
+  def factor(self) -> int:
+    return self.patch_size * self.merge_size
+
+  @property
+  def total_pixels(self) -> int:
+    """The pixel budget of a whole clip (transformers: int(max_video_tokens * factor^2 * 0.9))."""
+    return int(self.max_video_tokens * self.factor * self.factor * 0.9)
+
+  def frame_max_pixels(self, num_frames: int) -> int:
+    """Each frame's pixel cap for a clip of `num_frames` frames (before temporal padding)."""
+    if not self.cap_pixels_per_frame:
+      return self.max_pixels
+    share = self.total_pixels * self.temporal_patch_size // max(num_frames, 1)
+    return max(min(self.max_pixels, share), int(self.min_pixels * 1.05))
+
+  def target_size(self, height: int, width: int, num_frames: int) -> tuple[int, int]:
+    """(height, width) every frame of a `num_frames`-frame clip of `height` x `width` is resized to."""
+    return smart_resize(height, width, self.factor, self.min_pixels, self.frame_max_pixels(num_frames))
+
+  def grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+    """(grid_t, grid_h, grid_w) in patches of `num_frames` sampled frames of height x width pixels (for a file:
+    `smart_nframes` of `probe_video`'s counts); it costs the product / merge_size^2 tokens."""
+    h, w = self.target_size(height, width, num_frames)
+    return -(-num_frames // self.temporal_patch_size), h // self.patch_size, w // self.patch_size
+
+  @classmethod
+  def from_dict(cls, row: Mapping[str, Any], source: str = "video_preprocessor_config.json", **overrides):
+    """From the JSON of a video processor config (keys transformers reads; others are ignored)."""
+    min_pixels, max_pixels = pixel_budget(row, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS, source)
+    fields: dict[str, Any] = dict(min_pixels=min_pixels, max_pixels=max_pixels, **normalisation(row, source))
+    for key, cast in (("fps", float), ("min_frames", int), ("max_frames", int), ("num_frames", int)):
+      if row.get(key) is not None:
+        fields[key] = cast(row[key])
+    if row.get("cap_pixels_per_frame") is not None:  # transformers' None (its deprecated default) means False
+      fields["cap_pixels_per_frame"] = bool(row["cap_pixels_per_frame"])
+    if row.get("max_video_tokens") is not None:
+      fields["max_video_tokens"] = int(row["max_video_tokens"])
+    return cls(**{**fields, **overrides})
+
+  @classmethod
+  def from_image(cls, cfg: VisionPreprocessConfig, **overrides) -> "VideoPreprocessConfig":
+    """The image settings (pixel budget per frame, geometry, normalisation) with video sampling defaults."""
+    names = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
+    names += ("image_mean", "image_std", "do_rescale", "rescale_factor", "do_normalize", "max_image_pixels")
+    return cls(**{**{n: getattr(cfg, n) for n in names}, **overrides})
+
+  @classmethod
+  def from_pretrained(
+    cls, directory: str | os.PathLike, image: VisionPreprocessConfig | None = None, **overrides
+  ) -> "VideoPreprocessConfig":
+    """The video processor settings of a checkpoint directory with transformers' priority
+    (`processor_config.json` nested entry, `video_preprocessor_config.json`, then `preprocessor_config.json`).
+    A directory with none of them gets the image settings (`image`, else defaults) for each frame."""
+    row, source = read_processor_dict(directory, "video_processor")
+    if source is None:
+      return cls.from_image(image or VisionPreprocessConfig.from_pretrained(directory), **overrides)
+    return cls.from_dict(row, source, **overrides)
+
+
+@dataclasses.dataclass
+class VideoClip:
+  """Sampled frames of a video and where they came from.
+
+  frames: uint8 [T, H, W, 3]; fps: the rate of `frames` (frames per second; for a file the sampled rate
+  nframes / total_frames * video_fps); indices int64 [T]: frame numbers in the file; source_size: (H, W) of the
+  decoded frames when `frames` were already resized to the processor's target."""
+
+  frames: np.ndarray
+  fps: float
+  indices: np.ndarray | None = None
+  total_frames: int | None = None
+  video_fps: float | None = None
+  path: str | None = None
+  source_size: tuple[int, int] | None = None
+
+  @property
+  def timestamps(self) -> np.ndarray:
+    """float64 [T]: each frame's time in the file (seconds), as transformers' `VideoMetadata.timestamps`."""
+    if self.indices is None or not self.video_fps:
+      return np.arange(len(self.frames)) / self.fps
+    return self.indices / self.video_fps
+
+
+def smart_nframes(
+  total_frames: int,
+  video_fps: float,
+  fps: float = FPS,
+  min_frames: int = FPS_MIN_FRAMES,
+  max_frames: int = FPS_MAX_FRAMES,
+  nframes: int | None = None,
+  factor: int = FRAME_FACTOR,
+) -> int:
+  """How many frames to sample from a file of `total_frames` frames at `video_fps` (qwen-vl-utils'
+  `smart_nframes`): `nframes` rounded to `factor` when given, else total / video_fps * fps clamped to
+  [ceil(min_frames), floor(min(max_frames, total))] (multiples of `factor`) and to total, floored to `factor`."""
+  if nframes is not None:
+    n = round(nframes / factor) * factor
+  else:
+    lo = math.ceil(min_frames / factor) * factor
+    hi = math.floor(min(max_frames, total_frames) / factor) * factor
+    n = total_frames / video_fps * fps
+    n = math.floor(min(min(max(n, lo), hi), total_frames) / factor) * factor
+  if not factor <= n <= total_frames:
+    raise ValueError(
+      f"a video of {total_frames} frames cannot give {n} sampled frames (need {factor} <= n <= {total_frames}); "
+      f"pass a clip of at least {factor} frames (a single frame is an image)."
+    )
+  return n
+
+
+def sample_indices(total_frames: int, nframes: int) -> np.ndarray:
+  """int64 [nframes]: `torch.linspace(0, total_frames - 1, nframes).round()` (float32, ties to even)."""
+  if nframes == 1:
+    return np.zeros(1, np.int64)
+  end = np.float32(total_frames - 1)
+  step = np.float32(end / np.float32(nframes - 1))
+  i = np.arange(nframes)
+  half = nframes // 2  # torch fills the second half backwards from `end`
+  values = np.where(i < half, step * i.astype(np.float32), end - step * (nframes - 1 - i).astype(np.float32)).astype(
+    np.float32
+  )
+  return np.round(values).astype(np.int64)
+
+
+# --- decoding ---------------------------------------------------------------------------------------------
+
+
+def _open_video(path, record: str | None):
+  import av
+
+  who = f"record {record!r}: " if record is not None else ""
+  if not os.path.isfile(path):
+    raise ValueError(f"{who}video {os.fspath(path)} does not exist; fix the path.")
+  try:
+    container = av.open(os.fspath(path))
+  except Exception as e:  # noqa: BLE001 -- PyAV raises FFmpegError subclasses, OSError and ValueError
+    raise ValueError(f"{who}cannot read video {os.fspath(path)!r}: {e}") from e
+  if not container.streams.video:
+    container.close()
+    raise ValueError(f"{who}{os.fspath(path)} has no video stream; pass a video file (mp4, webm, mkv, ...).")
+  return container
+
+
+def probe_video(path: str | os.PathLike, record: str | None = None) -> tuple[int, float, int, int]:
+  """(total_frames, video_fps, height, width) of a video file from its headers (frames counted from packets
+  when the container does not say). Raises ValueError naming the file when it cannot be read."""
+  with _open_video(path, record) as container:
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate
+    total = stream.frames
+    if total <= 0:
+      total = sum(1 for packet in container.demux(stream) if packet.size)
+    return int(total), float(rate) if rate else 0.0, stream.codec_context.height, stream.codec_context.width
+
+
+def video_file_grid(
+  path: str | os.PathLike, cfg: VideoPreprocessConfig | None = None, record: str | None = None
+) -> tuple[int, int, int]:
+  """(grid_t, grid_h, grid_w) that `read_video` + `preprocess_video` will give a file with `cfg`'s sampling,
+  from its headers only (for bucketing before decoding)."""
+  cfg = cfg or VideoPreprocessConfig()
+  total, video_fps, height, width = probe_video(path, record)
+  n = smart_nframes(total, video_fps, cfg.fps, cfg.min_frames, cfg.max_frames, cfg.num_frames, cfg.temporal_patch_size)
+  return cfg.grid(n, height, width)
+
+
+def read_video(
+  path: str | os.PathLike,
+  cfg: VideoPreprocessConfig | None = None,
+  *,
+  fps: float | None = None,
+  min_frames: int | None = None,
+  max_frames: int | None = None,
+  nframes: int | None = None,
+  resize: bool = False,
+  record: str | None = None,
+) -> VideoClip:
+  """Decodes the frames of a video file that Qwen2.5-VL samples (see the module docstring), uint8 RGB.
+
+  fps / min_frames / max_frames / nframes override `cfg`'s sampling. With `resize`, each sampled frame is resized
+  to the processor's target as soon as it is decoded (memory stays small for long, large clips); the result is
+  the same as resizing afterwards. Raises ValueError naming the file (and `record`) when it cannot be decoded."""
+  cfg = cfg or VideoPreprocessConfig()
+  who = f"record {record!r}: " if record is not None else ""
+  path = os.fspath(path)
+  total, video_fps, _, _ = probe_video(path, record)
+  nframes = nframes if nframes is not None else cfg.num_frames
+  for _ in range(2):  # a second pass only when the headers over-count the frames that actually decode
+    if nframes is None and not video_fps:
+      raise ValueError(f"{who}video {path} has no frame rate in its headers; pass nframes (frames to sample).")
+    try:
+      n = smart_nframes(
+        total,
+        video_fps,
+        fps if fps is not None else cfg.fps,
+        min_frames if min_frames is not None else cfg.min_frames,
+        max_frames if max_frames is not None else cfg.max_frames,
+        nframes,
+        cfg.temporal_patch_size,
+      )
+    except ValueError as e:
+      raise ValueError(f"{who}video {path}: {e}") from None
+    indices = sample_indices(total, n)
+    frames, source, decoded = _decode(path, indices, cfg if resize else None, n, record)
+    if len(frames) == n:
+      sampled_fps = n / max(total, 1e-6) * video_fps if video_fps else (fps or cfg.fps)
+      return VideoClip(np.stack(frames), sampled_fps, indices, total, video_fps, path, source if resize else None)
+    if decoded == total:
+      break
+    total = decoded
+  raise ValueError(f"{who}video {path}: decoded {decoded} frames but needed frame {indices[-1]}; the file is damaged.")
+
+
+def _decode(path, indices: np.ndarray, cfg: VideoPreprocessConfig | None, n: int, record):
+  """Frames at `indices` (sorted, maybe repeated), resized to `cfg`'s target when given; also the decoded size
+  and how many frames were decoded."""
+  wanted: dict[int, int] = {}
+  for i in indices.tolist():
+    wanted[i] = wanted.get(i, 0) + 1
+  last = int(indices[-1])
+  frames, source, count = [], None, 0
+  with _open_video(path, record) as container:
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"  # frame + slice threads: several times faster on long clips
+    try:
+      for frame in container.decode(stream):
+        if count in wanted:
+          rgb = frame.to_ndarray(format="rgb24")
+          if source is None:
+            source = rgb.shape[:2]
+            target = cfg.target_size(*source, n) if cfg is not None else source
+          if cfg is not None and rgb.shape[:2] != target:
+            rgb = resize_bicubic_aa(rgb[None], *target)[0]
+          frames.extend([rgb] * wanted[count])
+        count += 1
+        if count > last:
+          break
+    except Exception as e:  # noqa: BLE001 -- a damaged stream
+      who = f"record {record!r}: " if record is not None else ""
+      raise ValueError(f"{who}cannot decode video {path!r} at frame {count}: {e}") from e
+  return frames, source, count
+
+
+def load_video(
+  source,
+  cfg: VideoPreprocessConfig | None = None,
+  *,
+  fps: float | None = None,
+  min_frames: int | None = None,
+  max_frames: int | None = None,
+  nframes: int | None = None,
+  resize: bool = False,
+  record: str | None = None,
+) -> VideoClip:
+  """A `VideoClip` from a video file (sampled, see `read_video`), an existing clip, a uint8 array [T, H, W, C]
+  or a list of frames (paths, PIL images or uint8 arrays, all used). For frames, `fps` is their rate (default
+  `cfg.fps`), as qwen-vl-utils takes it for frame lists."""
+  cfg = cfg or VideoPreprocessConfig()
+  if isinstance(source, VideoClip):
+    return source
+  if isinstance(source, (str, os.PathLike)):
+    kw = dict(fps=fps, min_frames=min_frames, max_frames=max_frames, nframes=nframes, resize=resize, record=record)
+    return read_video(source, cfg, **kw)
+  if isinstance(source, np.ndarray) and source.ndim == 4:
+    frames = [_array_to_rgb(f) for f in source]
+  elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+    frames = [np.asarray(load_image(f, cfg.max_image_pixels, record)) for f in source]
+  else:
+    raise ValueError(
+      f"cannot read a video from a {type(source).__name__}; pass a video file path, a uint8 array [T, H, W, 3] "
+      "or a list of frames."
+    )
+  if not frames:
+    raise ValueError("a video needs at least one frame")
+  first = frames[0].shape[:2]
+  if any(f.shape[:2] != first for f in frames):
+    # frames of one clip share a size in transformers; resize the odd ones to the first (qwen-vl-utils resizes each)
+    frames = [f if f.shape[:2] == first else np.asarray(Image.fromarray(f).resize(first[::-1], 3)) for f in frames]
+  return VideoClip(np.stack(frames), float(fps if fps is not None else cfg.fps))
+
+
+def preprocess_video(
+  video, cfg: VideoPreprocessConfig | None = None, fps: float | None = None, record: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """A video (file path, `VideoClip`, uint8 array [T, H, W, C] or list of frames) -> (patches float32
+  [gt * gh * gw, patch_dim], grid_thw [gt, gh, gw]). The last frame is repeated to fill the final temporal
+  patch, as transformers does."""
+  cfg = cfg or VideoPreprocessConfig()
+  clip = load_video(video, cfg, fps=fps, resize=True, record=record)
+  frames = clip.frames
+  target = cfg.target_size(*(clip.source_size or frames.shape[1:3]), len(frames))
+  if frames.shape[1:3] != target:
+    if clip.source_size is not None:
+      raise ValueError(
+        f"video {clip.path}: its frames were resized to {frames.shape[1:3]} for another video config than this "
+        f"one ({target}); read it with the processor's config (read_video(..., processor.video_cfg))."
+      )
+    frames = resize_bicubic_aa(frames, *target)
+  x = _normalize_video(frames, cfg)
+  if pad := -len(x) % cfg.temporal_patch_size:
+    x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+  return patchify(x, cfg)
+
+
+def _normalize_video(frames: np.ndarray, cfg: VideoPreprocessConfig) -> np.ndarray:
+  """uint8 [T, H, W, C] -> float32 [T, C, H, W], as transformers' torchvision backend `rescale_and_normalize`:
+  rescale fused into mean / std (float32 mean * (1 / rescale_factor)), then (x - mean) / std in float32."""
+  x = np.ascontiguousarray(np.moveaxis(frames, -1, 1)).astype(np.float32)
+  if cfg.do_normalize:
+    scale = np.float32(1.0 / cfg.rescale_factor) if cfg.do_rescale else np.float32(1.0)
+    mean = (np.asarray(cfg.image_mean, np.float32) * scale)[:, None, None]
+    std = (np.asarray(cfg.image_std, np.float32) * scale)[:, None, None]
+    return (x - mean) / std
+  return x * np.float32(cfg.rescale_factor) if cfg.do_rescale else x
+
+
+# --- torch's antialiased bicubic resize for uint8, in numpy -----------------------------------------------
+
+
+def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+  x = np.abs(x)
+  near = ((a + 2) * x - (a + 3)) * x * x + 1
+  far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+  return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _aa_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+  """First source index int64 [n_out], int16-scaled weights int64 [n_out, taps], their precision (bits) and the
+  tap count, as ATen's `_compute_index_ranges_int16_weights` (UpSampleKernel.cpp) computes them in float64."""
+  scale = n_in / n_out
+  support = 2.0 * scale if scale >= 1 else 2.0  # bicubic: interp_size 4, widened by the scale when shrinking
+  invscale = 1 / scale if scale >= 1 else 1.0
+  taps = math.ceil(support) * 2 + 1
+  center = scale * (np.arange(n_out) + 0.5)
+  xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)
+  xsize = np.clip(np.minimum((center + support + 0.5).astype(np.int64), n_in) - xmin, 0, taps)
+  j = np.arange(taps)
+  w = _cubic((j[None] + xmin[:, None] - center[:, None] + 0.5) * invscale)
+  w = np.where(j[None] < xsize[:, None], w, 0.0)
+  total = w.sum(axis=1, keepdims=True)
+  w = np.where(total != 0, w / np.where(total != 0, total, 1), w)
+  precision = 0  # the most bits that keep the largest weight within int16
+  while precision < 22 and int(0.5 + w.max() * (1 << (precision + 1))) < (1 << 15):
+    precision += 1
+  v = w * (1 << precision)
+  return xmin, np.where(v < 0, np.trunc(v - 0.5), np.trunc(v + 0.5)).astype(np.int64), precision, taps
+
+
+def _aa_pass(x: np.ndarray, axis: int, n_out: int) -> np.ndarray:
+  """Resamples uint8 `x` along `axis` to `n_out` (fixed point, rounded and clamped to uint8 like ATen)."""
+  n_in = x.shape[axis]
+  if n_in == n_out:
+    return x
+  xmin, w, precision, taps = _aa_weights(n_in, n_out)
+  x = np.moveaxis(x, axis, -1)
+  # |sum| <= 255 * 2**precision * ~1.2: int32 cannot overflow for precision <= 22
+  acc = np.full(x.shape[:-1] + (n_out,), 1 << (precision - 1), np.int32)
+  for j in range(taps):  # zero weights beyond a row's taps; the clipped index keeps the gather in range
+    acc += x[..., np.minimum(xmin + j, n_in - 1)].astype(np.int32) * w[:, j].astype(np.int32)
+  return np.moveaxis(np.clip(acc >> precision, 0, 255).astype(np.uint8), -1, axis)
+
+
+def resize_bicubic_aa(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+  """uint8 [..., H, W, C] -> uint8 [..., height, width, C], equal to `torch.nn.functional.interpolate(x,
+  (height, width), mode="bicubic", antialias=True)` on a uint8 tensor (horizontal pass, then vertical)."""
+  if frames.dtype != np.uint8:
+    raise ValueError(f"frames of dtype {frames.dtype}; resize_bicubic_aa takes uint8")
+  return _aa_pass(_aa_pass(frames, -2, width), -3, height)

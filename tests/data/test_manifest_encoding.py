@@ -1,0 +1,18 @@
+"""Issue 16 case 4: a manifest line that is not UTF-8 is an error naming the file and the line."""
+
+import pytest
+
+from jaxcap.data.manifest import ManifestError, read_manifest
+
+
+def test_non_utf8_manifest_line_names_file_and_line(tmp_path):
+  path = tmp_path / "manifest.jsonl"
+  path.write_bytes(b'{"id": "a", "image": "a.jpg"}\n{"id": "caf\xe9", "image": "b.jpg"}\n')
+  with pytest.raises(ManifestError) as e:
+    read_manifest(path)
+  assert str(e.value) == (
+    f"{path}:2 is not UTF-8 (byte 0xe9 at column 12); re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t "
+    "utf-8`) or fix that line."
+  )
+  path.write_bytes('\ufeff{"id": "a", "image": "a.jpg"}\n'.encode())  # a byte-order mark is not an error
+  assert [r.id for r in read_manifest(path).records] == ["a"]
