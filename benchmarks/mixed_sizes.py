@@ -5,12 +5,12 @@ costs, and how fast a mixed-size batch runs per real token against a same-size b
 
 Part 1 (host only, Qwen2.5-VL-3B geometry and pixel budget 3136 .. 12,845,056 px as its preprocessor_config):
 `--images` COCO-like sizes (70% landscape 640 x 360..640, 20% portrait, 10% any side 200..1000) in steps of
-`--batch` prompts; counts the distinct shapes of the sampler's prefill (rows, prompt length, vision layout),
+`--batch` prompts, in shuffled order or grouped by size (`data.group_by_size`), per `data.bucket_steps`; counts the distinct shapes of the sampler's prefill (rows, prompt length, vision layout),
 its decode loop (rows, prompt length) and the update's micro-batches (`--micro`), and the padding ratios
 (padded / real vision patches, padded / real prompt tokens).
 Part 2 (timed): the `mid` model's jitted forward on a batch of `--batch` images of mixed sizes padded to its
-bucket vs a batch of one size with about the same number of real tokens, interleaved (benchmarks/harness.py);
-reports the time per real token of each and their ratio.
+bucket (a random mix, and a mix as one `group_by_size` window gives) vs a batch of one size with about the same
+number of real tokens, interleaved (benchmarks/harness.py); reports the time per real token and the ratio.
 """
 
 from __future__ import annotations
@@ -106,12 +106,18 @@ def main():
   sizes = coco_like_sizes(args.images, rng)
   stream = {}
   print(f"stream of {args.images} COCO-like images, {args.batch} per step, 3B geometry:")
-  print("  bucket_steps  prefill  decode  update programs  patches padded/real  prompt tokens padded/real")
-  for steps in (1, 2, 4):
-    stream[steps] = r = stream_programs(sizes, args.batch, args.micro, M.qwen25vl_3b(), steps)
+  print("  bucket_steps  group_by_size  prefill  decode  update programs  patches padded/real  tokens padded/real")
+  from jaxcap.train.size_groups import size_grouped_order
+
+  cfg3b = M.qwen25vl_3b()
+  patches = np.array([h * w for h, w in sizes])  # the grouping key: any monotone size will do
+  for steps, group in ((1, 0), (2, 0), (4, 0), (1, 16), (2, 16), (4, 16)):
+    order = size_grouped_order(patches, args.batch, group, seed=0, epoch=0) if group else np.arange(len(sizes))
+    r = stream_programs([sizes[i] for i in order], args.batch, args.micro, cfg3b, steps)
+    stream[f"steps{steps}_group{group}"] = r
     print(
-      f"  {steps:12d}  {r['prefill_programs']:7d}  {r['decode_programs']:6d}  {r['update_programs']:15d}  "
-      f"{r['patch_padding']:19.3f}  {r['token_padding']:25.3f}"
+      f"  {steps:12d}  {group:13d}  {r['prefill_programs']:7d}  {r['decode_programs']:6d}  "
+      f"{r['update_programs']:15d}  {r['patch_padding']:19.3f}  {r['token_padding']:18.3f}"
     )
 
   cfg = M.mid()
@@ -149,35 +155,42 @@ def main():
     real = int(np.asarray(prompts.attention_mask[:rows]).sum())
     return args_, real, prompts
 
-  mixed_sides = [(int(h * args.scale), int(w * args.scale)) for h, w in coco_like_sizes(args.batch, rng)]
-  mixed, mixed_real, mixed_prompts = prepared(mixed_sides)
-  side = int(np.sqrt(np.mean([h * w for h, w in mixed_sides])))
-  same, same_real, same_prompts = prepared([(side, side)] * args.batch)
-  print(
-    f"timed: mid model, {args.batch} images; mixed sizes {mixed_sides}: {mixed_real} real tokens, padded "
-    f"{mixed_prompts.input_ids.size} tokens / {mixed_prompts.vision.pixel_values.shape[0]} patches; same size "
-    f"{side}x{side}: {same_real} real tokens, padded {same_prompts.input_ids.size} / "
-    f"{same_prompts.vision.pixel_values.shape[0]}"
-  )
-  run_mixed = lambda: forward(params, *mixed).block_until_ready()
-  run_same = lambda: forward(params, *same).block_until_ready()
-  warmup = {"mixed": warm_up(run_mixed), "same": warm_up(run_same)}
-  with Section() as section:
-    mixed_s, same_s = interleaved(run_mixed, run_same, args.pairs, names=("mixed", "same"))
-  # per real token: scale the same-size side's times to the mixed batch's real token count
-  same_scaled = [t * mixed_real / same_real for t in same_s]
-  record = report(
-    "mixed-size forward vs same-size (time per real token)",
-    mixed_real,
-    "real tokens/s",
-    {"mixed": mixed_s, "same": same_scaled},
-    warmup,
-    section,
-    extra=dict(stream=stream, mixed_sides=mixed_sides, same_side=side, mixed_real=mixed_real, same_real=same_real),
-    args=args,
-    json_path=args.json,
-  )
-  print(f"mixed-size batch costs x{1 / record['ratio_of_mins']:.3f} the same-size batch's time per real token")
+  scale = lambda sides: [(int(h * args.scale), int(w * args.scale)) for h, w in sides]
+  random_sides = scale(coco_like_sizes(args.batch, rng))
+  window = sorted(coco_like_sizes(16 * args.batch, rng), key=lambda s: s[0] * s[1])  # one group_by_size window
+  grouped_sides = scale(window[7 * args.batch : 8 * args.batch])
+  batches = {"random mix": prepared(random_sides), "grouped mix": prepared(grouped_sides)}
+  records = {}
+  for name, sides in (("random mix", random_sides), ("grouped mix", grouped_sides)):
+    mixed, mixed_real, mixed_prompts = batches[name]
+    side = int(np.sqrt(np.mean([h * w for h, w in sides])))
+    same, same_real, same_prompts = prepared([(side, side)] * args.batch)
+    print(
+      f"\n{name}: mid model, {args.batch} images {sides}: {mixed_real} real tokens, padded "
+      f"{mixed_prompts.input_ids.size} tokens / {mixed_prompts.vision.pixel_values.shape[0]} patches; one size "
+      f"{side}x{side}: {same_real} real tokens, padded {same_prompts.input_ids.size} / "
+      f"{same_prompts.vision.pixel_values.shape[0]}"
+    )
+    run_mixed = lambda a=mixed: forward(params, *a).block_until_ready()
+    run_same = lambda a=same: forward(params, *a).block_until_ready()
+    warmup = {"mixed": warm_up(run_mixed), "same": warm_up(run_same)}
+    with Section() as section:
+      mixed_s, same_s = interleaved(run_mixed, run_same, args.pairs, names=("mixed", "same"))
+    # per real token: the one-size side's times scaled to the mixed batch's real token count
+    same_scaled = [t * mixed_real / same_real for t in same_s]
+    records[name] = report(
+      f"{name} forward vs one size (time per real token)",
+      mixed_real,
+      "real tokens/s",
+      {"mixed": mixed_s, "same": same_scaled},
+      warmup,
+      section,
+      extra=dict(stream=stream, sides=sides, same_side=side, mixed_real=mixed_real, same_real=same_real),
+      args=args,
+      json_path=args.json.replace(".json", f"_{name.split()[0]}.json") if args.json else None,
+    )
+  for name, record in records.items():
+    print(f"{name}: x{1 / record['ratio_of_mins']:.3f} the one-size batch's time per real token")
 
 
 if __name__ == "__main__":

@@ -63,17 +63,18 @@ class LayoutShape:
     return LayoutShape(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
   def bucketed(self, cfg: VisionConfig, steps: int = DEFAULT_STEPS) -> "LayoutShape":
-    """Rounded up the `jaxcap.buckets.ladder` of `steps` sizes per octave: patches to whole merge units (64-patch
-    multiples from 256 on, so a pack splits evenly over up to 64 devices), segment lengths likewise (a window at
-    most its full size), segment counts to powers of two (attention over empty segments costs little)."""
+    """Rounded up: patches (what the ViT's MLPs cost) the `jaxcap.buckets.ladder` of `steps` sizes per octave, in
+    whole merge units (64-patch multiples from 256 on, so a pack splits evenly over up to 64 devices); the attention
+    segments' counts and lengths to powers of two (a window at most its full size), as attention over padded slots
+    costs little next to the MLPs and fewer distinct shapes mean fewer programs."""
     unit = cfg.spatial_merge_size**2
     full_window = (cfg.window_size // cfg.patch_size) ** 2
     return LayoutShape(
       patches=ladder(self.patches, 64 if self.patches > 256 else unit, steps),
       windows=batch_bucket(self.windows),
-      window_len=min(full_window, ladder(self.window_len, unit, steps)),
+      window_len=min(full_window, max(unit, batch_bucket(self.window_len))),
       frames=batch_bucket(self.frames),
-      frame_len=ladder(self.frame_len, unit, steps),
+      frame_len=max(unit, batch_bucket(self.frame_len)),
     )
 
 

@@ -1,0 +1,63 @@
+"""The main job on images of many native sizes (`data.image_size=0`, steps grouped by size): it trains through SFT,
+RL and evaluation, and compiles one program per bucket, a handful, not one per combination of sizes."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from jaxcap.train.config import base_config
+from jaxcap.train.embedded import build_world_manifests
+from test_compile_once import COMPILING, ROOT, RUN
+
+pytestmark = pytest.mark.slow  # a training run in a subprocess
+
+SIZES = [(84, 84), (84, 112), (112, 84), (56, 112), (112, 56), (56, 140)]  # 32 .. 48 patches, 6 aspect ratios
+
+
+def test_native_mixed_sizes_train_with_few_programs(tmp_path):
+  config = base_config()
+  overrides = dict(a.removeprefix("--config.").split("=") for a in RUN)
+  config.world.train_scenes = int(overrides["world.train_scenes"])
+  config.world.eval_scenes = int(overrides["world.eval_scenes"])
+  train, heldout = build_world_manifests(config, tmp_path)
+  sizes = collections.Counter()
+  for manifest in (train, heldout):
+    for i, line in enumerate(manifest.read_text().splitlines()):
+      path = manifest.parent / json.loads(line)["image"]
+      h, w = SIZES[i % len(SIZES)]
+      with Image.open(path) as im:
+        im.convert("RGB").resize((w, h)).save(path)
+      sizes[(h, w)] += 1
+  assert len(sizes) == len(SIZES)
+  env = {
+    **os.environ,
+    "JAX_LOG_COMPILES": "1",
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "",
+    "JAX_COMPILATION_CACHE_DIR": "",
+  }
+  native = ["--config.data.image_size=0"]
+  out = subprocess.run(
+    [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", f"--config.workdir={tmp_path}"]
+    + RUN
+    + native,
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  by_name = collections.Counter(name for name, _ in COMPILING.findall(out.stderr))
+  programs = {k: by_name[k] for k in ("sft_step", "rl_step", "sequence_logprobs", "prefill", "decode")}
+  print("programs compiled:", programs)
+  assert all(n >= 1 for n in programs.values()), programs
+  # 6 sizes, mixed anew every step of 2 x 6 steps and 4 evaluations: a few buckets each, not one per step
+  assert max(programs.values()) <= 4, programs
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert 0 <= summary["rl_end"]["eval/qa_accuracy"] <= 1 and 0 <= summary["sft_end"]["eval/qa_accuracy"] <= 1
