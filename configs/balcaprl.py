@@ -17,7 +17,7 @@ def get_config(variant: str = "default"):
   c.rl.loss.aggregation = "seq-mean-token-sum"
   c.rl.length_mask.dims = ["balcaprl/linguistic"]
   if variant == "paper":
-    real_model_run(c, max_new_tokens=1024, image_size=448)
+    real_model_run(c, max_new_tokens=1024, max_pixels=448 * 448)
     c.rl.update(dict(steps=400, batch_size=256, num_samples=8, micro_batches=64))
     c.rl.optim = optim(5e-6, schedule="cosine")
     c.rl.loss.kl_coef = 0.0

@@ -16,7 +16,7 @@ def get_config(variant: str = "default"):
   c.reward = {"caprl": {"weight": 1.0, "preset": "paper"}}
   if variant == "paper":
     c.reward = {"caprl": {"weight": 1.0, "preset": "released_code"}}
-    real_model_run(c, max_new_tokens=1024, image_size=448)
+    real_model_run(c, max_new_tokens=1024, max_pixels=448 * 448)
     c.rl.update(dict(steps=600, batch_size=16, num_samples=8, micro_batches=4, estimator="rloo"))
     c.rl.optim = optim(1e-6, warmup_steps=20, schedule="constant")
     c.sampling.temperature = 1.0

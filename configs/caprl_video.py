@@ -17,7 +17,7 @@ def get_config(variant: str = "default"):
   c.sft.max_target_tokens = 96
   if variant == "paper":
     c.reward = {"caprl": {"weight": 1.0, "preset": "released_code"}}
-    real_model_run(c, max_new_tokens=2048, image_size=336)
+    real_model_run(c, max_new_tokens=2048, max_pixels=336 * 336)
     c.rl.update(dict(steps=600, batch_size=16, num_samples=8, micro_batches=8, estimator="rloo"))
     c.rl.optim = optim(1e-6, warmup_steps=20, schedule="constant")
   elif variant != "default":

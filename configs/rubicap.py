@@ -19,7 +19,7 @@ def get_config(variant: str = "default"):
   c.workdir = "runs/rubicap"
   c.reward = {"rubicap": {"weight": 1.0}}
   if variant == "paper":
-    real_model_run(c, max_new_tokens=1024, image_size=448)
+    real_model_run(c, max_new_tokens=1024, max_pixels=448 * 448)
     c.rl.update(dict(steps=780, batch_size=64, num_samples=4, micro_batches=16, estimator="grpo"))
     c.rl.optim = optim(1e-5, warmup_ratio=0.01, schedule="cosine")
   elif variant != "default":

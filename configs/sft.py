@@ -19,7 +19,7 @@ def get_config(variant: str = "default"):
   if variant == "paper":
     c.sft.update(dict(steps=800, batch_size=64, micro_batches=16, max_target_tokens=1024))
     c.sft.optim = optim(1e-5, warmup_ratio=0.03, schedule="cosine")
-    real_model_run(c, max_new_tokens=1024, image_size=448, rl=False)
+    real_model_run(c, max_new_tokens=1024, max_pixels=448 * 448, rl=False)
   elif variant != "default":
     raise ValueError(f"configs/sft.py variant {variant!r}: use 'default' or 'paper'")
   return c

@@ -1,12 +1,31 @@
 """`python -m jaxcap.launch --config=configs/caprl.py [--config.rl.steps=100 ...]`: train a captioner.
 
-Every config field can be overridden on the command line; the config is validated before any compute.
+Every config field can be overridden on the command line; the config is validated before any compute, and an
+unknown field is named with the closest existing ones.
 Multi-host: set --config.distributed.* or run under a cluster that jax.distributed detects (SLURM, TPU pods).
+
+A workdir holds one run: its resolved config is saved as <workdir>/config.json at the first start, and a rerun
+resumes from the latest checkpoint. A rerun whose config alters the run (model, data, reward, optimiser, batch
+shapes, seed, number of processes, ...) is refused with the list of changes unless --config.resume_changes=allow;
+more steps, evaluation / checkpoint cadence and judge endpoints may change freely (jaxcap/train/resume.py).
+The workdir is locked (<workdir>/jaxcap.lock) while a trainer runs in it.
+
+On an error the checkpoint being written is completed (or removed), the error is printed as one line with its
+traceback in <workdir>/error.log, and the process exits with status 1 (2 for an invalid config, 130 on Ctrl-C, 143
+on SIGTERM).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
 
 from absl import app
 from absl import logging as absl_logging
@@ -57,6 +76,110 @@ def enable_compilation_cache(config) -> str | None:
   return path
 
 
+# After an error, the most the process may take to exit (non-daemon threads of libraries still winding down).
+EXIT_GRACE_S = 30.0
+
+
+class Terminated(BaseException):
+  """SIGTERM (e.g. a cluster preempting the job), raised in the main thread so the run aborts cleanly."""
+
+
+def config_keys(tree, prefix: str = "") -> list[str]:
+  """Every field path of a config (inner nodes and leaves), e.g. 'rl', 'rl.optim', 'rl.optim.lr'."""
+  out = []
+  for k, v in tree.items():
+    out.append(prefix + k)
+    if hasattr(v, "items") and v:
+      out += config_keys(v, prefix + k + ".")
+  return out
+
+
+def closest_keys(key: str, keys: list[str], n: int = 4) -> list[str]:
+  """Existing keys a mistyped `key` most likely meant: the same last name (those under the same top-level block
+  first), then the most similar spellings."""
+  last, top = key.split(".")[-1], key.split(".")[0]
+  same_name = [k for k in keys if k.split(".")[-1] == last]
+  same_name.sort(key=lambda k: (k.split(".")[0] != top, len(k)))
+  similar = difflib.get_close_matches(key, keys, n=n, cutoff=0.6)
+  return list(dict.fromkeys(same_name + similar))[:n]
+
+
+def unknown_override_error(argv: list[str]) -> str | None:
+  """'--config.rl.lr: no such config field ...' for the first override naming a field the config file lacks, or
+  None (all exist, or the config file itself does not load)."""
+  path = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(("--config=", "-config=")):
+      path = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      path = argv[i + 1]
+  if not path:
+    return None
+  try:
+    from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+
+    config = ConfigFileFlagParser("config").parse(path)
+  except Exception:  # the flag parser reports a config file that does not load
+    return None
+  keys = config_keys(config)
+  leaves = [k for k in keys if not any(other.startswith(k + ".") for other in keys)]
+  for arg in argv:
+    m = re.match(r"^-{1,2}(?:no)?config\.([^=]+)", arg)
+    if m and m.group(1) not in keys:
+      key = m.group(1)
+      near = closest_keys(key, leaves, n=3)
+      hint = f". Closest existing fields: {', '.join(near)}" if near else ""
+      return f"--config.{key}: {path.split(':')[0]} has no field {key!r}{hint}"
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a named error (and the closest existing keys) for an override of a missing field,
+  where ml_collections raises AttributeError."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError):
+    message = unknown_override_error(argv)
+    if message is None:
+      raise
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _on_sigterm(signum, frame):
+  raise Terminated()
+
+
+def fail(error: BaseException, workdir: str | None) -> None:
+  """Prints `error` as one readable line (its traceback goes to <workdir>/error.log) and exits non-zero, within
+  EXIT_GRACE_S even if library threads are still winding down."""
+  from jaxcap.locking import LockHeldError
+  from jaxcap.train.resume import ConfigChangedError
+
+  where = None
+  # a refused start says all there is to say, and the workdir may be another run's: no traceback file
+  if workdir and not isinstance(error, (LockHeldError, ConfigChangedError)):
+    try:
+      import jax
+
+      index = jax.process_index()
+      where = Path(workdir) / ("error.log" if index == 0 else f"error-{index}.log")
+      where.write_text("".join(traceback.format_exception(error)))
+    except Exception:  # no backend or no disk: the message below still says what failed
+      where = None
+  if isinstance(error, KeyboardInterrupt):
+    message, status = "interrupted; the last complete checkpoint is kept", 130
+  elif isinstance(error, Terminated):
+    message, status = "terminated by SIGTERM; the last complete checkpoint is kept", 143
+  else:
+    message, status = f"{type(error).__name__}: {error}", 1
+  print(f"error: {message}" + (f"\n(traceback: {where})" if where else ""), file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  # a daemon thread keeps running while the interpreter waits for non-daemon ones at exit: it bounds that wait
+  threading.Thread(target=lambda: (time.sleep(EXIT_GRACE_S), os._exit(status)), daemon=True).start()
+  sys.exit(status)
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -64,18 +187,31 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
   from jaxcap.train.config import validate
 
-  validate(config)
+  try:
+    validate(config)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax and JAX are chatty at INFO
-  enable_compilation_cache(config)
-  init_distributed(config.distributed)
-  from jaxcap.train.loop import Trainer
+  signal.signal(signal.SIGTERM, _on_sigterm)
+  try:
+    enable_compilation_cache(config)
+    init_distributed(config.distributed)
+    from jaxcap.train.loop import Trainer
 
-  summary = Trainer(config).run()
+    summary = Trainer(config).run()
+  except (Exception, KeyboardInterrupt, Terminated) as e:
+    fail(e, config.workdir)
   import json
 
   keys = [k for k in summary if not k.endswith("_samples")]
   print(json.dumps({k: summary[k] for k in keys}, indent=2))
 
 
+def run() -> None:
+  """The command line entry point (`python -m jaxcap.launch`)."""
+  app.run(main, flags_parser=parse_flags)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

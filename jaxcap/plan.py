@@ -113,11 +113,22 @@ def model_config(config, name: str | None):
   raise SystemExit(f"--model={name!r}: not a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
 
 
-def image_grid(cfg, image_size: int) -> tuple[int, int, int]:
-  """(t, h, w) patch grid of one square `image_size` image after smart_resize (as the processor does)."""
+def image_grid(cfg, image_size: int, max_pixels: int = 0) -> tuple[int, int, int]:
+  """(t, h, w) patch grid of the largest image a run feeds, after smart_resize (as the processor does): one
+  square `image_size` image, or with native sizes (image_size 0) a square one at the `max_pixels` budget."""
 
   v = cfg.vision
-  h, w = smart_resize(image_size, image_size, v.patch_size * v.spatial_merge_size)
+  factor = v.patch_size * v.spatial_merge_size
+  if image_size:
+    h, w = smart_resize(image_size, image_size, factor)
+  elif max_pixels:
+    side = int(max_pixels**0.5)
+    h, w = smart_resize(side, side, factor, max_pixels=max_pixels)
+  else:
+    raise SystemExit(
+      "data.image_size=0 (native sizes) with data.max_pixels=0 (the checkpoint's budget, up to 12.8 MP per image): "
+      "set --config.data.max_pixels (e.g. 200704 = 448 x 448) or --config.data.image_size to plan the run"
+    )
   return 1, h // v.patch_size, w // v.patch_size
 
 
@@ -139,7 +150,7 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
   rl, s = config.rl, config.sampling
   prompts_total, g, m = rl.batch_size * max(1, config.distributed.num_processes or 1), rl.num_samples, rl.micro_batches
   b = prompts_total // m
-  grid = image_grid(cfg, config.data.image_size)
+  grid = image_grid(cfg, config.data.image_size, config.data.get("max_pixels", 0))
   patches = int(np.prod(grid))
   vision_tokens = patches // cfg.vision.spatial_merge_size**2
   mult = config.data.pad_to_multiple

@@ -15,8 +15,12 @@
 #   GPUS          comma-separated GPU ids to use (default: all that nvidia-smi lists)
 #   NUM_SERVERS   servers to start (default: as many as fit: number of GPUs / TP)
 #   BASE_PORT     first port (default 8000); server i listens on BASE_PORT + i
-#   HOST          address the servers bind to (default 0.0.0.0)
-#   PUBLIC_HOST   host name the trainers use to reach this node (default: hostname -f)
+#   HOST          address the servers bind to (default 127.0.0.1: this node only; HOST=0.0.0.0 serves other nodes)
+#   PUBLIC_HOST   host name the trainers use to reach this node (default: 127.0.0.1 when HOST is loopback, else
+#                 hostname -f)
+#   API_KEY_ENV   variable holding the API key the servers require (default JUDGE_API_KEY, the trainer's default
+#                 --config.judge.api_key_env); the servers get it as --api-key, the trainers send it as a bearer token
+#   NO_API_KEY=1  start the servers without an API key (then pass --config.judge.api_key_env='')
 #   MAX_MODEL_LEN context length (default 8192: caption + questions fit)
 #   MEM_FRACTION  share of each GPU's memory for weights + KV cache (default 0.90)
 #   LOG_DIR       server logs (default: judge-logs)
@@ -33,13 +37,37 @@ MODEL="${MODEL:-3b}"
 SERVED_NAME="${SERVED_NAME:-judge}"
 TP="${TP:-1}"
 BASE_PORT="${BASE_PORT:-8000}"
-HOST="${HOST:-0.0.0.0}"
+HOST="${HOST:-127.0.0.1}"
+API_KEY_ENV="${API_KEY_ENV:-JUDGE_API_KEY}"
+NO_API_KEY="${NO_API_KEY:-0}"
 MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}"
 MEM_FRACTION="${MEM_FRACTION:-0.90}"
 LOG_DIR="${LOG_DIR:-judge-logs}"
 WAIT_S="${WAIT_S:-900}"
 DRY_RUN="${DRY_RUN:-0}"
 read -r -a extra <<< "${EXTRA_ARGS:-}"
+
+# The key comes from the same variable the trainer reads (judge.api_key_env), so both sides agree on it.
+api_key=""
+if [[ "$NO_API_KEY" != 1 ]]; then
+  if [[ ! "$API_KEY_ENV" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+    echo "API_KEY_ENV=$API_KEY_ENV is not a variable name" >&2
+    exit 1
+  fi
+  api_key="${!API_KEY_ENV:-}"
+  if [[ "$DRY_RUN" == 1 ]]; then
+    api_key="\$$API_KEY_ENV"  # a dry run shows the variable, never the key
+  elif [[ -z "$api_key" ]]; then
+    echo "$API_KEY_ENV is not set: the judge servers require an API key and the trainer sends the one in" \
+      "\$$API_KEY_ENV (--config.judge.api_key_env). Fix: export $API_KEY_ENV=\$(openssl rand -hex 16) here and" \
+      "on the trainer hosts, or NO_API_KEY=1 to serve without one (then --config.judge.api_key_env='')." >&2
+    exit 1
+  fi
+fi
+loopback=0
+case "$HOST" in
+  127.*|localhost|::1) loopback=1 ;;
+esac
 
 vlm=0
 case "$MODEL" in
@@ -66,7 +94,21 @@ if ((NUM_SERVERS * TP > ${#gpus[@]})); then
   echo "NUM_SERVERS=$NUM_SERVERS x TP=$TP needs $((NUM_SERVERS * TP)) GPUs, have ${#gpus[@]}" >&2
   exit 1
 fi
-PUBLIC_HOST="${PUBLIC_HOST:-$(hostname -f 2>/dev/null || hostname)}"
+if [[ "$loopback" == 1 ]]; then
+  PUBLIC_HOST="${PUBLIC_HOST:-127.0.0.1}"
+  if [[ "$PUBLIC_HOST" != 127.* && "$PUBLIC_HOST" != localhost ]]; then
+    echo "note: the servers bind to $HOST; trainers on other nodes reach $PUBLIC_HOST only with HOST=0.0.0.0" >&2
+  fi
+else
+  PUBLIC_HOST="${PUBLIC_HOST:-$(hostname -f 2>/dev/null || hostname)}"
+  if [[ -z "$api_key" ]]; then
+    echo "warning: serving on $HOST without an API key (NO_API_KEY=1): anyone on the network can use the judges" >&2
+  fi
+fi
+ready_host="$HOST"
+if [[ "$loopback" != 1 ]]; then
+  ready_host=127.0.0.1
+fi
 
 server_cmd() {  # server_cmd PORT -> the command line of one server, in the array `cmd`
   local port="$1"
@@ -84,6 +126,9 @@ server_cmd() {  # server_cmd PORT -> the command line of one server, in the arra
   else
     echo "ENGINE=$ENGINE: use vllm or sglang" >&2
     exit 1
+  fi
+  if [[ -n "$api_key" ]]; then
+    cmd+=(--api-key "$api_key")
   fi
   cmd+=("${extra[@]}")
 }
@@ -113,7 +158,9 @@ if [[ "$DRY_RUN" != 1 ]]; then
   deadline=$((SECONDS + WAIT_S))
   for ((i = 0; i < NUM_SERVERS; i++)); do
     port=$((BASE_PORT + i))
-    until curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null; do
+    # The key goes to curl on stdin, not on its command line (ps would show it).
+    url="http://$ready_host:$port/v1/models"
+    until printf 'Authorization: Bearer %s\n' "$api_key" | curl -sf -H @- "$url" > /dev/null; do
       if ((SECONDS > deadline)); then
         echo "server on port $port did not answer within ${WAIT_S}s; see $LOG_DIR/$ENGINE-$port.log" >&2
         exit 1
@@ -131,4 +178,11 @@ if [[ "$vlm" == 1 ]]; then
   images="  (a VLM judge: give it the images where the reward supports it)"
 fi
 echo "pass to the trainer:$images"
-echo "  --config.judge.kind=http --config.judge.endpoints=$joined --config.judge.model=$SERVED_NAME"
+key_flag="--config.judge.api_key_env=$API_KEY_ENV"
+if [[ -z "$api_key" ]]; then
+  key_flag="--config.judge.api_key_env=''"
+fi
+echo "  --config.judge.kind=http --config.judge.endpoints=$joined --config.judge.model=$SERVED_NAME $key_flag"
+if [[ -n "$api_key" ]]; then
+  echo "  (with $API_KEY_ENV exported on the trainer hosts: the same key)"
+fi

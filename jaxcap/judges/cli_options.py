@@ -61,7 +61,9 @@ def judge_from_args(args: argparse.Namespace, manifest: str, records) -> Iterato
   """Yields the judge the flags choose (over the manifest's scenes and images) and closes its fleet afterwards."""
   from jaxcap.data.manifest import read_manifest
 
+  from jaxcap.judges.preflight import preflight_judge
+
   config = judge_config_from_args(args)
   scenes = read_manifest(manifest, require_media=False).scenes if config.kind == "rule_based" else {}
   with opened_judge(build_judge(config, scenes=scenes, records=records), report=config.kind == "http") as judge:
-    yield judge
+    yield preflight_judge(judge, config, records=records)  # every endpoint answers before any work

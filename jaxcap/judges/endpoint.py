@@ -29,6 +29,11 @@ class Endpoint:
     base = self.url.rstrip("/")
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
 
+  @property
+  def models_url(self) -> str:
+    base = self.url.rstrip("/")
+    return base.removesuffix("/chat/completions") + "/models"
+
   def headers(self) -> dict[str, str]:
     if not self.api_key_env:
       return {}
@@ -36,7 +41,8 @@ class Endpoint:
     if not key:
       raise KeyError(
         f"Environment variable {self.api_key_env} (API key of endpoint {self.url}) is not set; "
-        "export it or drop api_key_env for servers without auth."
+        f"export {self.api_key_env}=<the key the server was started with> or set judge.api_key_env='' "
+        "(--api-key-env '') for servers without auth."
       )
     return {"Authorization": f"Bearer {key}"}
 

@@ -1,6 +1,7 @@
 """The one judge factory: a judge config (the same fields for the trainer, `jaxcap.eval` and the CLIs) -> a Judge.
 
     judge = build_judge(config.judge, scenes=scenes, records=records)
+    judge = preflight_judge(judge, config.judge, records=records)   # http: every endpoint answers, or a clear error
 
 Judge kinds are registered in `JUDGE_KINDS`:
   rule_based  the synthetic world's deterministic judge over the manifest's ground-truth scenes
@@ -37,6 +38,8 @@ def judge_config(**overrides: Any) -> ml_collections.ConfigDict:
       # http: an OpenAI-compatible fleet
       endpoints="",  # comma-separated base URLs, e.g. http://judge0:8000/v1,http://judge0:8001/v1
       model="",
+      # the variable holding the servers' API key (launch/judge_fleet.sh and `python -m jaxcap.judge serve` start
+      # them with the key in the same variable); "" = servers without auth
       api_key_env="JUDGE_API_KEY",
       timeout_s=60.0,
       max_concurrency=64,
@@ -46,6 +49,13 @@ def judge_config(**overrides: Any) -> ml_collections.ConfigDict:
       # factory: 'package.module:function' called with `options`
       factory="",
       options={},
+      # Before any compute, every endpoint of every role answers one real judgment (jaxcap.judges.preflight);
+      # an unset key, refused connection, 401, unknown model or unparseable reply is an error naming the fix.
+      preflight=True,
+      # Failure budget (jaxcap.judges.budget): stop the run when the share of valid judgments in an RL step is
+      # below min_valid_fraction for failure_patience consecutive steps (0 = off), with the failures by kind.
+      min_valid_fraction=0.5,
+      failure_patience=3,
     )
   )
   c.update(overrides)

@@ -4,28 +4,45 @@ For each judgment the fleet picks the role's endpoint with the fewest outstandin
 circuit breaker allows traffic, bounds concurrency per role, times out, retries retryable failures with
 exponential backoff and full jitter (tenacity), re-asks when the reply does not parse, and caches parsed
 replies by (prompt, sampling params). A judgment that still has no parsed reply is returned as a failure
-with its cause — the caller masks it; nothing here ever substitutes a default answer.
+with its cause — the caller masks it and the fleet counts it by kind (`failures_by_kind`); nothing here ever
+substitutes a default answer.
+
+Closing the fleet (or interpreter exit, for a fleet nobody closed) cancels judgments in flight, closes the HTTP
+client and then the event loop, so a run that stops on an error neither hangs on its judge nor prints
+"Event loop is closed" tracebacks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours: see the end)
 import dataclasses
-import json
 import threading
+import warnings
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Coroutine, Mapping, Sequence
 
 import httpx
 import tenacity
 
-from jaxcap.judges.chat_client import REQUEST_HEADER, ChatReply, EndpointError, post_chat
+from jaxcap.judges.chat_client import (
+  HINT_FIELD,
+  HINT_REQUIRED,
+  ChatReply,
+  EndpointError,
+  failure_kind,
+  get_models,
+  post_chat,
+)
 from jaxcap.judges.endpoint import CircuitBreaker, Endpoint
 from jaxcap.judges.metrics import RoleMetrics
 from jaxcap.judges.parsing import ReplyParseError
 from jaxcap.judges.reply_cache import ReplyCache, cache_key
 
 STRUCTURED_OUTPUT_MODES = ("json_schema", "json_object", "none")
+REQUEST_HINT_MODES = ("auto", "always", "never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +52,10 @@ class RoleConfig:
   Times are seconds. `structured_output`: "json_schema" sends OpenAI's response_format with the reply's JSON
   schema (vLLM, SGLang, OpenAI), "json_object" sends {"type": "json_object", "schema": ...} (llama.cpp's
   server), "none" relies on the prompt alone. `send_images` attaches the image for primitives that look at
-  it (set for MLLM judges; text-only LLMs leave it off).
+  it (set for MLLM judges; text-only LLMs leave it off). `request_hint`: when to add the structured copy of the
+  judge request (body field "jaxcap_request") that `python -m jaxcap.judge serve --rule-based` answers from:
+  "auto" to endpoints whose GET /models says they read it (LLM servers never get it, so vLLM logs no
+  ignored-field warnings), "always", or "never".
   """
 
   endpoints: tuple[Endpoint, ...]
@@ -54,7 +74,7 @@ class RoleConfig:
   breaker_cooldown_s: float = 5.0
   structured_output: str = "json_schema"
   send_images: bool = False
-  send_request_header: bool = True  # structured request copy for `python -m jaxcap.judge serve --rule-based`
+  request_hint: str = "auto"
 
   def __post_init__(self):
     object.__setattr__(
@@ -64,6 +84,8 @@ class RoleConfig:
       raise ValueError("RoleConfig needs at least one endpoint, e.g. Endpoint('http://127.0.0.1:8000/v1').")
     if self.structured_output not in STRUCTURED_OUTPUT_MODES:
       raise ValueError(f"structured_output={self.structured_output!r}: use one of {STRUCTURED_OUTPUT_MODES}.")
+    if self.request_hint not in REQUEST_HINT_MODES:
+      raise ValueError(f"request_hint={self.request_hint!r}: use one of {REQUEST_HINT_MODES}.")
     for name in ("max_concurrency", "max_attempts", "parse_attempts"):
       if getattr(self, name) < 1:
         raise ValueError(f"RoleConfig.{name}={getattr(self, name)}: must be >= 1.")
@@ -81,6 +103,8 @@ class RoleConfig:
   @classmethod
   def from_json(cls, row: Mapping[str, Any]) -> "RoleConfig":
     row = dict(row)
+    if "send_request_header" in row:  # the old name: the copy used to travel in a header
+      row.setdefault("request_hint", "auto" if row.pop("send_request_header") else "never")
     endpoints = []
     for e in row.pop("endpoints"):
       endpoints.append(Endpoint(e) if isinstance(e, str) else Endpoint(**e))
@@ -105,11 +129,19 @@ class JudgeCall:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-  """A parsed value, or `failed` with the cause (never both)."""
+  """A parsed value, or `failed` with the error text and its `cause` (a chat_client.FAILURE_KINDS key), never
+  both; `status` is the HTTP status of the last failed attempt, if it got one."""
 
   value: Any = None
   failed: bool = False
   error: str = ""
+  cause: str = ""
+  status: int | None = None
+
+  @property
+  def kind(self) -> str:
+    """The failure budget's kind: auth, timeout, connection, http_status, parse, image, refused or other."""
+    return failure_kind(self.cause) if self.failed else ""
 
 
 class _EndpointState:
@@ -117,6 +149,9 @@ class _EndpointState:
     self.endpoint = endpoint
     self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
     self.outstanding = 0
+    self.hint: bool | None = {"always": True, "never": False}.get(config.request_hint)  # None: ask GET /models
+    self.last_failure = ""  # cause of the last retryable failure (what opens the breaker)
+    self.probe: asyncio.Lock | None = None  # created inside the loop
 
 
 class _RolePool:
@@ -133,10 +168,15 @@ class _RolePool:
     """The allowed endpoint with the fewest outstanding requests (ties: configuration order)."""
     allowed = [e for e in self.endpoints if e.breaker.allows()]
     if not allowed:
-      raise EndpointError(
+      causes = sorted({e.last_failure for e in self.endpoints if e.last_failure})
+      error = EndpointError(
         "all_endpoints_open",
-        f"role {self.role!r}: every endpoint's circuit breaker is open ({[e.endpoint.url for e in self.endpoints]})",
+        f"role {self.role!r}: every endpoint's circuit breaker is open ({[e.endpoint.url for e in self.endpoints]}; "
+        f"they failed with {', '.join(causes) or 'errors'})",
       )
+      # counted under what opened the breakers (e.g. timeout), not as a kind of its own
+      error.budget_kind = failure_kind(causes[0]) if len(causes) == 1 else "connection"
+      raise error
     return min(allowed, key=lambda e: e.outstanding)
 
 
@@ -158,15 +198,19 @@ class JudgeFleet:
     self.fallback_role = fallback_role if fallback_role is not None else next(iter(roles))
     self.cache = cache if cache is not None else ReplyCache()
     self._pools = {name: _RolePool(name, cfg) for name, cfg in roles.items()}
+    self._closed = False
+    self.last_error = ""  # the error of the last failed judgment, "<cause>: <message>"
     self._loop = asyncio.new_event_loop()
     self._thread = threading.Thread(target=self._loop.run_forever, name="judge-fleet", daemon=True)
     self._thread.start()
     self._client: httpx.AsyncClient = self._run(self._start())
-    self._closed = False
+    _OPEN_FLEETS.add(self)
 
   async def _start(self) -> httpx.AsyncClient:
     for pool in self._pools.values():
       pool.semaphore = asyncio.Semaphore(pool.config.max_concurrency)
+      for state in pool.endpoints:
+        state.probe = asyncio.Lock()
     total = sum(p.config.max_concurrency for p in self._pools.values())
     return httpx.AsyncClient(limits=httpx.Limits(max_connections=total, max_keepalive_connections=total))
 
@@ -192,6 +236,28 @@ class JudgeFleet:
     pool = self._pools[self.resolve_role(role)]
     return asyncio.run_coroutine_threadsafe(self._judge_all(pool, list(calls)), self._loop)
 
+  def roles(self) -> dict[str, RoleConfig]:
+    """The configured roles (not the ones served by the fallback role)."""
+    return {name: pool.config for name, pool in self._pools.items()}
+
+  def failures_by_kind(self) -> dict[str, int]:
+    """Failed judgments of every role by kind (auth, timeout, connection, http_status, parse, ...), cumulative."""
+    out: dict[str, int] = {}
+    for pool in self._pools.values():
+      for kind, count in pool.metrics.counts()[2].items():
+        out[kind] = out.get(kind, 0) + count
+    return out
+
+  def judgment_counts(self) -> tuple[int, int, dict[str, int]]:
+    """(judgments asked, judgments failed, failed by kind) over every role, cumulative."""
+    asked = sum(pool.metrics.counts()[0] for pool in self._pools.values())
+    failed = sum(pool.metrics.counts()[1] for pool in self._pools.values())
+    return asked, failed, self.failures_by_kind()
+
+  def list_models(self, endpoint: Endpoint, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The entries of `endpoint`'s GET /models (raises EndpointError)."""
+    return self._run(get_models(self._client, endpoint, timeout_s))
+
   def metrics(self) -> dict[str, float]:
     """Every role's metrics, "judge/<role>/<name>" -> value."""
     out: dict[str, float] = {}
@@ -206,12 +272,35 @@ class JudgeFleet:
     return {e.endpoint.url: e.breaker.state for e in self._pools[self.resolve_role(role)].endpoints}
 
   def close(self) -> None:
+    """Cancels judgments in flight (their callers get CancelledError), closes the HTTP client, then the loop."""
     if self._closed:
       return
     self._closed = True
-    self._run(self._client.aclose())
-    self._loop.call_soon_threadsafe(self._loop.stop)
-    self._thread.join(timeout=5)
+    _OPEN_FLEETS.discard(self)
+    # anyio's connect_tcp, cancelled while it starts its connection attempts, drops one never-started coroutine
+    # (a RuntimeWarning at exit); nothing is lost: the attempt was cancelled on purpose.
+    warnings.filterwarnings("ignore", message="coroutine 'connect_tcp.<locals>.try_connect' was never awaited")
+    if self._thread.is_alive():
+      try:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
+      except Exception:  # noqa: BLE001 - closing must not raise over the error that made the caller close
+        pass
+      self._loop.call_soon_threadsafe(self._loop.stop)
+      self._thread.join(timeout=10)
+    if not self._thread.is_alive() and not self._loop.is_closed():
+      self._loop.close()
+
+  async def _shutdown(self) -> None:
+    for _ in range(10):  # cancelled tasks may start others (e.g. httpx's connection attempts): until none is left
+      tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+      if not tasks:
+        break
+      for task in tasks:
+        task.cancel()
+      await asyncio.gather(*tasks, return_exceptions=True)
+      await asyncio.sleep(0)
+    await self._client.aclose()
+    await self._loop.shutdown_asyncgens()
 
   def __enter__(self) -> "JudgeFleet":
     return self
@@ -243,8 +332,9 @@ class JudgeFleet:
       try:
         reply = await self._send_with_retries(pool, call, params)
       except EndpointError as e:
-        metrics.record(failed=True)
-        return Outcome(failed=True, error=f"{e.kind}: {e}")
+        metrics.record(failed=True, failed_kind=e.budget_kind or failure_kind(e.kind))
+        self.last_error = f"{e.kind}: {e}"
+        return Outcome(failed=True, error=f"{e.kind}: {e}", cause=e.kind, status=e.status)
       try:
         value = call.parse(reply.text)
       except ReplyParseError as e:
@@ -253,8 +343,9 @@ class JudgeFleet:
         continue
       self.cache.put(key, reply.text)  # under the original question's key: the next ask is free
       return Outcome(value)
-    metrics.record(failed=True)
-    return Outcome(failed=True, error=f"{error} (after {cfg.parse_attempts} asks)")
+    metrics.record(failed=True, failed_kind=failure_kind("unparseable_reply"))
+    self.last_error = error
+    return Outcome(failed=True, error=f"{error} (after {cfg.parse_attempts} asks)", cause="unparseable_reply")
 
   async def _send_with_retries(self, pool: _RolePool, call: JudgeCall, params: Mapping[str, Any]) -> ChatReply:
     cfg = pool.config
@@ -266,9 +357,6 @@ class JudgeFleet:
       }
     elif call.schema is not None and cfg.structured_output == "json_object":
       body["response_format"] = {"type": "json_object", "schema": dict(call.schema)}
-    headers = {}
-    if cfg.send_request_header and call.hint is not None:
-      headers[REQUEST_HEADER] = json.dumps(call.hint, ensure_ascii=True, separators=(",", ":"))
     retrying = tenacity.AsyncRetrying(
       stop=tenacity.stop_after_attempt(cfg.max_attempts),
       wait=tenacity.wait_random_exponential(multiplier=cfg.backoff_s, max=cfg.max_backoff_s),
@@ -277,10 +365,23 @@ class JudgeFleet:
     )
     async for attempt in retrying:
       with attempt:
-        return await self._send_once(pool, body, headers)
+        return await self._send_once(pool, body, call.hint)
     raise AssertionError("unreachable: tenacity reraises the last error")
 
-  async def _send_once(self, pool: _RolePool, body: Mapping[str, Any], headers: Mapping[str, str]) -> ChatReply:
+  async def _wants_hint(self, state: _EndpointState, config: RoleConfig) -> bool:
+    """Whether this endpoint reads the structured request copy: asked once per endpoint (GET /models)."""
+    if state.hint is None:
+      assert state.probe is not None
+      async with state.probe:
+        if state.hint is None:
+          try:
+            models = await get_models(self._client, state.endpoint, min(config.timeout_s, 10.0))
+            state.hint = any(m.get(HINT_FIELD) for m in models)
+          except EndpointError:
+            state.hint = False  # the chat request reports what is wrong; a 400 asking for the copy turns it on
+    return state.hint
+
+  async def _send_once(self, pool: _RolePool, body: Mapping[str, Any], hint: Mapping[str, Any] | None) -> ChatReply:
     assert pool.semaphore is not None
     async with pool.semaphore:
       try:
@@ -293,11 +394,28 @@ class JudgeFleet:
       state.breaker.on_send()
       pool.metrics.record_request_start(url)
       try:
-        reply = await post_chat(self._client, state.endpoint, body, pool.config.timeout_s, headers)
+        try:
+          with_hint = hint is not None and await self._wants_hint(state, pool.config)
+          sent = {**body, HINT_FIELD: dict(hint)} if with_hint else body
+          reply = await post_chat(self._client, state.endpoint, sent, pool.config.timeout_s)
+        except EndpointError as e:
+          if not (hint is not None and not with_hint and e.status == 400 and HINT_REQUIRED in e.body):
+            raise
+          if pool.config.request_hint == "never":
+            raise EndpointError(
+              e.kind,
+              f"{e} (the server needs the structured request copy; set request_hint='auto' for this role)",
+              retryable=False,
+              status=e.status,
+              body=e.body,
+            ) from None
+          state.hint = True  # the rule-based server came up after the first probe: send the copy from now on
+          reply = await post_chat(self._client, state.endpoint, {**body, HINT_FIELD: dict(hint)}, pool.config.timeout_s)
       except EndpointError as e:
         # A refused request (4xx) says nothing about the endpoint's health.
         if e.retryable:
           state.breaker.on_failure()
+          state.last_failure = e.kind
         else:
           state.breaker.on_success()
         pool.metrics.record_request_end(url, failure=e.kind)
@@ -313,3 +431,21 @@ class JudgeFleet:
         url, latency_s=reply.latency_s, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens
       )
       return reply
+
+
+# Fleets not closed yet. At interpreter exit (before threads are joined, so a reward thread blocked on a judgment is
+# released instead of holding the exit) each is closed: in-flight judgments cancelled, client and loop closed.
+_OPEN_FLEETS: "weakref.WeakSet[JudgeFleet]" = weakref.WeakSet()
+
+
+def _close_open_fleets() -> None:
+  for fleet in list(_OPEN_FLEETS):
+    fleet.close()
+
+
+try:
+  # Threading's exit hooks run last-registered first, and concurrent.futures.thread (imported above) registered the
+  # one that joins executor workers, so this runs before it: a reward worker blocked on a judgment is released.
+  threading._register_atexit(_close_open_fleets)
+except (AttributeError, RuntimeError):  # no such hook (other Pythons), or registered during shutdown
+  atexit.register(_close_open_fleets)

@@ -8,13 +8,16 @@ Primitive -> role (a role that is not configured falls back to the fleet's fallb
   verify_claims                 "verifier"   BalCapRL's MLLM (image attached when the role sends images)
   score_likert, compare_captions "judge"     (image attached for Direct-Likert / pairwise when sent)
   answer_visual_questions       "curator"    CapRL QA curation VLM (with / without the image)
-A judgment the fleet could not obtain or parse comes back `failed=True` with the cause.
+A judgment the fleet could not obtain or parse comes back `failed=True` with the cause; `failures_by_kind()`
+counts them by kind (auth, timeout, connection, http_status, parse, image).
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
+import threading
 import functools
 import mimetypes
 import os
@@ -77,6 +80,30 @@ class HttpJudge:
     self.fleet = fleet
     self.images = dict(images or {})
     self.prompts = prompts or PromptLibrary()
+    self._lock = threading.Lock()
+    self._local_failures: collections.Counter[str] = collections.Counter()  # failed before reaching the fleet
+    self._last_local_error = ""
+
+  # -- accounting -----------------------------------------------------------------------------------------
+
+  def failures_by_kind(self) -> dict[str, int]:
+    """Failed judgments by kind (auth, timeout, connection, http_status, parse, image, ...), cumulative."""
+    out = self.fleet.failures_by_kind()
+    with self._lock:
+      for kind, count in self._local_failures.items():
+        out[kind] = out.get(kind, 0) + count
+    return out
+
+  def judgment_counts(self) -> tuple[int, int, dict[str, int]]:
+    """(judgments asked, judgments failed, failed by kind), cumulative; what the failure budget reads."""
+    asked, failed, _ = self.fleet.judgment_counts()
+    with self._lock:
+      local = sum(self._local_failures.values())
+    return asked + local, failed + local, self.failures_by_kind()
+
+  def last_failure(self) -> str:
+    """The error of the last failed judgment ("" if none)."""
+    return self.fleet.last_error or self._last_local_error
 
   # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -90,7 +117,23 @@ class HttpJudge:
   ) -> list[Outcome]:
     """items: (request, template variables, parse) per judgment; returns one Outcome per item."""
     role = ROLES[primitive]
-    config = self.fleet.role_config(role)
+    calls, slots, outcomes = self.calls(primitive, template, items, image_ids=image_ids)
+    for i, outcome in zip(slots, self.fleet.judge(role, calls) if calls else []):
+      outcomes[i] = outcome
+    return outcomes
+
+  def calls(
+    self,
+    primitive: str,
+    template: str,
+    items: Sequence[tuple[Any, dict[str, Any], Callable[[str], Any]]],
+    *,
+    image_ids: Sequence[str | None] | None = None,
+    role: str | None = None,
+  ) -> tuple[list[JudgeCall], list[int], list[Outcome | None]]:
+    """The fleet calls of `items`: (calls, the item index of each call, outcomes with the items that failed
+    before any request filled in). `role` (default: the primitive's) decides whether images are attached."""
+    config = self.fleet.role_config(role or ROLES[primitive])
     schema = parsing.SCHEMAS.get(template)
     calls, slots, outcomes = [], [], [None] * len(items)
     for i, (request, variables, parse) in enumerate(items):
@@ -106,14 +149,17 @@ class HttpJudge:
             ],
           }
         except (KeyError, OSError) as e:
-          outcomes[i] = Outcome(failed=True, error=str(e))
+          outcomes[i] = Outcome(
+            failed=True, error=f"image: {e.args[0] if isinstance(e, KeyError) else e}", cause="image"
+          )
+          with self._lock:
+            self._local_failures["image"] += 1
+            self._last_local_error = outcomes[i].error
           continue
       hint = {"primitive": primitive, "request": dataclasses.asdict(request)}
       calls.append(JudgeCall(tuple(messages), parse, schema, hint))
       slots.append(i)
-    for i, outcome in zip(slots, self.fleet.judge(role, calls) if calls else []):
-      outcomes[i] = outcome
-    return outcomes
+    return calls, slots, outcomes
 
   def _data_url(self, image_id: str) -> str:
     if image_id not in self.images:

@@ -1,4 +1,5 @@
-"""Per-role judge metrics: requests, latency percentiles, failures by cause, cache hits, tokens."""
+"""Per-role judge metrics: requests, latency percentiles, failures by cause and failed judgments by kind, cache
+hits, tokens."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class RoleMetrics:
     self.requests = 0  # HTTP requests sent (retries included)
     self.cache_hits = 0
     self.failures: collections.Counter[str] = collections.Counter()  # cause -> count, per attempt
+    # kind (chat_client.FAILURE_KINDS: auth, timeout, connection, http_status, parse, ...) -> failed judgments
+    self.failed_by_kind: collections.Counter[str] = collections.Counter()
     self.endpoint_requests: collections.Counter[str] = collections.Counter()
     self.endpoint_failures: collections.Counter[str] = collections.Counter()
     self.latencies_s: list[float] = []  # successful requests only
@@ -54,14 +57,28 @@ class RoleMetrics:
         self.completion_tokens += completion_tokens
 
   def record(
-    self, *, judgment: bool = False, failed: bool = False, cache_hit: bool = False, failure: str | None = None
+    self,
+    *,
+    judgment: bool = False,
+    failed: bool = False,
+    cache_hit: bool = False,
+    failure: str | None = None,
+    failed_kind: str = "other",
   ) -> None:
+    """`failed`: a judgment ended without a parsed reply, of kind `failed_kind`; `failure`: one attempt's cause."""
     with self._lock:
       self.judgments += judgment
       self.failed_judgments += failed
       self.cache_hits += cache_hit
+      if failed:
+        self.failed_by_kind[failed_kind] += 1
       if failure is not None:
         self.failures[failure] += 1
+
+  def counts(self) -> tuple[int, int, dict[str, int]]:
+    """(judgments asked, judgments failed, failed judgments by kind), cumulative."""
+    with self._lock:
+      return self.judgments, self.failed_judgments, dict(self.failed_by_kind)
 
   def snapshot(self) -> dict[str, float]:
     """Flat scalars for logging, keys "judge/<role>/<name>"; latencies in seconds."""
@@ -79,4 +96,5 @@ class RoleMetrics:
       for q in (50, 90, 99):
         out[f"latency_p{q}_s"] = float(np.percentile(lat, q)) if lat.size else float("nan")
       out.update({f"failures/{k}": v for k, v in sorted(self.failures.items())})
+      out.update({f"failed/{k}": v for k, v in sorted(self.failed_by_kind.items())})
       return {f"judge/{self.role}/{k}": float(v) for k, v in out.items()}

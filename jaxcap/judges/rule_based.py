@@ -10,8 +10,10 @@ order and no letter is favoured). Failures can be injected with `failure_rate` f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import threading
 from typing import Mapping, Sequence
 
 from jaxcap.data.synthetic import vocabulary as V
@@ -70,6 +72,16 @@ class RuleBasedJudge:
     self.scenes = dict(scenes or {})
     self.failure_rate = failure_rate
     self.seed = seed
+    self._counts_lock = threading.Lock()
+    self._asked = self._failed = 0
+
+  def judgment_counts(self) -> tuple[int, int, dict[str, int]]:
+    """(judgments asked, failed, failed by kind), cumulative; every failure here is of kind "refused"."""
+    with self._counts_lock:
+      return self._asked, self._failed, ({"refused": self._failed} if self._failed else {})
+
+  def failures_by_kind(self) -> dict[str, int]:
+    return self.judgment_counts()[2]
 
   def add_scene(self, scene: Scene) -> None:
     self.scenes[scene.id] = scene
@@ -248,6 +260,32 @@ class RuleBasedJudge:
         quality = 0.7 * overlap + 0.3 * linguistic_score(r.caption)
       out.append(LikertScore(score=round(1 + 9 * quality)))
     return out
+
+
+def _counted(primitive):
+  @functools.wraps(primitive)
+  def counted(self, requests):
+    results = primitive(self, requests)
+    with self._counts_lock:
+      self._asked += len(results)
+      self._failed += sum(r.failed for r in results)
+    return results
+
+  return counted
+
+
+for _name in (
+  "answer_multiple_choice",
+  "check_criteria",
+  "write_criteria",
+  "split_claims",
+  "verify_claims",
+  "match_reference_units",
+  "rate_language",
+  "compare_captions",
+  "score_likert",
+):
+  setattr(RuleBasedJudge, _name, _counted(getattr(RuleBasedJudge, _name)))
 
 
 # ---- reading captions against ground truth ------------------------------------------------------------------

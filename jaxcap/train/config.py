@@ -65,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.workdir = "runs/run"
   # persistent XLA compilation cache, relative to the workdir (or absolute); "" = off. A restart does not recompile.
   c.compile_cache = "compile_cache"
+  # Resuming a workdir whose saved config.json differs in a way that alters the run (model, data, reward,
+  # optimiser, batch shapes, ...): 'refuse' (list the changes and stop) or 'allow' (continue under them).
+  # Changes that do not alter it (more steps, eval / checkpoint cadence, judge endpoints) are always allowed.
+  c.resume_changes = "refuse"
   c.mesh = ml_collections.ConfigDict({"shape": {"data": 1, "fsdp": -1, "tensor": 1}})
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=0, process_id=-1))
 
@@ -99,8 +103,22 @@ def base_config() -> ml_collections.ConfigDict:
       train_manifest="",
       eval_manifest="",  # JSONL/Parquet; empty = the synthetic world
       prompt="Describe this image in detail.",
-      image_size=84,  # every image resized to this square side (pixels) so a step shares one layout; 0 = native
+      image_size=84,  # every image resized to this square side (pixels); 0 = native size within the pixel budget
+      # the pixel budget of native sizes (0: the checkpoint's preprocessor_config.json, as transformers)
+      min_pixels=0,
+      max_pixels=0,
       pad_to_multiple=16,
+      # prompt length and vision packs padded up a ladder of this many sizes per octave (jaxcap.buckets): more
+      # pads less and compiles more programs (benchmarks/mixed_sizes.py)
+      bucket_steps=2,
+      # > 1: each window of this many global batches is sorted by image size before it is cut into batches
+      # (jaxcap.train.size_groups): steps of similar sizes pad less; 0 = plain shuffled order
+      group_by_size=0,
+      # Every image / frame is decoded before training starts (False: only checked to exist). bad_media 'fail':
+      # one error listing every record that does not decode; 'skip': train on the rest, the bad ones listed in
+      # workdir/media_errors.jsonl (jaxcap/data/media_check.py).
+      check_media=True,
+      bad_media="fail",
     )
   )
   c.judge = judge_config()  # jaxcap.judges.factory: rule_based, http (an OpenAI-compatible fleet) or factory
@@ -163,12 +181,13 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def real_model_run(
-  c: ml_collections.ConfigDict, *, max_new_tokens: int, image_size: int = 448, rl: bool = True
+  c: ml_collections.ConfigDict, *, max_new_tokens: int, max_pixels: int = 448 * 448, rl: bool = True
 ) -> None:
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
   float32 master weights and optimizer state with bfloat16 compute (as maxtext's weight_dtype / dtype; bfloat16
-  masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.precision) and full remat, images at
-  `image_size` pixels, and (for RL) an LLM judge fleet over HTTP with no KL term (BalCapRL states none, CapRL's
+  masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.precision) and full remat, images at their
+  native size and aspect within `max_pixels` (448 x 448: at most 256 visual tokens per image, what the README's
+  memory plan assumes), batches grouped by size, and (for RL) an LLM judge fleet over HTTP with no KL term (BalCapRL states none, CapRL's
   released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
   c.vision_warmup.steps = 0
   c.sft.freeze_vision = False  # the embedded student's recipe; the papers state no frozen tower
@@ -177,7 +196,9 @@ def real_model_run(
     c.judge.kind = "http"
     c.rl.loss.kl_coef = 0.0
   c.sampling.max_new_tokens = max_new_tokens
-  c.data.image_size = image_size
+  c.data.image_size = 0
+  c.data.max_pixels = max_pixels
+  c.data.group_by_size = 16
   c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True))
 
 
@@ -204,11 +225,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for phase in ("sft", "rl"):
     p = c[phase]
     need(p.steps >= 0, f"{phase}.steps={p.steps}: must be >= 0")
+    need(p.batch_size >= 1, f"{phase}.batch_size={p.batch_size}: must be >= 1 (records per process per step)")
+    need(p.micro_batches >= 1, f"{phase}.micro_batches={p.micro_batches}: must be >= 1 (1 = no accumulation)")
     need(
-      p.batch_size % p.micro_batches == 0,
+      p.batch_size < 1 or p.micro_batches < 1 or p.batch_size % p.micro_batches == 0,
       f"{phase}.batch_size={p.batch_size} is not divisible by {phase}.micro_batches={p.micro_batches}",
     )
     need(p.optim.lr > 0, f"{phase}.optim.lr={p.optim.lr}: must be positive")
+    _check_optim(need, f"{phase}.optim", p.optim)
     mode = p.optim.get("master_update", "exact")
     need(
       mode in MASTER_UPDATES,
@@ -239,5 +263,116 @@ def validate(c: ml_collections.ConfigDict) -> None:
     bool(c.data.eval_manifest) or not c.data.train_manifest or c.eval.num_images == 0,
     "data.eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation",
   )
+  _check_counts(need, c)
   if errors:
     raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _check_optim(need, name: str, o) -> None:
+  need(
+    o.schedule in ("cosine", "linear", "constant"), f"{name}.schedule={o.schedule!r}: use cosine, linear or constant"
+  )
+  need(o.warmup_steps >= 0, f"{name}.warmup_steps={o.warmup_steps}: must be >= 0")
+  need(0 <= o.warmup_ratio < 1, f"{name}.warmup_ratio={o.warmup_ratio}: must be in [0, 1)")
+  need(o.weight_decay >= 0, f"{name}.weight_decay={o.weight_decay}: must be >= 0")
+  need(o.grad_clip >= 0, f"{name}.grad_clip={o.grad_clip}: must be >= 0 (0 = no clipping)")
+  need(0 <= o.b1 < 1 and 0 <= o.b2 < 1, f"{name}.b1={o.b1}, b2={o.b2}: Adam's decay rates must be in [0, 1)")
+  need(o.eps > 0, f"{name}.eps={o.eps}: must be positive")
+
+
+def _check_counts(need, c) -> None:
+  """Counts, sizes and ranges that would otherwise fail (or divide by zero) minutes into a run."""
+  from jaxcap.train.resume import RESUME_CHANGES
+
+  need(
+    c.resume_changes in RESUME_CHANGES,
+    f"resume_changes={c.resume_changes!r}: use 'refuse' (stop on changes that alter a resumed run) or 'allow'",
+  )
+  if c.sft.steps > 0:
+    need(c.sft.max_target_tokens >= 1, f"sft.max_target_tokens={c.sft.max_target_tokens}: must be >= 1")
+    need(0 < c.sft.max_fraction <= 1, f"sft.max_fraction={c.sft.max_fraction}: must be in (0, 1]")
+  loss = c.rl.loss
+  need(0 <= loss.eps_low < 1, f"rl.loss.eps_low={loss.eps_low}: must be in [0, 1)")
+  need(loss.eps_high >= 0, f"rl.loss.eps_high={loss.eps_high}: must be >= 0")
+  need(
+    loss.dual_clip_c is None or loss.dual_clip_c > 1,
+    f"rl.loss.dual_clip_c={loss.dual_clip_c}: must exceed 1 (it caps a negative advantage's token loss at c x A)",
+  )
+  need(loss.kl_coef >= 0, f"rl.loss.kl_coef={loss.kl_coef}: must be >= 0 (0 = no KL term)")
+  lm = c.rl.length_mask
+  need(
+    not lm.dims or 0 <= lm.tau_low < lm.tau_high,
+    f"rl.length_mask.tau_low={lm.tau_low}, tau_high={lm.tau_high}: need 0 <= tau_low < tau_high",
+  )
+  s = c.sampling
+  need(s.temperature >= 0, f"sampling.temperature={s.temperature}: must be >= 0 (0 = greedy)")
+  need(0 < s.top_p <= 1, f"sampling.top_p={s.top_p}: must be in (0, 1]")
+  need(s.top_k >= 0, f"sampling.top_k={s.top_k}: must be >= 0 (0 = off)")
+  need(c.eval.every >= 0, f"eval.every={c.eval.every}: must be >= 0 (0 = only at phase ends)")
+  need(c.eval.num_images >= 0, f"eval.num_images={c.eval.num_images}: must be >= 0 (0 = no evaluation)")
+  need(c.eval.num_images == 0 or c.eval.batch_size >= 1, f"eval.batch_size={c.eval.batch_size}: must be >= 1")
+  need(c.checkpoint.every >= 0, f"checkpoint.every={c.checkpoint.every}: must be >= 0 (0 = only at phase ends)")
+  need(
+    c.checkpoint.max_to_keep >= 1,
+    f"checkpoint.max_to_keep={c.checkpoint.max_to_keep}: must be >= 1, or the run cannot resume",
+  )
+  need(c.data.image_size >= 0, f"data.image_size={c.data.image_size}: must be >= 0 (0 = native size)")
+  need(c.data.pad_to_multiple >= 1, f"data.pad_to_multiple={c.data.pad_to_multiple}: must be >= 1")
+  lo, hi = c.data.get("min_pixels", 0), c.data.get("max_pixels", 0)
+  need(
+    lo >= 0 and hi >= 0 and (hi == 0 or lo <= hi),
+    f"data.min_pixels={lo}, max_pixels={hi}: need 0 <= min_pixels <= max_pixels (0 = the checkpoint's own)",
+  )
+  need(c.data.get("bucket_steps", 1) >= 1, f"data.bucket_steps={c.data.get('bucket_steps')}: must be >= 1")
+  need(c.data.get("group_by_size", 0) >= 0, f"data.group_by_size={c.data.get('group_by_size')}: must be >= 0")
+  need(c.vision_warmup.steps >= 0, f"vision_warmup.steps={c.vision_warmup.steps}: must be >= 0")
+  need(c.vision_warmup.steps == 0 or c.vision_warmup.lr > 0, f"vision_warmup.lr={c.vision_warmup.lr}: must be positive")
+  need(c.rubrics.batch_size >= 1, f"rubrics.batch_size={c.rubrics.batch_size}: must be >= 1")
+  sizes = dict(c.mesh.shape)
+  need(
+    all(isinstance(v, int) and (v >= 1 or v == -1) for v in sizes.values()) and list(sizes.values()).count(-1) <= 1,
+    f"mesh.shape={sizes}: each axis needs a size >= 1, or -1 (the remaining devices) on at most one axis",
+  )
+  d = c.distributed
+  need(
+    not d.coordinator_address or 0 <= d.process_id < d.num_processes,
+    f"distributed.process_id={d.process_id}, num_processes={d.num_processes}: need 0 <= process_id < num_processes",
+  )
+  if not c.data.train_manifest:  # the embedded synthetic world
+    w = c.world
+    need(64 <= w.image_size <= 1024, f"world.image_size={w.image_size}: use 64..1024 pixels")
+    need(
+      1 <= w.min_objects <= w.max_objects <= 6,
+      f"world.min_objects={w.min_objects}, max_objects={w.max_objects}: need 1 <= min_objects <= max_objects <= 6",
+    )
+    need(0 <= w.clip_fraction <= 1, f"world.clip_fraction={w.clip_fraction}: must be in [0, 1]")
+    need(w.eval_scenes >= 0, f"world.eval_scenes={w.eval_scenes}: must be >= 0")
+    for phase in ("sft", "rl"):
+      need(
+        c[phase].steps == 0 or w.train_scenes >= c[phase].batch_size,
+        f"world.train_scenes={w.train_scenes} cannot fill one {phase} batch of {phase}.batch_size="
+        f"{c[phase].batch_size}; raise world.train_scenes or lower the batch size",
+      )
+  if not c.model.checkpoint:  # the embedded student (jaxcap.train.embedded.student_config)
+    st = c.model.student
+    need(
+      min(st.text_layers, st.vision_depth, st.text_heads, st.vision_width, st.text_width) >= 1,
+      "model.student: text_layers, vision_depth, text_heads, vision_width and text_width must be >= 1",
+    )
+    if st.text_heads >= 1:
+      need(
+        st.text_width % st.text_heads == 0 and (st.text_width // st.text_heads) % 2 == 0,
+        f"model.student.text_width={st.text_width} must split into text_heads={st.text_heads} heads of an even size",
+      )
+      need(
+        st.text_heads % max(1, st.text_heads // 2) == 0,
+        f"model.student.text_heads={st.text_heads}: the student shares keys over text_heads // 2 groups, which "
+        "must divide text_heads (use 1, 3 or an even number)",
+      )
+    if st.vision_width >= 1:
+      heads = max(1, st.vision_width // 32)
+      need(
+        st.vision_width % heads == 0,
+        f"model.student.vision_width={st.vision_width} does not split into its {heads} heads (vision_width // 32); "
+        "use a multiple of 32",
+      )

@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ import numpy as np
 from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
+from jaxcap.locking import lock_workdir
+from jaxcap.judges.budget import judged_reward
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rewards.length_mask import LengthMaskedReward
@@ -33,30 +38,70 @@ from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
 from jaxcap.train.metrics import MetricsWriter, plot_curves, to_json
 from jaxcap.train.setup import build
 from jaxcap.train.state import phase_train_state
+from jaxcap.train import resume as resume_check
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
 from jaxcap.train.updates import RLUpdate, SFTUpdate
+
+# Bounds on the waits of a run that failed: the checkpoint being written, then each worker pool / client to close.
+ABORT_CHECKPOINT_WAIT_S = 300.0
+ABORT_CLOSE_WAIT_S = 20.0
 
 
 class Trainer:
   """Runs one config in `config.workdir`, resuming from its latest checkpoint if there is one."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self.config, c = config, config
-    self.workdir = Path(c.workdir)
+    self.config = config
+    self.workdir = Path(config.workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
+    # one trainer per workdir (per process of a multi-host run), held until finish() / abort() or process exit
+    self.lock = lock_workdir(self.workdir, jax.process_index())
+    try:
+      self.ckpt = RunCheckpointer(self.workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
+      self._check_resume()  # before build(): a changed world must not be regenerated under the saved loader state
+      self._build()
+    except BaseException:
+      self.abort()
+      raise
+
+  def _check_resume(self) -> None:
+    """Compares the config with the one saved in the workdir; raises ConfigChangedError on refused changes."""
+    latest = self.ckpt.latest_step()
+    position = None
+    if latest is not None:
+      meta = self.ckpt.meta(latest)
+      position = resume_check.Position(str(meta["phase"]), int(meta["step"]), int(latest))
+    self._resume_notes = resume_check.check(self.config, self.workdir, position)
+    if is_lead_process():
+      for line in self._resume_notes:
+        print(line, file=sys.stderr, flush=True)
+
+  def _record_config(self) -> None:
+    """Saves the config as the run's (<workdir>/config.json): at a fresh start, or once a checkpoint restored under
+    it, so a refused or failed resume leaves the saved config as it was."""
+    if is_lead_process():
+      resume_check.record(self.config, self.workdir, self._resume_notes)
+
+  def _build(self) -> None:
+    c = self.config
     self.setup = setup = build(c, self.workdir)
     self.graphdef, self.params0 = nnx.split(setup.model)
     self.batcher = Batcher(setup.processor, c, setup.mesh)
     s = c.sampling
     sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens)
     self.sampler = Sampler(
-      setup.model, processor=setup.processor, sampling=sampling, length_multiple=c.data.pad_to_multiple
+      setup.model,
+      processor=setup.processor,
+      sampling=sampling,
+      length_multiple=c.data.pad_to_multiple,
+      bucket_steps=self.batcher.bucket_steps,
     )
     reward = build_reward(c.reward.to_dict(), setup.judge)
     if c.rl.length_mask.dims:  # BalCapRL's mask, on the reward RL optimises and evaluation reports
       lm = c.rl.length_mask
       reward = LengthMaskedReward(reward, list(lm.dims), tau_low=lm.tau_low, tau_high=lm.tau_high)
-    self.reward = OverlappedReward(reward)
+    # judges: the failure budget stops the run when too few judgments are valid (judge.min_valid_fraction)
+    self.reward = OverlappedReward(judged_reward(reward, setup.judge, c.judge))
     self.metrics = MetricsWriter(self.workdir)
     self.heldout = HeldOutEval(
       self.sampler,
@@ -69,7 +114,6 @@ class Trainer:
       c.eval.batch_size,
       log=self.metrics.write,
     )
-    self.ckpt = RunCheckpointer(self.workdir / "checkpoints", max_to_keep=c.checkpoint.max_to_keep)
     self.summary: dict[str, Any] = {}
 
   def phases(self) -> list[tuple[str, int, int, Any]]:
@@ -88,6 +132,15 @@ class Trainer:
     return phase_train_state(optim, steps, params, key, self.setup.mesh, frozen=frozen, with_reference=with_reference)
 
   def run(self) -> dict:
+    """Trains to the end and returns the summary. On any exception (or interrupt) the checkpoint being written is
+    finished or removed and every worker stopped, all with bounded waits (`abort`), before it propagates."""
+    try:
+      return self._run()
+    except BaseException:
+      self.abort()
+      raise
+
+  def _run(self) -> dict:
     c = self.config
     phases = self.phases()
     if not phases:
@@ -95,6 +148,7 @@ class Trainer:
     resume = self.ckpt.latest_step()
     params = self.params0
     if resume is None:
+      self._record_config()
       self.metrics.reset()  # records of a run killed before its first checkpoint
       if c.vision_warmup.steps > 0 and not c.model.checkpoint:
         params = self.warm_up_vision(params)
@@ -104,7 +158,8 @@ class Trainer:
       opt, state = self.new_state(phase, steps, optim, params, jax.random.fold_in(key, i))
       meta = None
       if resume is not None:
-        state, meta = self.ckpt.restore(resume, state)
+        state, meta = self._restore(resume, state, phase)
+        self._record_config()
         self.summary.update(meta.get("summary", {}))
         self.metrics.truncate_after(phase, int(meta["step"]))
         if is_lead_process():
@@ -113,7 +168,14 @@ class Trainer:
       records_changed = phase == "rl" and self.before_rl(state)
       update = self.phase_update(phase)
       # Each step's images are decoded and processed on the loader's thread while the device runs the step before.
-      loader = record_loader(self.setup.train_records, batch_size, seed=int(c.seed) + i, prepare=update.prepare)
+      loader = record_loader(
+        self.setup.train_records,
+        batch_size,
+        seed=int(c.seed) + i,
+        prepare=update.prepare,
+        sizes=self.record_sizes(),
+        group=int(c.data.group_by_size),
+      )
       if meta is not None:
         loader.set_state(meta["loader"])
       elif phase == "rl" and "sft_end" in self.summary and not records_changed:
@@ -125,13 +187,27 @@ class Trainer:
         self.evaluate(state.params, phase, 0, tag="start")
       try:
         state = self.run_phase(phase, i, steps, state, opt, update, loader)
-      finally:
-        getattr(loader, "close", lambda: None)()
+      finally:  # bounded: a prefetch thread stuck in a bad record must not hold the process (or the error) up
+        _bounded(getattr(loader, "close", lambda: None), ABORT_CLOSE_WAIT_S, "the data loader")
       params = state.params
       self.evaluate(params, phase, steps, tag="end")
     self.ckpt.wait()
     self.finish(params)
     return self.summary
+
+  def _restore(self, step, state, phase):
+    try:
+      return self.ckpt.restore(step, state)
+    except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
+      detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
+      saved = self.workdir / resume_check.CONFIG_FILE
+      started = f"the config saved in {saved}" if saved.exists() else "the config the run was started with"
+      raise resume_check.ConfigChangedError(
+        f"checkpoint {step} in {self.ckpt.manager.directory} does not fit the {phase} state this config builds "
+        f"({type(e).__name__}: {detail}). The config changed the train state's structure (e.g. rl.loss.kl_coef "
+        f"switched between 0 and > 0, {phase}.freeze_vision, the model's shapes); rerun with {started}, or start "
+        "a separate run with a new --config.workdir."
+      ) from e
 
   def warm_up_vision(self, params):
     params, metrics = vision_warmup.warm_up_embedded_student(
@@ -165,6 +241,20 @@ class Trainer:
       changed |= train is not s.train_records or held_out is not s.eval_records
       s.train_records, s.eval_records = train, held_out
     return changed
+
+  def record_sizes(self):
+    """Vision patches per training record (image headers only) when steps are grouped by size, else None."""
+    c = self.config
+    if int(c.data.group_by_size) <= 1:
+      return None
+    if getattr(self, "_record_sizes", None) is None or len(self._record_sizes) != len(self.setup.train_records):
+      from jaxcap.train.size_groups import record_patches
+
+      processor = self.setup.processor
+      self._record_sizes = record_patches(
+        self.setup.train_records, processor.vision_cfg, processor.video_cfg, image_size=int(c.data.image_size)
+      )
+    return self._record_sizes
 
   def phase_update(self, phase):
     """The phase's update (`SFTUpdate` / `RLUpdate`): its `prepare` feeds the loader, its call runs a step."""
@@ -203,7 +293,7 @@ class Trainer:
         master_update=c.rl.optim.master_update,
       )
     step_fn = jax.jit(fn, donate_argnums=0, out_shardings=(jax.tree.map(lambda x: x.sharding, state), None))
-    progress = _progress(steps, int(state.step), phase)
+    progress = self._progress = _progress(steps, int(state.step), phase)  # abort() closes it on an error
     base = 0 if phase == "sft" else c.sft.steps
     pending = None  # (step, PendingMetrics, start time) of the last step run, not logged yet
 
@@ -265,8 +355,72 @@ class Trainer:
     (self.workdir / "summary.json").write_text(to_json(self.summary, indent=2))
     self.reward.close()
     self.batcher.close()
+    _close_judge(self.setup.judge)
     self.metrics.close()
     self.ckpt.close()
+    self.lock.release()
+
+  def abort(self) -> None:
+    """After an error: waits (bounded) for the checkpoint being written so it is complete, or removes its
+    temporary directory; stops the reward workers, the judge's client, the batcher and the metrics writers; releases
+    the workdir. Never raises; what it could not do is one warning line each."""
+    progress = getattr(self, "_progress", None)
+    if progress is not None:  # its last line before the error, not after it
+      _bounded(progress.close, ABORT_CLOSE_WAIT_S, "the progress bar")
+    ckpt = getattr(self, "ckpt", None)
+    if ckpt is not None:
+      if not _bounded(ckpt.wait, ABORT_CHECKPOINT_WAIT_S, "the checkpoint being saved"):
+        _remove_partial_checkpoints(Path(ckpt.manager.directory))
+    setup = getattr(self, "setup", None)
+    closers = [
+      ("the reward workers", getattr(getattr(self, "reward", None), "close", None)),
+      ("the judge", (lambda: _close_judge(setup.judge)) if setup is not None else None),
+      ("the batcher", getattr(getattr(self, "batcher", None), "close", None)),
+      ("the metrics writers", getattr(getattr(self, "metrics", None), "close", None)),
+      ("the checkpoint manager", getattr(ckpt, "close", None)),
+    ]
+    for what, close in closers:
+      if close is not None:
+        _bounded(close, ABORT_CLOSE_WAIT_S, what)
+    self.lock.release()
+
+
+def _bounded(fn, timeout_s: float, what: str) -> bool:
+  """Runs `fn` on a daemon thread for at most `timeout_s`: True if it returned, False (after a one-line warning)
+  if it raised or is still running (a daemon thread cannot keep the process alive)."""
+  error: list[BaseException] = []
+
+  def target():
+    try:
+      fn()
+    except BaseException as e:  # reported below, never over the error being handled
+      error.append(e)
+
+  thread = threading.Thread(target=target, name=f"abort: {what}", daemon=True)
+  thread.start()
+  thread.join(timeout_s)
+  if thread.is_alive():
+    print(f"warning: gave up waiting for {what} after {timeout_s:.0f} s", file=sys.stderr, flush=True)
+    return False
+  if error:
+    print(f"warning: {what}: {type(error[0]).__name__}: {error[0]}", file=sys.stderr, flush=True)
+    return False
+  return True
+
+
+def _remove_partial_checkpoints(directory: Path) -> None:
+  """Removes the temporary directories an unfinished Orbax save leaves (`<step>.orbax-checkpoint-tmp*`), so
+  the workdir holds only complete checkpoints."""
+  for tmp in sorted(directory.glob("*.orbax-checkpoint-tmp*")):
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"removed the unfinished checkpoint {tmp}", file=sys.stderr, flush=True)
+
+
+def _close_judge(judge) -> None:
+  """Closes an HTTP judge's fleet (its event loop and client), so no request outlives the run."""
+  fleet = getattr(judge, "fleet", None)
+  if fleet is not None:
+    fleet.close()
 
 
 def _progress(total, initial, desc):

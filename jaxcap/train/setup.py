@@ -10,9 +10,11 @@ from typing import Any
 import ml_collections
 
 from jaxcap.checkpoint import load_hf_checkpoint
-from jaxcap.data.manifest import check_media, read_manifest
+from jaxcap.data.manifest import read_manifest
+from jaxcap.data.media_check import check_record_media
 from jaxcap.data.records import ImageRecord
 from jaxcap.judges.factory import build_judge
+from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.protocol import Judge
 from jaxcap.models.config import dtype_from_name
 from jaxcap.models.qwen25vl import Qwen25VL
@@ -37,7 +39,6 @@ class Setup:
 
 def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   mesh = make_mesh(dict(config.mesh.shape))
-  model, processor = _student(config, workdir, mesh)
   if config.data.train_manifest:
     train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
   else:
@@ -45,14 +46,27 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   train = read_manifest(train_path)
   held_out = read_manifest(eval_path) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
   train_records, eval_records = train.records, held_out.records
-  check_media(train_records + eval_records)
+  # every image / frame decoded before any compute: data.bad_media "fail" lists the bad ones, "skip" drops them
+  media = {"train": train_records, "held-out": eval_records}
+  media = check_record_media(media, policy=config.data.bad_media, workdir=workdir, decode=config.data.check_media)
+  train_records, eval_records = media["train"], media["held-out"]
   scenes = {**train.scenes, **held_out.scenes}
   judge = build_judge(config.judge, scenes=scenes, records=train_records + eval_records, seed=int(config.seed))
+  # every judge endpoint and role answers one real judgment, before the (minutes-long) checkpoint load
+  judge = preflight_judge(judge, config.judge, records=train_records + eval_records)
+  model, processor = _student(config, workdir, mesh)
   for name in config.reward:  # e.g. RubiCap drops the manifest's rubrics when RL writes its own
     prepare = REWARD_FAMILIES[name].prepare_records
     if prepare is not None:
       train_records, eval_records = prepare(config, train_records), prepare(config, eval_records)
   return Setup(model, processor, train_records, eval_records, judge, scenes, sft_target_fn(config, scenes), mesh)
+
+
+def with_pixel_budget(vision_cfg, data):
+  """The processor's image settings with `data.min_pixels` / `data.max_pixels` where set (0 keeps the checkpoint's
+  budget, from its preprocessor_config.json)."""
+  budget = {k: int(data.get(k, 0)) for k in ("min_pixels", "max_pixels") if int(data.get(k, 0) or 0) > 0}
+  return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 
 def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
@@ -68,5 +82,8 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
       logprob_chunk=m.logprob_chunk,
       scan_layers=m.scan_layers,
     )
-    return model, Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
-  return embedded.build_student(config, workdir, mesh)
+    processor = Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
+  else:
+    model, processor = embedded.build_student(config, workdir, mesh)
+  processor.vision_cfg = with_pixel_budget(processor.vision_cfg, config.data)
+  return model, processor

@@ -52,6 +52,11 @@ def serve_in_thread(app: FastAPI) -> Iterator[Endpoint]:
     sock.close()
 
 
+def closed_port_url() -> str:
+  """A loopback /v1 URL nothing listens on (connections are refused)."""
+  return f"http://{HOST}:{free_port()}/v1"
+
+
 def wait_for_models(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
@@ -85,6 +90,8 @@ def rule_server_process(manifest: str, latency_s: float = 0.0) -> Iterator[tuple
       str(port),
       "--latency",
       str(latency_s),
+      "--api-key-env",
+      "",  # no auth, whatever JUDGE_API_KEY the test environment has
     ],
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
@@ -126,15 +133,17 @@ def slow_app(delay_s: float) -> FastAPI:
 
 def fixed_reply_app(content: str) -> FastAPI:
   """A well-formed chat response whose content is always `content` (e.g. an unparseable judge reply);
-  records the Authorization headers it saw in app.state.auth."""
+  records the Authorization headers it saw in app.state.auth, all headers in app.state.headers."""
   app = FastAPI()
   app.state.auth = []
+  app.state.headers = []  # every request's headers, for checking what travels in them
   app.state.requests = 0
 
   @app.post("/v1/chat/completions")
   async def chat(request: Request):
     app.state.requests += 1
     app.state.auth.append(request.headers.get("authorization"))
+    app.state.headers.append(dict(request.headers))
     return {
       "choices": [{"message": {"role": "assistant", "content": content}}],
       "usage": {"prompt_tokens": 10, "completion_tokens": 2},

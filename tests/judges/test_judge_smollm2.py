@@ -173,3 +173,12 @@ def test_balcaprl_through_smollm2(smollm2, world):
   # json_object structured output (llama.cpp grammar) makes the tiny model's JSON parse: most dims judged.
   assert batch.valid.sum() >= 1, (batch.valid, batch.failed_judgments)
   assert m["judge/judge/completion_tokens"] > 0
+
+
+def test_preflight_passes_against_a_real_llm_server(smollm2, world):
+  """Each role's probe judgment (its own template, structured-output mode and parser) parses from a real LLM."""
+  from jaxcap.judges.preflight import check_judge
+
+  with _fleet(smollm2) as fleet:
+    results = check_judge(HttpJudge(fleet), records=world)
+  assert [(r.role, r.ok) for r in results] == [("judge", True), ("answerer", True)], [r.line() for r in results]

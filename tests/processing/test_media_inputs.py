@@ -166,3 +166,17 @@ def test_video_files_in_manifests_and_conversations(tmp_path):
   with pytest.raises(ManifestError):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"id": "x", "video": "a.mp4", "frames": ["f.png"]}) + "\n")
     read_manifest(tmp_path / "bad.jsonl")
+
+
+def test_trainer_pixel_budget_overrides_the_checkpoints_where_set():
+  import ml_collections
+
+  from jaxcap.train.setup import with_pixel_budget
+
+  ckpt = VisionPreprocessConfig(min_pixels=3136, max_pixels=12845056)
+  data = ml_collections.ConfigDict(dict(min_pixels=0, max_pixels=448 * 448))
+  got = with_pixel_budget(ckpt, data)
+  assert (got.min_pixels, got.max_pixels) == (3136, 448 * 448)
+  t, h, w = got.grid(3000, 4000)  # a phone photo: native aspect, area within the budget
+  assert h * w * 14 * 14 <= 448 * 448 and abs(w / h - 4 / 3) < 0.1 and ckpt.grid(3000, 4000)[1] > h
+  assert with_pixel_budget(ckpt, ml_collections.ConfigDict(dict(min_pixels=0, max_pixels=0))) is ckpt

@@ -1,0 +1,187 @@
+"""The rule-based judge server under load on loopback: N requests, C in flight, no 5xx allowed.
+
+Starts `python -m jaxcap.judge serve --rule-based` in its own process (bearer token on, as the launch scripts run
+judges), then sends --requests chat requests, --concurrency at a time, each a real judge request of the kinds a
+CapRL / RubiCap / BalCapRL run sends (the structured copy in the body, a request id in the header); --bad-share of
+them are malformed on purpose (bad JSON, wrong types, over the server's 1 MiB body limit) and must get a 4xx.
+Prints throughput, latency percentiles (seconds, good requests) and status counts; exits 1 if any reply was a 5xx
+or a transport error, or a good request failed. Client and server share this machine's cores.
+
+    python benchmarks/judge_server_load.py --requests 1000 --concurrency 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+
+from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def good_requests(records, count: int) -> list[bytes]:
+  """Chat bodies with the structured copy the rule-based server answers from, cycling over primitives."""
+  out = []
+  for i in range(count):
+    r = records[i % len(records)]
+    caption = r.reference_caption + f" (sample {i})"
+    kind = i % 4
+    if kind == 0:
+      hint = (
+        "answer_multiple_choice",
+        dict(caption=caption, question="What colour is the circle?", options=["red", "blue", "green", "cannot answer"]),
+      )
+    elif kind == 1:
+      hint = ("check_criteria", dict(caption=caption, criterion="The caption states: a red circle"))
+    elif kind == 2:
+      hint = ("split_claims", dict(caption=caption))
+    else:
+      hint = ("rate_language", dict(caption=caption))
+    body = {
+      "model": "judge",
+      "messages": [{"role": "system", "content": "You are a judge."}, {"role": "user", "content": caption}],
+      "temperature": 0.0,
+      "max_tokens": 64,
+      "jaxcap_request": {"primitive": hint[0], "request": {"image_id": r.id, **hint[1]}},
+    }
+    out.append(json.dumps(body).encode())
+  return out
+
+
+BAD = [
+  b"{not json",
+  json.dumps({"model": "judge", "messages": "hi"}).encode(),
+  json.dumps(
+    {
+      "model": "judge",
+      "messages": [{"role": "user", "content": "x"}],
+      "jaxcap_request": {"primitive": "check_criteria", "request": {"image_id": 7}},
+    }
+  ).encode(),
+  b'{"model": "judge", "messages": [{"role": "user", "content": "' + b"x" * (2 * 2**20) + b'"}]}',  # > --max-body-mb 1
+]
+
+
+async def load(url: str, key: str, bodies: list[tuple[bool, bytes]], concurrency: int):
+  limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+  headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+  gate = asyncio.Semaphore(concurrency)
+  results = []
+
+  async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+
+    async def one(i: int, good: bool, body: bytes):
+      async with gate:
+        start = time.perf_counter()
+        try:
+          r = await client.post(url, content=body, headers={**headers, "X-Request-Id": f"load-{i}"})
+          status = r.status_code
+        except httpx.HTTPError as e:
+          status = f"transport error {type(e).__name__}"
+        results.append((good, status, time.perf_counter() - start))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i, good, body) for i, (good, body) in enumerate(bodies)))
+    return results, time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--requests", type=int, default=1000)
+  p.add_argument("--concurrency", type=int, default=200)
+  p.add_argument("--bad-share", type=float, default=0.05, help="share of malformed requests (must get 4xx)")
+  p.add_argument("--scenes", type=int, default=16)
+  args = p.parse_args(argv)
+
+  work = tempfile.mkdtemp(prefix="judge-load-")
+  manifest = generate_dataset(os.path.join(work, "world"), args.scenes, seed=0)
+  records, _ = judge_for_manifest(str(manifest))
+  key, port = secrets.token_hex(16), free_port()
+  env = {**os.environ, "JUDGE_BENCH_KEY": key}
+  cmd = [
+    sys.executable,
+    "-m",
+    "jaxcap.judge",
+    "serve",
+    "--rule-based",
+    "--manifest",
+    str(manifest),
+    "--port",
+    str(port),
+    "--api-key-env",
+    "JUDGE_BENCH_KEY",
+    "--max-body-mb",
+    "1",
+  ]
+  server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  base = f"http://127.0.0.1:{port}"
+  try:
+    deadline = time.monotonic() + 60
+    while True:
+      try:
+        if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+          break
+      except httpx.HTTPError:
+        pass
+      if time.monotonic() > deadline or server.poll() is not None:
+        raise SystemExit(f"judge server did not start: {server.stderr.read() if server.poll() is not None else ''}")
+      time.sleep(0.1)
+    n_bad = int(round(args.requests * args.bad_share))
+    rng = np.random.default_rng(0)
+    bodies = [(True, b) for b in good_requests(records, args.requests - n_bad)]
+    bodies += [(False, BAD[i % len(BAD)]) for i in range(n_bad)]
+    bodies = [bodies[i] for i in rng.permutation(len(bodies))]
+    results, wall = asyncio.run(load(f"{base}/v1/chat/completions", key, bodies, args.concurrency))
+    stats = httpx.get(f"{base}/stats", headers={"Authorization": f"Bearer {key}"}).json()
+  finally:
+    server.terminate()
+    server.wait(timeout=10)
+
+  counts = collections.Counter(str(s) for _, s, _ in results)
+  lat = np.array([t for good, s, t in results if good and s == 200])
+  good_failed = sum(1 for good, s, _ in results if good and s != 200)
+  fatal = sum(1 for _, s, _ in results if not isinstance(s, int) or s >= 500)
+  cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+  report = {
+    "requests": len(results),
+    "concurrency": args.concurrency,
+    "wall_s": round(wall, 3),
+    "requests_per_s": round(len(results) / wall, 1),
+    "latency_s (good requests)": {
+      "p50": round(float(np.percentile(lat, 50)), 4),
+      "p90": round(float(np.percentile(lat, 90)), 4),
+      "p99": round(float(np.percentile(lat, 99)), 4),
+      "max": round(float(lat.max()), 4),
+    },
+    "status_counts": dict(sorted(counts.items())),
+    "server_peak_in_flight": stats["peak_in_flight"],
+    "server_refused_by_status": stats["refused"],
+    "good_requests_failed": good_failed,
+    "5xx_or_transport_errors": fatal,
+    "cpu": f"{cpu} x {os.cpu_count()} logical, load average {os.getloadavg()[0]:.1f}",
+    "python": platform.python_version(),
+  }
+  print(json.dumps(report, indent=1))
+  return 1 if fatal or good_failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
