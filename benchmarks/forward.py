@@ -15,7 +15,7 @@ import os
 import sys
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, report, warm_up
+from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -71,6 +71,15 @@ def main():
       ref(**kw)
 
   vision_tokens = int(np.prod(batch.grid_thw, -1).sum()) // cfg.vision.spatial_merge_size**2
+  from jaxcap.models.flops import model_flops, param_counts
+
+  b, p = batch.input_ids.shape
+  per_image = int(np.prod(batch.grid_thw[0]))
+  fwd = model_flops(
+    cfg, param_counts(params), sequences=b, prompt=p, completion=0, images=b, patches_per_image=per_image
+  )
+  flops = fwd["total"] / 3 + 2 * cfg.text.hidden_size * cfg.text.vocab_size * b * p  # both sides: logits everywhere
+  ceilings = measured_ceilings(args, cfg, tokens)
   print(
     f"config=mid ({n_params / 1e6:.1f}M params) batch={args.batch} image={args.image}px "
     f"prompt_tokens={tokens} (vision {vision_tokens}) threads={args.threads}"
@@ -88,6 +97,8 @@ def main():
     extra=dict(params_m=round(n_params / 1e6, 1), prompt_tokens=tokens, vision_tokens=vision_tokens),
     args=args,
     json_path=args.json,
+    flops_per_call=flops,
+    ceilings=ceilings,
   )
 
 

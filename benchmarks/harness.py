@@ -36,10 +36,21 @@ BUSY_LOAD_FRACTION = 0.75
 BUSY_OTHERS_FRACTION = 0.25
 
 
+def measured_ceilings(args, cfg, tokens: int, with_torch: bool = True) -> dict | None:
+  """The machine's GEMM and bandwidth ceilings at `cfg`'s matmul shapes (benchmarks/ceilings.py), unless
+  --no_ceilings."""
+  if getattr(args, "no_ceilings", False):
+    return None
+  from ceilings import measure_ceilings, model_gemm_shapes
+
+  return measure_ceilings(model_gemm_shapes(cfg, tokens), with_torch=with_torch)
+
+
 def add_arguments(ap) -> None:
-  """The flags every benchmark shares: --pairs and --json."""
+  """The flags every benchmark shares: --pairs, --json and --no_ceilings."""
   ap.add_argument("--pairs", type=int, default=5, help="timed (jaxcap, reference) pairs, run interleaved A B A B")
   ap.add_argument("--json", metavar="PATH", help="also write the figures and machine info to PATH as JSON")
+  ap.add_argument("--no_ceilings", action="store_true", help="skip measuring the GEMM / bandwidth ceilings")
 
 
 def usable_cores() -> int:
@@ -229,6 +240,8 @@ def report(
   extra: dict | None = None,
   args=None,
   json_path: str | None = None,
+  flops_per_call: float | None = None,
+  ceilings: dict | None = None,
 ) -> dict:
   """Prints the table and the ratio of mins (first side's speed / second side's), the load after timing and any
   warning; writes everything as JSON to `json_path` if given. `work` is what one call does, in the unit of
@@ -251,6 +264,14 @@ def report(
     sides=sides,
     extra=extra or {},
   )
+  if flops_per_call and ceilings:
+    # model FLOPs/s at each side's min time over the machine's measured GEMM ceilings (MFU-style)
+    from ceilings import fractions
+
+    record["model_flops_per_call"] = flops_per_call
+    record["ceilings"] = ceilings
+    for side in sides.values():
+      side["ceiling_fractions"] = fractions(flops_per_call, side["min_s"], ceilings)
   if len(names) == 2:
     a, b = sides[names[0]], sides[names[1]]
     record["ratio"] = f"{names[0]} / {names[1]}"
@@ -274,6 +295,17 @@ def report(
       f"ratio {names[0]}/{names[1]} ({unit}): {record['ratio_of_mins']:.2f}x from the mins "
       f"({record['ratio_of_medians']:.2f}x from the medians)"
     )
+  if "ceilings" in record:
+    from ceilings import print_ceilings
+
+    print_ceilings(record["ceilings"])
+    for name, side in sides.items():
+      f = side["ceiling_fractions"]
+      torch_part = f", {100 * f['of_torch_gemm']:.0f}% of torch's" if "of_torch_gemm" in f else ""
+      print(
+        f"  {name}: {f['model_gflops']:.0f} model GFLOP/s at its min = {100 * f['of_xla_gemm']:.0f}% of XLA's GEMM "
+        f"ceiling{torch_part}"
+      )
   for key, value in (extra or {}).items():
     print(f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}")
   others = f"{section.other_cores:.2f}" if section.other_cores is not None else "?"

@@ -20,7 +20,7 @@ import itertools
 import tempfile
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, report, warm_up
+from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
 
 
 def _images(count: int, size: int):
@@ -123,10 +123,11 @@ def main():
         hf.generate(**kw, max_new_tokens=2, min_new_tokens=2, **gen)
 
     warmup["transformers"] = warm_up(hf_warm_up)
+  ceilings = measured_ceilings(args, cfg, n_seq, with_torch=False)
   with Section() as section:
     jax_s, hf_s = interleaved(jax_rollout, hf_rollout, args.pairs, names=("jaxcap", "transformers"))
   assert all(int(n.sum()) == total for n in lengths), "jaxcap stopped early"
-  report(
+  record = report(
     "rollout (sampling)",
     total,
     "tokens/s",
@@ -138,6 +139,50 @@ def main():
     ),
     args=args,
     json_path=args.json,
+  )
+  if ceilings is not None:
+    roof = rollout_roofline(cfg, model, batch, n_seq, n_new, ceilings)
+    print(
+      f"roofline (f32, this machine): prefill {roof['prefill_s']:.3f} s + {n_new} decode steps x "
+      f"{1e3 * roof['decode_step_s']:.1f} ms ({roof['decode_bound']}-bound: {roof['decode_gflop']:.2f} GFLOP, "
+      f"{roof['decode_mb']:.0f} MB per step) = {roof['total_s']:.3f} s; jaxcap's min "
+      f"{record['sides']['jaxcap']['min_s']:.3f} s is {roof['total_s'] / record['sides']['jaxcap']['min_s']:.0%} "
+      f"of it (decode step {1e3 * (record['sides']['jaxcap']['min_s'] - roof['prefill_s']) / n_new:.1f} ms, "
+      f"{(record['sides']['jaxcap']['min_s'] - roof['prefill_s']) / n_new / roof['decode_step_s']:.1f}x its roofline)"
+    )
+
+
+def rollout_roofline(cfg, model, batch, n_seq: int, n_new: int, ceilings: dict) -> dict:
+  """Lower bound on one rollout's time on this machine: the prefill's model FLOPs at the GEMM ceiling, plus per
+  decode step the larger of its FLOPs at the GEMM ceiling and its bytes (f32 weights and the KV cache read once)
+  at the copy bandwidth."""
+  from flax import nnx
+
+  from jaxcap.models.flops import model_flops, param_counts
+
+  t = cfg.text
+  counts = param_counts(nnx.state(model, nnx.Param))
+  b, p = batch.input_ids.shape
+  per_image = int(np.prod(batch.grid_thw[0]))
+  prefill = model_flops(cfg, counts, sequences=b, prompt=p, completion=0, images=b, patches_per_image=per_image)
+  prefill_flops = prefill["total"] / 3 + 2 * t.hidden_size * t.vocab_size * b
+  slots = p + n_new / 2  # the average attended cache length
+  head = t.hidden_size * t.vocab_size
+  flops = (
+    2 * (counts["decoder"] + head) * n_seq
+    + 4 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * slots * n_seq
+  )
+  kv = 2 * t.num_hidden_layers * n_seq * slots * t.num_key_value_heads * t.head_dim
+  nbytes = 4 * (counts["decoder"] + head + kv)
+  gemm, bandwidth = ceilings["xla_gemm_gflops"] * 1e9, ceilings["bandwidth_gbs"] * 1e9
+  step = max(flops / gemm, nbytes / bandwidth)
+  return dict(
+    prefill_s=prefill_flops / gemm,
+    decode_step_s=step,
+    decode_bound="compute" if flops / gemm >= nbytes / bandwidth else "memory",
+    decode_gflop=flops / 1e9,
+    decode_mb=nbytes / 1e6,
+    total_s=prefill_flops / gemm + n_new * step,
   )
 
 

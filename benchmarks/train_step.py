@@ -24,7 +24,7 @@ import sys
 import time
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, report, warm_up
+from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -129,6 +129,14 @@ def main():
   if hf_update is not None:
     print(f"first-step loss: transformers {losses['transformers']:.5f}  jaxcap {losses['jaxcap']:.5f}")
     extra.update(first_step_loss_transformers=losses["transformers"], first_step_loss_jaxcap=losses["jaxcap"])
+  from jaxcap.models.flops import model_flops, param_counts
+
+  per_image = int(np.prod(batch.grid_thw[0]))
+  # the MFU convention: forward + backward, LM head at the target positions only (the work both sides must do)
+  flops = model_flops(
+    cfg, param_counts(params), sequences=b, prompt=p, completion=c, images=b, patches_per_image=per_image
+  )["total"]
+  ceilings = measured_ceilings(args, cfg, tokens, with_torch=not args.skip_hf)
   with Section() as section:
     jax_s, hf_s = interleaved(jax_update, hf_update, args.pairs, args.repeats, names=("jaxcap", "transformers"))
   report(
@@ -141,6 +149,8 @@ def main():
     extra=extra,
     args=args,
     json_path=args.json,
+    flops_per_call=flops,
+    ceilings=ceilings,
   )
 
 
