@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,13 @@ from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.train import vision_warmup
+from jaxcap.train.abort import (
+  ABORT_CHECKPOINT_WAIT_S,
+  ABORT_CLOSE_WAIT_S,
+  bounded,
+  close_judge,
+  remove_partial_checkpoints,
+)
 from jaxcap.train.batching import Batcher
 from jaxcap.train.checkpointing import RunCheckpointer
 from jaxcap.train.data import record_loader
@@ -41,10 +46,6 @@ from jaxcap.train.state import phase_train_state
 from jaxcap.train import resume as resume_check
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
 from jaxcap.train.updates import RLUpdate, SFTUpdate
-
-# Bounds on the waits of a run that failed: the checkpoint being written, then each worker pool / client to close.
-ABORT_CHECKPOINT_WAIT_S = 300.0
-ABORT_CLOSE_WAIT_S = 20.0
 
 
 class Trainer:
@@ -188,7 +189,7 @@ class Trainer:
       try:
         state = self.run_phase(phase, i, steps, state, opt, update, loader)
       finally:  # bounded: a prefetch thread stuck in a bad record must not hold the process (or the error) up
-        _bounded(getattr(loader, "close", lambda: None), ABORT_CLOSE_WAIT_S, "the data loader")
+        bounded(getattr(loader, "close", lambda: None), ABORT_CLOSE_WAIT_S, "the data loader")
       params = state.params
       self.evaluate(params, phase, steps, tag="end")
     self.ckpt.wait()
@@ -355,7 +356,7 @@ class Trainer:
     (self.workdir / "summary.json").write_text(to_json(self.summary, indent=2))
     self.reward.close()
     self.batcher.close()
-    _close_judge(self.setup.judge)
+    close_judge(self.setup.judge)
     self.metrics.close()
     self.ckpt.close()
     self.lock.release()
@@ -366,61 +367,23 @@ class Trainer:
     the workdir. Never raises; what it could not do is one warning line each."""
     progress = getattr(self, "_progress", None)
     if progress is not None:  # its last line before the error, not after it
-      _bounded(progress.close, ABORT_CLOSE_WAIT_S, "the progress bar")
+      bounded(progress.close, ABORT_CLOSE_WAIT_S, "the progress bar")
     ckpt = getattr(self, "ckpt", None)
     if ckpt is not None:
-      if not _bounded(ckpt.wait, ABORT_CHECKPOINT_WAIT_S, "the checkpoint being saved"):
-        _remove_partial_checkpoints(Path(ckpt.manager.directory))
+      if not bounded(ckpt.wait, ABORT_CHECKPOINT_WAIT_S, "the checkpoint being saved"):
+        remove_partial_checkpoints(Path(ckpt.manager.directory))
     setup = getattr(self, "setup", None)
     closers = [
       ("the reward workers", getattr(getattr(self, "reward", None), "close", None)),
-      ("the judge", (lambda: _close_judge(setup.judge)) if setup is not None else None),
+      ("the judge", (lambda: close_judge(setup.judge)) if setup is not None else None),
       ("the batcher", getattr(getattr(self, "batcher", None), "close", None)),
       ("the metrics writers", getattr(getattr(self, "metrics", None), "close", None)),
       ("the checkpoint manager", getattr(ckpt, "close", None)),
     ]
     for what, close in closers:
       if close is not None:
-        _bounded(close, ABORT_CLOSE_WAIT_S, what)
+        bounded(close, ABORT_CLOSE_WAIT_S, what)
     self.lock.release()
-
-
-def _bounded(fn, timeout_s: float, what: str) -> bool:
-  """Runs `fn` on a daemon thread for at most `timeout_s`: True if it returned, False (after a one-line warning)
-  if it raised or is still running (a daemon thread cannot keep the process alive)."""
-  error: list[BaseException] = []
-
-  def target():
-    try:
-      fn()
-    except BaseException as e:  # reported below, never over the error being handled
-      error.append(e)
-
-  thread = threading.Thread(target=target, name=f"abort: {what}", daemon=True)
-  thread.start()
-  thread.join(timeout_s)
-  if thread.is_alive():
-    print(f"warning: gave up waiting for {what} after {timeout_s:.0f} s", file=sys.stderr, flush=True)
-    return False
-  if error:
-    print(f"warning: {what}: {type(error[0]).__name__}: {error[0]}", file=sys.stderr, flush=True)
-    return False
-  return True
-
-
-def _remove_partial_checkpoints(directory: Path) -> None:
-  """Removes the temporary directories an unfinished Orbax save leaves (`<step>.orbax-checkpoint-tmp*`), so
-  the workdir holds only complete checkpoints."""
-  for tmp in sorted(directory.glob("*.orbax-checkpoint-tmp*")):
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"removed the unfinished checkpoint {tmp}", file=sys.stderr, flush=True)
-
-
-def _close_judge(judge) -> None:
-  """Closes an HTTP judge's fleet (its event loop and client), so no request outlives the run."""
-  fleet = getattr(judge, "fleet", None)
-  if fleet is not None:
-    fleet.close()
 
 
 def _progress(total, initial, desc):

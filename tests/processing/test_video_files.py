@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from jaxcap.processing import VideoPreprocessConfig, preprocess_video, read_video, smart_nframes
-from jaxcap.processing.video import resize_bicubic_aa, sample_indices
+from jaxcap.processing.resize import resize_bicubic_aa
+from jaxcap.processing.video import sample_indices
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,9 @@ RUN = [
 COMPILING = re.compile(r"Compiling jit\((\w+)\) with global shapes and types (.*)\. Argument mapping")
 
 
-def test_each_program_compiles_once(tmp_path):
+def launch_logging_compiles(workdir, args) -> str:
+  """Runs the main job (`configs/caprl.py`) with `args` in a subprocess, compiling from scratch and logging every
+  compilation; asserts it exits 0 and returns its stderr."""
   env = {
     **os.environ,
     "JAX_LOG_COMPILES": "1",
@@ -45,8 +47,8 @@ def test_each_program_compiles_once(tmp_path):
     "JAX_COMPILATION_CACHE_DIR": "",
   }
   out = subprocess.run(
-    [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", f"--config.workdir={tmp_path}"]
-    + RUN,
+    [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", f"--config.workdir={workdir}"]
+    + list(args),
     env=env,
     cwd=ROOT,
     capture_output=True,
@@ -54,7 +56,12 @@ def test_each_program_compiles_once(tmp_path):
     timeout=900,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  compiles = COMPILING.findall(out.stderr)
+  return out.stderr
+
+
+def test_each_program_compiles_once(tmp_path):
+  stderr = launch_logging_compiles(tmp_path, RUN)
+  compiles = COMPILING.findall(stderr)
   by_name = collections.Counter(name for name, _ in compiles)
   want = {"sft_step": 1, "rl_step": 1, "sequence_logprobs": 1, "prefill": 2, "decode": 2}
   assert {k: by_name[k] for k in want} == want, by_name

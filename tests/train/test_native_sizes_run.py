@@ -3,16 +3,13 @@ RL and evaluation, and compiles one program per bucket, a handful, not one per c
 
 import collections
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from PIL import Image
 
 from jaxcap.train.config import base_config
 from jaxcap.train.embedded import build_world_manifests
-from test_compile_once import COMPILING, ROOT, RUN
+from test_compile_once import COMPILING, RUN, launch_logging_compiles
 
 pytestmark = pytest.mark.slow  # a training run in a subprocess
 
@@ -34,26 +31,8 @@ def test_native_mixed_sizes_train_with_few_programs(tmp_path):
         im.convert("RGB").resize((w, h)).save(path)
       sizes[(h, w)] += 1
   assert len(sizes) == len(SIZES)
-  env = {
-    **os.environ,
-    "JAX_LOG_COMPILES": "1",
-    "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": "",
-    "JAX_COMPILATION_CACHE_DIR": "",
-  }
-  native = ["--config.data.image_size=0"]
-  out = subprocess.run(
-    [sys.executable, "-m", "jaxcap.launch", f"--config={ROOT / 'configs' / 'caprl.py'}", f"--config.workdir={tmp_path}"]
-    + RUN
-    + native,
-    env=env,
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  by_name = collections.Counter(name for name, _ in COMPILING.findall(out.stderr))
+  stderr = launch_logging_compiles(tmp_path, RUN + ["--config.data.image_size=0"])
+  by_name = collections.Counter(name for name, _ in COMPILING.findall(stderr))
   programs = {k: by_name[k] for k in ("sft_step", "rl_step", "sequence_logprobs", "prefill", "decode")}
   print("programs compiled:", programs)
   assert all(n >= 1 for n in programs.values()), programs
