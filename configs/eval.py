@@ -59,6 +59,11 @@ def get_config():
     hallucinated_objects=3,
     filler_min_words=250,
   )
+  # VQA probe (jaxcap.eval.vqa_probe): local HF checkpoints ("NAME=PATH,NAME=PATH"; "" = none) answer the manifest's
+  # questions with the image; accuracy per checkpoint and paired differences against the first go in the report.
+  # image_size: square side as training's data.image_size (0 = native); system: "checkpoint" (as it was trained: a
+  # jaxcap export says so in jaxcap_prompt.json, else Qwen's default turn), "default", "none" or the text.
+  c.vqa_probe = dict(checkpoints="", batch_size=16, image_size=0, system="checkpoint")
   c.compare_to = ""  # report paired differences against this captioner; "" = the first listed, "none" = skip
   c.bootstrap = dict(resamples=1000, confidence=0.95, seed=0)
   return c

@@ -3,12 +3,14 @@
 Config keys (see configs/eval.py): manifest (empty: generate a synthetic world under out_dir), num_images (0:
 every manifest image, N: the first N, as a training run's held-out captions with eval.num_images = N), synthetic,
 judge, captioners ("NAME=SPEC", ...), baselines {name: spec}, honest (spec or ""), empty_captions and
-duplicate_captions (policies, default "error"), suites, per-suite options, bootstrap, out_dir. Captioner specs
-are described in `jaxcap.eval.captioners`.
+duplicate_captions (policies, default "error"), suites, per-suite options, bootstrap, vqa_probe (checkpoints
+answering the questions with the image, `jaxcap.eval.vqa_probe`), out_dir. Captioner specs are described in
+`jaxcap.eval.captioners`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +22,7 @@ from jaxcap.eval.evaluate import SUITES, EvalConfig, evaluate
 from jaxcap.eval.prism import PrismConfig
 from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.report import write_report
+from jaxcap.eval.vqa_probe import probe_options, run_probe
 from jaxcap.judges.factory import build_judge, judge_name
 from jaxcap.judges.preflight import preflight_judge
 
@@ -134,6 +137,7 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
   num_images = int(config.get("num_images", 0))
   if num_images < 0:
     raise ValueError(f"config.num_images={num_images}: use 0 (every manifest image) or N > 0 (the first N).")
+  probe = probe_options(config.get("vqa_probe"))  # checkpoint paths checked before any work
   records, scenes = read_manifest(manifest, require_media=False)
   manifest_size = len(records)
   records = records[:num_images] if num_images else records
@@ -153,6 +157,10 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
   empties = check_captions(sources, records, manifest_size, empty)  # before any judge call
   if any(empties.values()):
     print(f"scoring empty captions as written: {empties}", flush=True)
+  boot = config["bootstrap"]
+  vqa = run_probe(
+    probe, records, num_resamples=int(boot["resamples"]), confidence=float(boot["confidence"]), seed=int(boot["seed"])
+  )
   report = evaluate(
     judge,
     records,
@@ -171,4 +179,4 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
       "duplicate_captions": duplicates,
     },
   )
-  return write_report(report, out_dir)
+  return write_report(dataclasses.replace(report, vqa_probe=vqa), out_dir)

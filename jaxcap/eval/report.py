@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxcap.eval.metrics import Estimate, RatioMetric
 from jaxcap.eval.redteam import ATTACKS, RedTeamRow
+from jaxcap.eval.vqa_probe import render_probe
 
 FORMAT_VERSION = 1
 METRIC_TITLES = {
@@ -98,6 +99,7 @@ class EvalReport:
   redteam: tuple[RedTeamRow, ...] = ()
   redteam_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
   settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # JSON-able run settings
+  vqa_probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # jaxcap.eval.vqa_probe's document
 
   def model(self, name: str) -> ModelEvaluation:
     for m in self.models:
@@ -117,6 +119,7 @@ class EvalReport:
       "redteam": [dataclasses.asdict(r) for r in self.redteam],
       "redteam_failures": dict(self.redteam_failures),
       "settings": dict(self.settings),
+      "vqa_probe": dict(self.vqa_probe),
     }
 
   @classmethod
@@ -136,6 +139,7 @@ class EvalReport:
       redteam=tuple(RedTeamRow(**r) for r in doc["redteam"]),
       redteam_failures={k: int(v) for k, v in doc["redteam_failures"].items()},
       settings=dict(doc["settings"]),
+      vqa_probe=dict(doc.get("vqa_probe", {})),  # absent from reports written before the probe
     )
 
   def save(self, path: str | os.PathLike) -> None:
@@ -258,6 +262,7 @@ def render_markdown(report: EvalReport, plots: Mapping[str, str] = {}) -> str:
         + ", ".join(f"{k}: {v}" for k, v in sorted(report.redteam_failures.items()))
         + ".",
       ]
+  out += render_probe(report.vqa_probe)
   for caption, path in plots.items():
     out += ["", f"## {caption}", "", f"![{caption}]({path})"]
   return "\n".join(out) + "\n"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,6 +19,13 @@ from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 DEFAULT_SYSTEM = "You are a helpful assistant."
+PROMPT_SETTINGS = "jaxcap_prompt.json"
+
+
+def read_prompt_settings(directory) -> dict:
+  """The prompt settings a jaxcap export saved ({"system": str | None}); {} for other checkpoints."""
+  path = Path(directory) / PROMPT_SETTINGS
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def render_chat(
@@ -135,9 +144,17 @@ class Processor:
 
     vision_cfg = vision_cfg or VisionPreprocessConfig.from_pretrained(directory)
     video_cfg = video_cfg or VideoPreprocessConfig.from_pretrained(directory, image=vision_cfg)
+    if "system" not in kw:  # a jaxcap export records the prompt its policy was trained with
+      kw["system"] = read_prompt_settings(directory).get("system", DEFAULT_SYSTEM)
     return cls(
       AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), vision_cfg, video_cfg=video_cfg, **kw
     )
+
+  def save_prompt_settings(self, directory) -> None:
+    """Writes <directory>/jaxcap_prompt.json (the system turn, None for none), which `from_pretrained` reads, so an
+    exported policy is prompted as it was trained (the embedded student has no system turn; transformers ignores
+    the file)."""
+    (Path(directory) / PROMPT_SETTINGS).write_text(json.dumps({"system": self.system}) + "\n")
 
   def video(self, item: dict) -> tuple[np.ndarray, np.ndarray, float]:
     """One video content item -> (patches, grid_thw, second_per_grid_t). item["video"] is a file path (sampled

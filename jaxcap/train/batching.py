@@ -51,19 +51,23 @@ class Batcher:
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     self.pad_id = int(pad) if pad is not None else int(processor.cfg.eos_token_id)
 
-  def inputs(self, records: Sequence[ImageRecord]):
-    """The processor's batch (host numpy) of `records`' prompts; their media are decoded on a few threads."""
+  def inputs(self, records: Sequence[ImageRecord], prompts: Sequence[str] | None = None):
+    """The processor's batch (host numpy) of `records`' prompts: each record's media then its text of `prompts`
+    (default: `data.prompt` for every record); the media are decoded on a few threads."""
     d = self.config.data
     vision_cfg = self.processor.vision_cfg
-    load = lambda r: data_lib.conversation(
-      r, d.prompt, d.image_size, video_cfg=self.processor.video_cfg, max_image_pixels=vision_cfg.max_image_pixels
+    prompts = [d.prompt] * len(records) if prompts is None else list(prompts)
+    if len(prompts) != len(records):
+      raise ValueError(f"{len(prompts)} prompts for {len(records)} records; give one per record")
+    load = lambda r, p: data_lib.conversation(
+      r, p, d.image_size, video_cfg=self.processor.video_cfg, max_image_pixels=vision_cfg.max_image_pixels
     )
     if self.media_threads > 1 and len(records) > 1:
       if self._pool is None:
         self._pool = ThreadPoolExecutor(self.media_threads, thread_name_prefix="media")
-      convs = list(self._pool.map(load, records))
+      convs = list(self._pool.map(load, records, prompts))
     else:
-      convs = [load(r) for r in records]
+      convs = [load(r, p) for r, p in zip(records, prompts)]
     with self._processing:
       return self.processor(convs, padding_side="left", pad_to_multiple_of=d.pad_to_multiple)
 

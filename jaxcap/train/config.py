@@ -89,7 +89,15 @@ def base_config() -> ml_collections.ConfigDict:
   # objects the student perceived less (held-out QA after SFT 33% instead of 41% on 64 images, tower trained).
   c.world = ml_collections.ConfigDict(
     dict(
-      train_scenes=1024, eval_scenes=256, image_size=84, min_objects=1, max_objects=2, clip_fraction=0.0, vocab_size=512
+      train_scenes=1024,
+      eval_scenes=256,
+      image_size=84,
+      min_objects=1,
+      max_objects=2,
+      clip_fraction=0.0,
+      vocab_size=512,
+      # CapRL's QA curation on the train split's questions (False keeps leaky ones; held-out is always curated)
+      curate_questions=True,
     )
   )
   # Embedded student only (skipped with model.checkpoint): its random ViT first learns, per merged visual token,
@@ -145,6 +153,10 @@ def base_config() -> ml_collections.ConfigDict:
       # True: the vision tower gets no updates in this phase. Training it along with the decoder from the
       # warm-up lost much of what the warm-up taught (held-out QA after SFT 41% instead of 53%, 64 images).
       freeze_vision=True,
+      # the share of SFT examples that are multiple-choice VQA with the image (one of the record's questions,
+      # lettered; target "B. red", jaxcap.processing.vqa) instead of captions: a second skill whose retention the
+      # VQA probe (jaxcap.eval.vqa) measures. Drawn per (seed, step, record); records without questions get captions.
+      vqa_fraction=0.0,
     )
   )
   c.rl = ml_collections.ConfigDict(
@@ -174,7 +186,8 @@ def base_config() -> ml_collections.ConfigDict:
     )
   )
   # 256 held-out images: on 64, greedy-caption flips moved held-out QA by about 4 points between checkpoints
-  c.eval = ml_collections.ConfigDict(dict(every=25, num_images=256, batch_size=64, at_start=False))
+  # at_start: evaluate before SFT; at_rl_start: before RL (False when many runs share one start, as experiments do)
+  c.eval = ml_collections.ConfigDict(dict(every=25, num_images=256, batch_size=64, at_start=False, at_rl_start=True))
   c.checkpoint = ml_collections.ConfigDict(dict(every=25, max_to_keep=2))
   c.export = ml_collections.ConfigDict(dict(hf=True))
   return c
@@ -291,6 +304,12 @@ def _check_counts(need, c) -> None:
   if c.sft.steps > 0:
     need(c.sft.max_target_tokens >= 1, f"sft.max_target_tokens={c.sft.max_target_tokens}: must be >= 1")
     need(0 < c.sft.max_fraction <= 1, f"sft.max_fraction={c.sft.max_fraction}: must be in (0, 1]")
+  vqa = c.sft.get("vqa_fraction", 0.0)
+  need(
+    0 <= vqa < 1,
+    f"sft.vqa_fraction={vqa}: must be in [0, 1) (the share of SFT examples that are multiple-choice VQA instead of "
+    "captions; 0 = captions only, and some captions must remain)",
+  )
   loss = c.rl.loss
   need(0 <= loss.eps_low < 1, f"rl.loss.eps_low={loss.eps_low}: must be in [0, 1)")
   need(loss.eps_high >= 0, f"rl.loss.eps_high={loss.eps_high}: must be >= 0")

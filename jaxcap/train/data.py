@@ -4,6 +4,7 @@ decoded and processed) on grain's prefetch thread."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import grain
@@ -34,9 +35,10 @@ def record_loader(
   `batch_size * process_count` and takes its contiguous slice, so the global batch of a step is the same
   whatever the number of processes. `get_state()` / `set_state()` save and restore the position.
 
-  With `prepare`, the iterator yields `prepare(records)` instead, computed ahead on one background thread for
-  at most `prefetch` batches (e.g. decoding and processing the images of the next steps while the device runs
-  this one); the batches, their order and the saved position are the same as without it.
+  With `prepare`, the iterator yields `prepare(records)` instead (`prepare(records, step=i)` for the i-th batch
+  when it takes a `step`), computed ahead on one background thread for at most `prefetch` batches (e.g. decoding
+  and processing the images of the next steps while the device runs this one); the batches, their order and the
+  saved position are the same as without it.
 
   With `sizes` (e.g. vision patches per record) and `group` > 1, each window of `group` global batches of an
   epoch holds records sorted by size (`jaxcap.train.size_groups`): batches of similar sizes pad less.
@@ -62,6 +64,9 @@ def record_loader(
   # One thread, so `prepare` (the processor, its tokenizer) never runs concurrently with itself; the buffer
   # bounds how far ahead it runs.
   options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(1, prefetch))
+  if "step" in inspect.signature(prepare).parameters:
+    # a batch's index is the phase's step (a resumed loader goes on counting from its saved position)
+    return iter(ds.map_with_index(lambda i, batch: prepare(batch, step=i)).to_iter_dataset(options))
   return iter(ds.map(prepare).to_iter_dataset(options))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxcap.data.synthetic import vocabulary as V
+from jaxcap.data.synthetic.curation import CurationConfig
 from jaxcap.data.synthetic.manifest import MANIFEST_NAME, generate_dataset
 from jaxcap.data.synthetic.scene import Scene, WorldConfig
 from jaxcap.data.synthetic.tokenizer import train_world_tokenizer
@@ -36,16 +37,22 @@ def world_config(w) -> WorldConfig:
 
 
 def build_world(
-  workdir: Path, *, world: WorldConfig, train_scenes: int, eval_scenes: int, seed: int
+  workdir: Path, *, world: WorldConfig, train_scenes: int, eval_scenes: int, seed: int, curate_train: bool = True
 ) -> tuple[Path, Path]:
-  """Writes (or reuses) train and held-out manifests under `workdir/world`; returns their paths."""
+  """Writes (or reuses) train and held-out manifests under `workdir/world`; returns their paths.
+
+  `curate_train=False` keeps every candidate question of the train split, leaky ones included (CapRL's
+  no-curation ablation); the held-out split is always curated, so evaluation measures the same thing."""
   out = []
   for split, n, split_seed in (("train", train_scenes, seed), ("heldout", eval_scenes, seed + 10_000)):
-    d = workdir / "world" / split
+    curate = curate_train or split == "heldout"
+    d = workdir / "world" / (split if curate else f"{split}_uncurated")
     stamp = d / "world.json"
-    want = {"scenes": n, "seed": split_seed, **dataclasses.asdict(world)}
+    want = {"scenes": n, "seed": split_seed, **dataclasses.asdict(world)} | ({} if curate else {"curated": False})
     if not (stamp.exists() and json.loads(stamp.read_text()) == want):
-      generate_dataset(d, n, seed=split_seed, config=world, id_prefix=f"{split}_")
+      generate_dataset(
+        d, n, seed=split_seed, config=world, id_prefix=f"{split}_", curation=CurationConfig() if curate else None
+      )
       stamp.write_text(json.dumps(want))
     out.append(d / MANIFEST_NAME)
   return out[0], out[1]
@@ -61,6 +68,7 @@ def build_world_manifests(config, workdir: Path) -> tuple[Path, Path]:
       train_scenes=w.train_scenes,
       eval_scenes=w.eval_scenes,
       seed=int(config.seed),
+      curate_train=bool(w.get("curate_questions", True)),
     ),
     "jaxcap-world",
   )

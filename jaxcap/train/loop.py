@@ -184,7 +184,9 @@ class Trainer:
         self.summary["rl_start"] = self.summary["sft_end"]
         self.summary["rl_start_samples"] = self.summary.get("sft_end_samples", [])
         self.metrics.write(phase, 0, self.summary["rl_start"])
-      elif phase == "rl" or (phase == "sft" and int(state.step) == 0 and c.eval.at_start):
+      elif (phase == "rl" and c.eval.get("at_rl_start", True)) or (
+        phase == "sft" and int(state.step) == 0 and c.eval.at_start
+      ):
         self.evaluate(state.params, phase, 0, tag="start")
       try:
         state = self.run_phase(phase, i, steps, state, opt, update, loader)
@@ -353,6 +355,8 @@ class Trainer:
       # bf16-compute runs export bf16 (as released checkpoints are), not their f32 master weights
       dtype = jnp.bfloat16 if self.config.model.dtype == "bfloat16" else None
       save_hf_checkpoint(nnx.merge(self.graphdef, params), self.workdir / "export", tokenizer_dir=src, dtype=dtype)
+      if is_lead_process():
+        self.setup.processor.save_prompt_settings(self.workdir / "export")
     (self.workdir / "summary.json").write_text(to_json(self.summary, indent=2))
     self.reward.close()
     self.batcher.close()

@@ -21,12 +21,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
+from jaxcap.rl.collapse import collapsed_pairs
 from jaxcap.sampling import Sampler
 from jaxcap.train.batching import Batcher, encode_targets
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
+from jaxcap.train.vqa import vqa_questions
 
 
 @dataclasses.dataclass
@@ -36,11 +39,17 @@ class HostBatch:
 
   records: list[ImageRecord]
   prompts: Any
+  questions: list | None = None  # SFT with VQA examples: per record, the question it is asked, or None (caption)
 
 
 @dataclasses.dataclass
 class SFTUpdate:
-  """`update(step_fn, state, batch, rng) -> (state, PendingMetrics)` with `step_fn = jit(sft_step)`."""
+  """`update(step_fn, state, batch, rng) -> (state, PendingMetrics)` with `step_fn = jit(sft_step)`.
+
+  With `vqa_fraction` > 0 (default: the run config's `sft.vqa_fraction`), that share of the records with questions
+  are VQA examples (`jaxcap.train.vqa`): the prompt is the image + one of the record's questions, lettered, and the
+  target its answer (`jaxcap.processing.vqa`); which records and questions is drawn from (`seed`, step, record), so
+  `prepare` needs the step (the loader passes each batch's index, which is the step)."""
 
   batcher: Batcher
   targets: SFTTarget
@@ -48,15 +57,46 @@ class SFTUpdate:
   eos_id: int
   micro_batches: int
   max_target_tokens: int
+  vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction (0 when it has none)
+  seed: int | None = None  # of the VQA draws; None: the run config's seed
 
-  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
-    return HostBatch(list(records), self.batcher.host_prompts(self.batcher.inputs(records), self.micro_batches))
+  def __post_init__(self):
+    config = self.batcher.config
+    if self.vqa_fraction is None:
+      self.vqa_fraction = float(config.sft.get("vqa_fraction", 0.0))
+    if self.seed is None:
+      self.seed = int(config.get("seed", 0))
+    self._letters_checked = 0  # option count whose letters the tokenizer was checked for
 
-  def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], rng: np.random.Generator):
-    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
+  def prepare(self, records: Sequence[ImageRecord], step: int | None = None) -> HostBatch:
+    records, questions, prompts = list(records), None, None
+    if self.vqa_fraction:
+      if step is None:
+        raise ValueError("SFTUpdate.prepare(records, step): with sft.vqa_fraction > 0 the VQA draw needs the step")
+      questions = vqa_questions(records, fraction=self.vqa_fraction, seed=self.seed, step=step)
+      asked = [q for q in questions if q is not None]
+      if max_options(asked) > self._letters_checked:  # fails on the first batch, not in the probe after training
+        letter_token_ids(self.tokenizer, max_options(asked))
+        self._letters_checked = max_options(asked)
+      prompts = [self.batcher.config.data.prompt if q is None else vqa_prompt(q) for q in questions]
+    inputs = self.batcher.inputs(records, prompts)
+    return HostBatch(records, self.batcher.host_prompts(inputs, self.micro_batches), questions)
+
+  def __call__(
+    self,
+    step_fn: Callable,
+    state,
+    batch: HostBatch | Sequence[ImageRecord],
+    rng: np.random.Generator,
+    step: int | None = None,
+  ):
+    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch, step)
     m = self.micro_batches
     prompts, layout = self.batcher.prompts(batch.prompts, m)
+    # every record draws its caption, VQA or not, so the caption rows' targets are those of a run without VQA
     captions = [self.targets(r, rng) for r in batch.records]
+    if batch.questions is not None:
+      captions = [c if q is None else vqa_target(q) for c, q in zip(captions, batch.questions)]
     ids, mask = encode_targets(self.tokenizer, captions, self.max_target_tokens, self.eos_id)
     state, metrics = step_fn(state, prompts, self.batcher.micro(ids, m), self.batcher.micro(mask, m), layout)
     return state, PendingMetrics(metrics)
@@ -101,20 +141,25 @@ class RLUpdate:
     valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)
     rollout_batch = RolloutBatch(tokens, cmask, old, values, valid, jnp.asarray(rewards.weights, jnp.float32), ref)
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
-    host = reward_metrics(rewards)
+    host = reward_metrics(rewards, group_size=g)
     host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
     return state, PendingMetrics(metrics, host)
 
 
-def reward_metrics(rewards) -> dict[str, float]:
+def reward_metrics(rewards, group_size: int | None = None) -> dict[str, float]:
   """reward/mean (the weighted reward, each dimension averaged over its valid entries), reward/<name> (NaN when
-  no judgment of it was valid), length/words and judge/failed."""
+  no judgment of it was valid), length/words and judge/failed; with `group_size` and two or more weighted reward
+  dimensions, also reward/collapsed_pairs and reward/distinct_pairs (Proposition 1 in the wild:
+  jaxcap.rl.collapse)."""
   values, valid = rewards.values, rewards.valid
   out = {
     "reward/mean": weighted_mean(values, valid, rewards.weights),
     "length/words": float(rewards.caption_lengths.mean()),
     "judge/failed": float(sum(rewards.failed_judgments.values())),
   }
+  if group_size and int((np.asarray(rewards.weights) != 0).sum()) >= 2:
+    collapsed, distinct = collapsed_pairs(values, valid, rewards.weights, group_size)
+    out.update({"reward/collapsed_pairs": float(collapsed), "reward/distinct_pairs": float(distinct)})
   for k, name in enumerate(rewards.names):
     out[f"reward/{name}"] = float(values[valid[:, k], k].mean()) if valid[:, k].any() else float("nan")
   return out

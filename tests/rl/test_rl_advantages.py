@@ -220,3 +220,22 @@ def test_bfloat16_rewards_give_float32_advantages_and_bad_shapes_raise():
     rl.grpo_advantages(rewards[0], jnp.array([0.1, 0.3, 0.3]))
   with pytest.raises(AssertionError):
     rl.grpo_advantages(rewards, jnp.array([0.1, 0.3, 0.3]), jnp.ones((2, 4, 3), jnp.float32))
+
+
+def test_collapsed_pairs_counts_distinct_vectors_on_one_weighted_hyperplane():
+  from jaxcap.rl.collapse import collapsed_pairs
+
+  w = np.array([1.0, 1.0, 0.0])
+  # group 1: (1, 0) and (0, 1) share the sum 1 -> collapsed; (1, 1) differs in sum from both
+  # group 2: identical vectors (not distinct), and a third dimension with weight 0 that differs (ignored)
+  values = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0.5, 0.5, 0], [0.5, 0.5, 1], [0.2, 0.3, 0]])
+  valid = np.ones_like(values, bool)
+  assert collapsed_pairs(values, valid, w, group_size=3) == (1, 3 + 2)
+  # a masked dimension is left out: (1, ?) vs (1, 0) compare on the first only -> not distinct
+  valid2 = valid.copy()
+  valid2[1, 1] = False
+  values2 = values.copy()
+  values2[1, 0] = 1.0
+  assert collapsed_pairs(values2, valid2, w, group_size=3) == (0, 1 + 2)
+  with pytest.raises(ValueError, match="G = 4"):
+    collapsed_pairs(values, valid, w, group_size=4)

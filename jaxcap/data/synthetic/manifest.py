@@ -34,7 +34,7 @@ def generate_dataset(
   seed: int = 0,
   config: WorldConfig = WorldConfig(),
   questions_per_scene: int = 5,
-  curation: CurationConfig = CurationConfig(),
+  curation: CurationConfig | None = CurationConfig(),
   with_rubrics: bool = True,
   id_prefix: str = "scene",
 ) -> pathlib.Path:

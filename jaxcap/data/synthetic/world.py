@@ -48,15 +48,19 @@ def build_bundle(
   config: WorldConfig = WorldConfig(),
   clip: bool = False,
   questions_per_scene: int = 5,
-  curation: CurationConfig = CurationConfig(),
+  curation: CurationConfig | None = CurationConfig(),
 ) -> SceneBundle:
-  """Samples a scene and derives its questions (curated with `judge`), references and committee captions."""
+  """Samples a scene and derives its questions (curated with `judge`; `curation=None` keeps every candidate,
+  leaky ones included, as CapRL's no-curation ablation), references and committee captions."""
   scene = sample_scene(rng, scene_id, config, clip=clip)
   if hasattr(judge, "add_scene"):
     judge.add_scene(scene)
   reference = reference_caption(scene)
   candidates = generate_questions(scene, rng)
-  kept = [v.question for v in curate_questions(judge, scene.id, candidates, reference, curation) if v.kept]
+  if curation is None:
+    kept = list(candidates)
+  else:
+    kept = [v.question for v in curate_questions(judge, scene.id, candidates, reference, curation) if v.kept]
   return SceneBundle(
     scene=scene,
     questions=tuple(_diverse(kept, questions_per_scene, rng)),

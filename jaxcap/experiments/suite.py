@@ -1,0 +1,269 @@
+"""Runs a suite: the shared starts, every (arm, seed), the per-image metrics, paired bootstrap CIs per claim, and
+the report (`<workdir>/<suite>/report.md`, `report.json`, one PNG per experiment)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxcap.eval.bcapscore import bcapscore_composite
+from jaxcap.eval.captioners import read_caption_jsonl
+from jaxcap.eval.metrics import RatioMetric, bootstrap_differences, bootstrap_estimates, harmonic_mean
+from jaxcap.experiments import measure
+from jaxcap.experiments.runs import ArmRun, Settings, Start, ensure_arm, ensure_start
+from jaxcap.experiments.spec import SUITES, load_experiment
+
+MEASURE_VERSION = 1  # bump when a metric's definition changes: cached measurements are then recomputed
+BOOTSTRAP = dict(num_resamples=2000, confidence=0.95, seed=0)
+
+
+def composites() -> dict[str, Callable]:
+  """Every composite metric the suite reports, from its atomic metrics (recomputed on bootstrap replicates)."""
+  same = lambda name: lambda v: np.asarray(v[name], float)  # noqa: E731  (one CapArena baseline: the start)
+  return {
+    "prl_hmean": lambda v: harmonic_mean(v["precision"], v["recall"], v["linguistic"]),
+    "caparena/score": same("caparena/start/score"),
+    "caparena/win_rate": same("caparena/start/win_rate"),
+    "bcapscore": bcapscore_composite(),
+  }
+
+
+def _usable(metrics: dict[str, RatioMetric]) -> dict[str, Callable]:
+  """The composites whose inputs were measured."""
+  needs = {
+    "prl_hmean": ("precision", "recall", "linguistic"),
+    "caparena/score": ("caparena/start/score",),
+    "caparena/win_rate": ("caparena/start/win_rate",),
+    "bcapscore": ("dcscore/f1", "captionqa/full", "caparena/start/score"),
+  }
+  return {k: f for k, f in composites().items() if all(n in metrics for n in needs[k])}
+
+
+@dataclasses.dataclass
+class Measured:
+  """One (arm, seed)'s per-image metrics and its training log's summaries."""
+
+  metrics: dict[str, RatioMetric]
+  extras: dict[str, float]
+
+
+def _load_measured(path: Path, key: str) -> Measured | None:
+  if not path.exists():
+    return None
+  d = json.loads(path.read_text())
+  if d.get("key") != key:
+    return None
+  return Measured({k: RatioMetric.from_arrays(*v) for k, v in d["metrics"].items()}, d["extras"])
+
+
+def _save_measured(path: Path, key: str, m: Measured) -> None:
+  metrics = {k: [list(v.num), list(v.den)] for k, v in m.metrics.items()}
+  path.write_text(json.dumps({"key": key, "metrics": metrics, "extras": m.extras}))
+
+
+def training_extras(workdir: Path) -> dict[str, float]:
+  """From the run's metrics.jsonl: Proposition 1 in the wild (collapsed / distinct reward-vector pairs over all RL
+  groups), the last RL step's train reward and length, and the KL at the end."""
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return {}
+  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  rl = [r for r in rows if r.get("phase") == "rl" and "reward/mean" in r]
+  out: dict[str, float] = {}
+  distinct = sum(r.get("reward/distinct_pairs", 0.0) for r in rl)
+  if distinct:
+    out["collapsed_pair_share"] = 100.0 * sum(r.get("reward/collapsed_pairs", 0.0) for r in rl) / distinct
+  if rl:
+    last = rl[-1]
+    for k in ("reward/mean", "length/mean", "kl", "loss"):
+      if isinstance(last.get(k), (int, float)):
+        out[f"train_end/{k}"] = float(last[k])
+  return out
+
+
+class SuiteRunner:
+  """Trains and measures what the chosen experiments need, then writes their report."""
+
+  def __init__(self, suite: str, settings: Settings, only: Sequence[str] = (), log=print):
+    if suite not in SUITES:
+      raise ValueError(f"suite {suite!r}: known suites are {', '.join(SUITES)}")
+    names = list(only) or list(SUITES[suite])
+    self.suite, self.settings, self.log = suite, settings, log
+    self.experiments = {n: load_experiment(n) for n in names}
+    self.starts: dict[str, Start] = {}
+    self._eval: dict[str, Any] = {}
+
+  def arms(self, exp) -> dict[str, dict]:
+    names = exp.smoke_arms if self.settings.smoke else list(exp.arms)
+    return {n: dict(exp.arms[n].to_dict()) for n in names}
+
+  def start(self, kind: str) -> Start:
+    if kind not in self.starts:
+      self.starts[kind] = ensure_start(kind, self.settings, log=self.log)
+    return self.starts[kind]
+
+  def heldout(self, start: Start):
+    """(records, judge, start captions) of a start's held-out world (the first eval images)."""
+    key = str(start.workdir)
+    if key not in self._eval:
+      from jaxcap.data.manifest import read_manifest
+      from jaxcap.judges.factory import build_judge, judge_config
+
+      manifest = read_manifest(start.heldout_manifest)
+      n = self.settings.eval_images if not self.settings.smoke else 32
+      records = manifest.records[:n]
+      judge = build_judge(judge_config(), scenes=manifest.scenes, records=records, seed=0)
+      self._eval[key] = (records, judge, read_caption_jsonl(start.captions, name="start"))
+    return self._eval[key]
+
+  def image_size(self, start: Start) -> int:
+    """The square side the start's images were trained at (data.image_size of its config)."""
+    return int(json.loads((start.workdir / "start.json").read_text())["config"]["data"]["image_size"])
+
+  def measure(self, workdir: Path, captions_path: Path, start: Start, wanted, own_reward, export: Path | None):
+    key = json.dumps([MEASURE_VERSION, sorted(wanted), own_reward], sort_keys=True)
+    cache = workdir / "measured.json"
+    cached = _load_measured(cache, key)
+    if cached is not None:
+      return cached
+    records, judge, start_captions = self.heldout(start)
+    captions = read_caption_jsonl(captions_path, name="policy")
+    result = measure.caption_metrics(judge, records, captions, start_captions, wanted, own_reward)
+    metrics = dict(result.metrics)
+    if "vqa" in wanted and export is not None:
+      metrics["vqa"] = vqa_metric(export, records, image_size=int(self.image_size(start)))
+    m = Measured(metrics, training_extras(workdir))
+    _save_measured(cache, key, m)
+    return m
+
+  def run(self) -> dict:
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"suite": self.suite, "settings": _settings_json(self.settings), "experiments": {}}
+    trained_s = reused_s = 0.0
+    for name, exp in self.experiments.items():
+      self.log(f"== {name}: {exp.title}")
+      wanted = list(exp.metrics) + [c["metric"] for c in exp.claims]
+      arms = self.arms(exp)
+      per_arm: dict[str, list[Measured]] = {}
+      runs: dict[str, list[ArmRun]] = {}
+      kinds = sorted({a["start"] for a in arms.values()})
+      for arm_name, arm in arms.items():
+        start = self.start(arm["start"])
+        own = arm["overrides"].get("reward") or _method_reward(arm["method"])
+        own = None if arm["phase"] == "sft" else own
+        per_arm[arm_name], runs[arm_name] = [], []
+        for seed in self.settings.seeds:
+          run = ensure_arm(arm, start, seed, self.settings, export="vqa" in wanted, log=self.log)
+          runs[arm_name].append(run)
+          if run.reused:
+            reused_s += run.wall_s
+          else:
+            trained_s += run.wall_s
+          self.log(
+            f"  {arm_name} seed {seed}: {'reused' if run.reused else 'trained'} ({run.wall_s:.0f} s) {run.workdir}"
+          )
+          export = run.export if "vqa" in wanted else None
+          per_arm[arm_name].append(self.measure(run.workdir, run.captions, start, wanted, own, export))
+      start_measured = {}
+      for kind in kinds:
+        start = self.start(kind)
+        export = start.export if "vqa" in wanted else None
+        start_measured[kind] = self.measure(start.workdir, start.captions, start, wanted, None, export)
+      out["experiments"][name] = summarise(exp, arms, per_arm, start_measured, runs)
+    for kind, start in self.starts.items():
+      out.setdefault("starts", {})[kind] = {
+        "workdir": str(start.workdir),
+        "wall_s": start.wall_s,
+        "reused": start.reused,
+      }
+    out["wall_s"] = time.perf_counter() - t0
+    out["trained_s"], out["reused_s"] = trained_s, reused_s + sum(s.wall_s for s in self.starts.values() if s.reused)
+    return out
+
+
+def _method_reward(method: str) -> dict:
+  from jaxcap.experiments.spec import method_config
+
+  return method_config(method).reward.to_dict()
+
+
+def _settings_json(s: Settings) -> dict:
+  return {"rl_steps": s.rl_steps, "seeds": list(s.seeds), "smoke": s.smoke, "eval_images": s.eval_images}
+
+
+def vqa_metric(export: Path, records, image_size: int) -> RatioMetric:
+  """The policy's own VQA accuracy on the held-out (image, question) pairs (jaxcap.eval.vqa)."""
+  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.eval.vqa import vqa_scores
+  from jaxcap.processing import Processor
+
+  model = load_hf_checkpoint(str(export))
+  processor = Processor.from_pretrained(str(export), cfg=model.cfg)  # prompted as trained (jaxcap_prompt.json)
+  scores = vqa_scores(model, processor, records, image_size=image_size)
+  return RatioMetric.from_arrays(100.0 * np.asarray(scores.num), scores.den)  # percent, as every suite metric
+
+
+def _estimate(e) -> dict:
+  return {"mean": e.mean, "low": e.low, "high": e.high, "images": e.count}
+
+
+def verdict(direction: str, low: float | None, high: float | None) -> str:
+  """How the measured difference a - b (95% CI [low, high]) stands against the paper's direction."""
+  if low is None or high is None:
+    return "not measured"
+  measured = "+" if low > 0 else "-" if high < 0 else "0"
+  if direction == "none":
+    return {"+": "a above b", "-": "a below b", "0": "no significant difference"}[measured]
+  if direction == "+":
+    return {"+": "reproduces", "-": "reversed", "0": "not significant"}[measured]
+  return "reproduces" if measured == "0" else "differs"
+
+
+def summarise(exp, arms, per_arm: dict[str, list[Measured]], start_measured: dict, runs) -> dict:
+  """Per arm: pooled estimates (seeds pooled per image) and per-seed points; per claim: a - b with a paired CI."""
+  pooled = {a: measure.pool_seeds([m.metrics for m in ms]) for a, ms in per_arm.items()}
+  kind = next(iter(arms.values()))["start"]
+  pooled["start"] = start_measured[kind].metrics
+  comps = {a: _usable(p) for a, p in pooled.items()}
+  arms_out = {}
+  for a, p in pooled.items():
+    est = bootstrap_estimates(p, comps[a], **BOOTSTRAP)
+    entry = {"estimates": {k: _estimate(v) for k, v in est.items()}}
+    if a != "start":
+      entry["seeds"] = [
+        {
+          "metrics": {
+            k: v.mean for k, v in bootstrap_estimates(m.metrics, _usable(m.metrics), num_resamples=0).items()
+          },
+          "extras": m.extras,
+          "wall_s": r.wall_s,
+        }
+        for m, r in zip(per_arm[a], runs[a])
+      ]
+      entry["config"] = arms[a]
+    arms_out[a] = entry
+  claims = []
+  for c in exp.claims:
+    a, b, metric = c["a"], c["b"], c["metric"]
+    if a not in pooled or b not in pooled:
+      continue  # an arm left out (smoke mode)
+    shared = set(pooled[a]) & set(pooled[b])
+    diffs = bootstrap_differences(
+      {k: pooled[a][k] for k in shared}, {k: pooled[b][k] for k in shared}, _usable(pooled[a]), **BOOTSTRAP
+    )
+    d = diffs.get(metric)
+    row = dict(c, measured=_estimate(d) if d else None)
+    row["verdict"] = verdict(c["direction"], d.low if d else None, d.high if d else None)
+    claims.append(row)
+  return {
+    "title": exp.title,
+    "question": exp.question,
+    "metrics": list(exp.metrics),
+    "arms": arms_out,
+    "claims": claims,
+  }
