@@ -9,9 +9,9 @@ def get_config():
     title="c-GDPO vs GRPO on BalCapRL's rewards",
     question=(
       "Does normalising each reward within its group before weighting (c-GDPO) train a better captioner than "
-      "GRPO on the weighted sum? 'collapsed pairs %' is Proposition 1 in the wild: of the caption pairs in a "
-      "rollout group whose reward vectors differ, the share whose weighted sums agree (GRPO gives them one "
-      "advantage)."
+      "GRPO on the weighted sum? 'collapsed / distinct pairs' is Proposition 1 in the wild: of the caption pairs "
+      "in a rollout group whose reward vectors differ (distinct), those whose weighted sums agree exactly (collapsed: "
+      "GRPO gives them one advantage), summed over every RL step."
     ),
     arms={
       "c_gdpo": arm("balcaprl"),

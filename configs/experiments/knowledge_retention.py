@@ -9,8 +9,8 @@ def get_config():
     title="Knowledge retention: caption-RL vs caption-SFT",
     question=(
       "Does caption RL keep a skill the captioner had before (VQA with the image) better than caption-only SFT "
-      "of the same number of sequences? 'VQA accuracy' is the policy's own answer (next-token letter) to the "
-      "held-out images' questions."
+      "of the same number of sequences? 'VQA accuracy' is the policy's own answer to the held-out images' "
+      "questions: the option whose whole answer ('B. red') it finds most likely (chance is about 30%)."
     ),
     arms={
       "caption_rl": arm("caprl", start="caption_vqa"),

@@ -3,9 +3,11 @@
 against after more caption-only SFT.
 
 Each question is asked in `jaxcap.processing.vqa`'s format (the one SFT trains). The policy's answer is the option
-letter with the highest next-token logit at the answer position (MMLU-style: one forward per question, no
-sampling, letters beyond a question's options excluded). Works alike for the tiny embedded student and a real
-Qwen2.5-VL checkpoint. Batches are padded to a fixed number of rows, and prompt lengths / vision packs to the
+whose whole answer ("B. red" and the end of the turn) it finds most likely: the summed log-probability of those
+tokens after the prompt (lm-eval's multiple-choice "acc"; no sampling; the prompt is embedded once for all its
+options). A letter alone (MMLU-style next-token logits) undercounts a policy that names the right option's text
+under a wrong letter, which the tiny embedded student does on most questions. Works alike for the tiny embedded
+student and a real Qwen2.5-VL checkpoint. Batches are padded to a fixed number of rows, and prompt lengths / vision packs to the
 largest bucket seen so far, so a run over same-sized images compiles one program.
 """
 
@@ -16,6 +18,7 @@ import functools
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -23,16 +26,18 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.eval.metrics import RatioMetric
 from jaxcap.models.vision import layout_shape, vision_layout
-from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt
+from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, vqa_prompt
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
 from jaxcap.sampling.sampler import SamplerBatch, place_batch
+from jaxcap.train.batching import encode_targets
+from jaxcap.train.logprobs import completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
 class VQAAnswers:
   """One row per question asked [Q], in record then question order: image int (index into the records),
   choice int (the option index the policy picked), answer int (the correct option's index), logits float32
-  [Q, K] (the option letters' next-token logits, -inf past the question's options)."""
+  [Q, K] (each option's answer log-likelihood in nats, -inf past the question's options)."""
 
   image: np.ndarray
   choice: np.ndarray
@@ -97,11 +102,15 @@ def vqa_answers(
   answer = np.array([q.answer_index for _, q in items], np.int64)
   if not items:
     return VQAAnswers(image, np.zeros((0,), np.int64), answer, np.zeros((0, 0), np.float32))
-  letters = np.asarray(letter_token_ids(processor.tokenizer, max_options([q for _, q in items])), np.int32)
+  k_max = max_options([q for _, q in items])
+  letter_token_ids(processor.tokenizer, k_max)  # a clear error for a tokenizer the format does not fit
   cfg = processor.cfg
   pad = getattr(processor.tokenizer, "pad_token_id", None)
   pad_id = int(pad) if pad is not None else int(cfg.eos_token_id)
-  fn = _letter_logits_fn(graphdef)
+  answers = [[option_answer(q, min(k, len(q.options) - 1)) for k in range(k_max)] for _, q in items]
+  encoded = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for row in answers for a in row]
+  answer_length = -(-(max(encoded) + 1) // 8) * 8  # + the end of the turn; a multiple of 8: few programs
+  fn = _option_scores_fn(graphdef)
   media = _MediaCache(processor, image_size)
   length, shape, logits = 0, None, []
   for start in range(0, len(items), batch_size):
@@ -126,10 +135,14 @@ def vqa_answers(
       prompts = dataclasses.replace(prompts, vision=vision)
       vision_items = dataclasses.replace(vision_items, patches=shape.patches)
     batch = SamplerBatch(prompts, real, prompts.batch, 0, None if vision_items is None else (vision_items,))
+    rows = [answers[start + j] if j < real else answers[start + real - 1] for j in range(len(chunk))]
     with _mesh(mesh):
       placed = place_batch(batch, cfg, pad_id, bucket_steps)
-      out = fn(params, placed.prompts, letters)
-    logits.append(np.asarray(jax.device_get(out))[:real])
+      extra = placed.prompts.input_ids.shape[0] - len(rows)  # rows place_batch added (padding)
+      flat = [a for row in rows + [rows[-1]] * extra for a in row]
+      ids, mask = encode_targets(processor.tokenizer, flat, answer_length, int(cfg.eos_token_id))
+      out = fn(params, placed.prompts, ids, mask)
+    logits.append(np.asarray(jax.device_get(out)).reshape(-1, k_max)[:real])
   scores = np.concatenate(logits)  # float32 [Q, K]
   options = np.array([len(q.options) for _, q in items])
   scores = np.where(np.arange(scores.shape[1])[None, :] < options[:, None], scores, -np.inf)
@@ -143,15 +156,16 @@ def _mesh(mesh):
 
 
 @functools.lru_cache(maxsize=8)
-def _letter_logits_fn(graphdef):
-  """jit((params, Prompts [B, T], letter ids int [K]) -> float32 logits [B, K] of the letters as the next token
-  after each left-padded prompt's last token)."""
+def _option_scores_fn(graphdef):
+  """jit((params, Prompts [B, T], answer ids int [B * K, C], mask bool [B * K, C]) -> float32 [B * K]: the summed
+  log-probability of each prompt's K answers (rows b * K .. b * K + K - 1 answer prompt b)."""
 
-  def fn(params, prompts, letters):
+  def fn(params, prompts, ids, mask):
     model = nnx.merge(graphdef, params)
-    hidden, _ = model.decode(model.embed(prompts.input_ids, prompts.vision), prompts.positions, prompts.attention_mask)
-    # the LM head on the answer position only: [B, 1, V], not [B, T, V] (152k-token vocabularies)
-    return model.logits(hidden[:, -1:])[:, 0, letters]
+    lp, _ = completion_logprobs(
+      model, prompts.input_ids, prompts.positions, prompts.attention_mask, prompts.vision, ids
+    )
+    return jnp.sum(jnp.where(mask, lp, 0.0), axis=-1)
 
   return jax.jit(fn)
 

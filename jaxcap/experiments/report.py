@@ -91,11 +91,12 @@ def render(out: Mapping[str, Any], plots: Mapping[str, str]) -> str:
     for arm, entry in e["arms"].items():
       for k, seed in enumerate(entry.get("seeds", [])):
         vals = [f"{seed['metrics'].get(m):.1f}" if seed["metrics"].get(m) is not None else "n/a" for m in metrics]
-        extra = seed["extras"].get("collapsed_pair_share")
-        seed_rows.append([f"{arm} #{k}", *vals, f"{extra:.1f}" if extra is not None else "-", f"{seed['wall_s']:.0f}"])
+        x = seed["extras"]
+        pairs = f"{x['collapsed_pairs']:.0f} / {x['distinct_pairs']:.0f}" if "distinct_pairs" in x else "-"
+        seed_rows.append([f"{arm} #{k}", *vals, pairs, f"{seed['wall_s']:.0f}"])
     if seed_rows:
       lines += ["", "Per seed:", ""]
-      lines += _table(["run", *[_name(m) for m in metrics], "collapsed pairs %", "train s"], seed_rows)
+      lines += _table(["run", *[_name(m) for m in metrics], "collapsed / distinct pairs", "train s"], seed_rows)
     if name in plots:
       lines += ["", f"![{name}]({plots[name]})"]
   return "\n".join(lines) + "\n"

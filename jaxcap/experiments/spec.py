@@ -74,6 +74,7 @@ def experiment(
       title=title,
       question=question,
       arms={k: dict(v) for k, v in arms.items()},
+      order=names,  # ConfigDict sorts its keys; the report keeps the file's order
       metrics=list(metrics),
       claims=list(claims),
       smoke_arms=smoke,

@@ -18,7 +18,7 @@ from jaxcap.experiments import measure
 from jaxcap.experiments.runs import ArmRun, Settings, Start, ensure_arm, ensure_start
 from jaxcap.experiments.spec import SUITES, load_experiment
 
-MEASURE_VERSION = 1  # bump when a metric's definition changes: cached measurements are then recomputed
+MEASURE_VERSION = 2  # bump when a metric's definition changes: cached measurements are then recomputed
 BOOTSTRAP = dict(num_resamples=2000, confidence=0.95, seed=0)
 
 
@@ -77,7 +77,9 @@ def training_extras(workdir: Path) -> dict[str, float]:
   out: dict[str, float] = {}
   distinct = sum(r.get("reward/distinct_pairs", 0.0) for r in rl)
   if distinct:
-    out["collapsed_pair_share"] = 100.0 * sum(r.get("reward/collapsed_pairs", 0.0) for r in rl) / distinct
+    collapsed = sum(r.get("reward/collapsed_pairs", 0.0) for r in rl)
+    out.update({"collapsed_pairs": collapsed, "distinct_pairs": distinct})
+    out["collapsed_pair_share"] = 100.0 * collapsed / distinct
   if rl:
     last = rl[-1]
     for k in ("reward/mean", "length/mean", "kl", "loss"):
@@ -99,7 +101,7 @@ class SuiteRunner:
     self._eval: dict[str, Any] = {}
 
   def arms(self, exp) -> dict[str, dict]:
-    names = exp.smoke_arms if self.settings.smoke else list(exp.arms)
+    names = exp.smoke_arms if self.settings.smoke else list(exp.order)
     return {n: dict(exp.arms[n].to_dict()) for n in names}
 
   def start(self, kind: str) -> Start:
@@ -129,8 +131,8 @@ class SuiteRunner:
     key = json.dumps([MEASURE_VERSION, sorted(wanted), own_reward], sort_keys=True)
     cache = workdir / "measured.json"
     cached = _load_measured(cache, key)
-    if cached is not None:
-      return cached
+    if cached is not None:  # the training log's summaries are cheap: always read afresh
+      return Measured(cached.metrics, training_extras(workdir))
     records, judge, start_captions = self.heldout(start)
     captions = read_caption_jsonl(captions_path, name="policy")
     result = measure.caption_metrics(judge, records, captions, start_captions, wanted, own_reward)

@@ -10,9 +10,9 @@ Prompt (the user turn's text, after the image):
     Answer with the option's letter from the given choices.
 
 Target (the assistant turn): the correct letter, a full stop and the option's text, e.g. "A. green". The probe
-reads the policy's answer from the first target token alone: the next-token logits after the prompt, restricted
-to the option letters' token ids (MMLU-style), so the letters must be single tokens and a target must start with
-its letter's token (`letter_token_ids` checks both).
+scores each option's whole answer ("A. green" and the end of the turn) by its likelihood, so a policy that says
+the right text is credited even where its letter is unreliable (the tiny embedded student learns the texts well
+and the letters at chance). `letter_token_ids` checks that letters are single tokens that start a target.
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ def vqa_prompt(q: MultipleChoiceQuestion) -> str:
 
 def vqa_target(q: MultipleChoiceQuestion) -> str:
   """The correct letter followed by the option's text: "B. red"."""
+  return option_answer(q, q.answer_index)
+
+
+def option_answer(q: MultipleChoiceQuestion, k: int) -> str:
+  """The answer that picks option `k`: its letter and its text, "B. red" (what the probe scores for option k)."""
   _check_count(q)
-  return f"{LETTERS[q.answer_index]}. {q.answer}"
+  return f"{LETTERS[k]}. {q.options[k]}"
 
 
 def letter_token_ids(tokenizer, count: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""The VQA probe (`jaxcap.eval.vqa`): a policy's answers to the manifest's questions with the image, read from the
-next-token logits of the option letters; and the evaluator's `vqa_probe` block, which probes HF checkpoints and
+"""The VQA probe (`jaxcap.eval.vqa`): a policy's answers to the manifest's questions with the image, the option whose
+whole answer ("B. red" + end of turn) is most likely; and the evaluator's `vqa_probe` block, which probes HF checkpoints and
 writes their accuracies and paired differences into the report."""
 
 import json
@@ -20,7 +20,7 @@ from jaxcap.eval.metrics import RatioMetric
 from jaxcap.eval.report import EvalReport
 from jaxcap.eval.vqa import vqa_answers, vqa_scores
 from jaxcap.models.qwen25vl import Qwen25VL
-from jaxcap.processing.vqa import letter_token_ids, vqa_prompt
+from jaxcap.processing.vqa import option_answer, vqa_prompt
 from jaxcap.sharding import make_mesh, param_shardings
 from jaxcap.train import data as data_lib
 
@@ -35,15 +35,26 @@ def test_probe_of_a_random_student_counts_every_question_and_matches_one_forward
   assert metric.num == tuple(
     float(((answers.choice == answers.answer) & (answers.image == i)).sum()) for i in range(len(records))
   )
-  # the batched, left-padded, bucketed forward equals the model's plain forward on each prompt alone
-  letters = letter_token_ids(processor.tokenizer, 4)
+  # the batched, left-padded, bucketed scoring equals the model's plain forward over prompt + answer, alone
+  eos = model.cfg.eos_token_id
   k = 0
   for record in records[:2]:
     for q in record.questions:
       inputs = processor([data_lib.conversation(record, vqa_prompt(q), 84)])
-      logits, _ = model(inputs.input_ids, inputs.positions, inputs.attention_mask, inputs.vision())
-      want = np.asarray(logits[0, -1, letters[: len(q.options)]])
-      np.testing.assert_allclose(answers.logits[k, : len(q.options)], want, rtol=1e-4, atol=1e-4)
+      want = []
+      for option in range(len(q.options)):
+        answer = processor.tokenizer(option_answer(q, option), add_special_tokens=False)["input_ids"] + [eos]
+        ids = np.concatenate([inputs.input_ids, np.asarray([answer])], axis=1)
+        start = inputs.positions.max() + 1
+        positions = np.concatenate(
+          [inputs.positions, np.broadcast_to(start + np.arange(len(answer)), (3, 1, len(answer)))], axis=2
+        )
+        mask = np.ones(ids.shape, bool)
+        logits, _ = model(ids, positions, mask, inputs.vision())
+        logp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), axis=-1)
+        p = inputs.input_ids.shape[1]
+        want.append(float(sum(logp[p - 1 + j, t] for j, t in enumerate(answer))))
+      np.testing.assert_allclose(answers.logits[k, : len(q.options)], want, rtol=1e-4, atol=1e-3)
       assert answers.choice[k] == int(np.argmax(want)) and answers.answer[k] == q.answer_index
       k += 1
 
@@ -69,18 +80,19 @@ def test_forced_letters_give_the_exact_accuracy(monkeypatch):
   questions = [q for r in records for q in r.questions]
 
   def forced(scores):
-    def fn(params, prompts, letters):
-      return np.broadcast_to(np.asarray(scores, np.float32)[: len(letters)], (prompts.input_ids.shape[0], len(letters)))
+    def fn(params, prompts, ids, mask):  # option k of every question scores scores[k]
+      k = ids.shape[0] // prompts.input_ids.shape[0]
+      return np.tile(np.asarray(scores, np.float32)[:k], prompts.input_ids.shape[0])
 
     return lambda graphdef: fn
 
-  monkeypatch.setattr(vqa_lib, "_letter_logits_fn", forced([0.0, 5.0, 1.0, 1.0]))  # 'B' always wins
+  monkeypatch.setattr(vqa_lib, "_option_scores_fn", forced([0.0, 5.0, 1.0, 1.0]))  # 'B' always wins
   m = vqa_scores(nnx.split(model), processor, records, batch_size=4, image_size=84)
   assert m.den == tuple(float(len(r.questions)) for r in records) and m.den[-1] == 0.0  # no questions: den 0
   assert m.num == tuple(float(sum(q.answer_index == 1 for q in r.questions)) for r in records)
   assert m.value == pytest.approx(sum(q.answer_index == 1 for q in questions) / len(questions))
   # the highest letter is 'D', but a question with 2 or 3 options can only be answered with its own letters
-  monkeypatch.setattr(vqa_lib, "_letter_logits_fn", forced([0.0, 1.0, 2.0, 3.0]))
+  monkeypatch.setattr(vqa_lib, "_option_scores_fn", forced([0.0, 1.0, 2.0, 3.0]))
   answers = vqa_answers(model, processor, records, batch_size=4, image_size=84)
   assert answers.choice.tolist() == [len(q.options) - 1 for q in questions]
   assert any(len(q.options) < 4 for q in questions)

@@ -89,6 +89,7 @@ def test_pool_seeds_sums_each_image_over_seeds():
   assert pooled["qa"].value == pytest.approx(9 / 16)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_report_and_its_rerun_reuses_the_cache(tmp_path):
   cmd = [sys.executable, "-m", "jaxcap.experiments", "--smoke", "--only=cgdpo_vs_grpo", f"--workdir={tmp_path}"]
   first = subprocess.run(cmd, cwd=ROOT, env=cpu_env(1), capture_output=True, text=True, timeout=600)
