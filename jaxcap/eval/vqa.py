@@ -51,29 +51,10 @@ class VQAAnswers:
     return RatioMetric.from_arrays(num, den)
 
 
-def vqa_scores(
-  model,
-  processor,
-  records: Sequence[ImageRecord],
-  *,
-  batch_size: int = 16,
-  mesh=None,
-  image_size: int = 0,
-  pad_to_multiple: int = 16,
-  bucket_steps: int = DEFAULT_STEPS,
-) -> RatioMetric:
-  """VQA accuracy per image over `records` (`vqa_answers`): num = correct answers, den = questions asked."""
-  answers = vqa_answers(
-    model,
-    processor,
-    records,
-    batch_size=batch_size,
-    mesh=mesh,
-    image_size=image_size,
-    pad_to_multiple=pad_to_multiple,
-    bucket_steps=bucket_steps,
-  )
-  return answers.metric(len(records))
+def vqa_scores(model, processor, records: Sequence[ImageRecord], **options) -> RatioMetric:
+  """VQA accuracy per image over `records` (`vqa_answers`, same `options`): num = correct answers, den = questions
+  asked."""
+  return vqa_answers(model, processor, records, **options).metric(len(records))
 
 
 def vqa_answers(

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxcap.data.records import ImageRecord
 from jaxcap.eval.captioners import CaptionSet
-from jaxcap.eval.metrics import RatioMetric, SuiteResult, harmonic_mean
+from jaxcap.eval.metrics import RatioMetric, SuiteResult
 from jaxcap.eval.redteam import ATTACKS, RedTeamConfig, make_attacks
 from jaxcap.judges.protocol import Judge
 from jaxcap.rewards.mix import build_reward
@@ -39,7 +39,7 @@ BAND = (0.5, 2.0)  # BalCapRL's tau_l, tau_u
 
 
 def _wants(wanted: Sequence[str], *prefixes: str) -> bool:
-  return any(m == p or m.startswith(p + "/") or m.startswith(p) for m in wanted for p in prefixes)
+  return any(m.startswith(p) for m in wanted for p in prefixes)
 
 
 def _scalar_reward(reward_config: Mapping, judge: Judge, captions: list[str], records) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +77,8 @@ def caption_metrics(
   wanted: Sequence[str],
   own_reward: Mapping | None = None,
 ) -> SuiteResult:
-  """The `wanted` metrics (and whatever their group computes alongside) of `captions` on `records` [N]."""
+  """The `wanted` metrics (and whatever their group computes alongside) of `captions` on `records` [N]; the
+  composites over them are `jaxcap.experiments.suite.COMPOSITES`."""
   from jaxcap.eval.evaluate import EvalConfig, evaluate_captioner
 
   records = list(records)
@@ -88,7 +89,6 @@ def caption_metrics(
   bal = build_reward({"balcaprl": {}}, judge)(texts, records, step=0)
   for k, name in enumerate(bal.names):
     out.metrics[name.split("/")[-1]] = RatioMetric.per_image(100.0 * bal.values[:, k], bal.valid[:, k])
-  out.composites["prl_hmean"] = lambda v: harmonic_mean(v["precision"], v["recall"], v["linguistic"])
   words, ref = bal.caption_lengths.astype(float), bal.reference_lengths.astype(float)
   out.metrics["length/words"] = RatioMetric.per_image(words, np.ones(len(records), bool))
   band = (ref > 0) & (BAND[0] * ref <= words) & (words <= BAND[1] * ref)

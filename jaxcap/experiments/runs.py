@@ -40,10 +40,10 @@ def config_hash(config: ml_collections.ConfigDict, ignore=("workdir", "compile_c
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
-  """Few steps on a tiny world: checks the machinery, not the methods."""
+  """A start of few steps on a tiny world: checks the machinery, not the methods."""
   c.world.update(dict(train_scenes=64, eval_scenes=32))
   c.vision_warmup.update(dict(steps=10, batch_size=16))
-  c.sft.steps = min(int(c.sft.steps), 10) if c.rl.steps == 0 else c.sft.steps
+  c.sft.steps = 10
   c.eval.num_images = 32
 
 

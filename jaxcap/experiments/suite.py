@@ -22,26 +22,26 @@ MEASURE_VERSION = 2  # bump when a metric's definition changes: cached measureme
 BOOTSTRAP = dict(num_resamples=2000, confidence=0.95, seed=0)
 
 
-def composites() -> dict[str, Callable]:
-  """Every composite metric the suite reports, from its atomic metrics (recomputed on bootstrap replicates)."""
-  same = lambda name: lambda v: np.asarray(v[name], float)  # noqa: E731  (one CapArena baseline: the start)
-  return {
-    "prl_hmean": lambda v: harmonic_mean(v["precision"], v["recall"], v["linguistic"]),
-    "caparena/score": same("caparena/start/score"),
-    "caparena/win_rate": same("caparena/start/win_rate"),
-    "bcapscore": bcapscore_composite(),
-  }
+def _same(name: str) -> Callable:
+  return lambda v: np.asarray(v[name], float)
+
+
+# name -> (the atomic metrics it needs, the function of their values; recomputed on bootstrap replicates).
+# CapArena has one baseline here, the start, so its averages over baselines are that baseline's values.
+COMPOSITES: dict[str, tuple[tuple[str, ...], Callable]] = {
+  "prl_hmean": (
+    ("precision", "recall", "linguistic"),
+    lambda v: harmonic_mean(v["precision"], v["recall"], v["linguistic"]),
+  ),
+  "caparena/score": (("caparena/start/score",), _same("caparena/start/score")),
+  "caparena/win_rate": (("caparena/start/win_rate",), _same("caparena/start/win_rate")),
+  "bcapscore": (("dcscore/f1", "captionqa/full", "caparena/start/score"), bcapscore_composite()),
+}
 
 
 def _usable(metrics: dict[str, RatioMetric]) -> dict[str, Callable]:
   """The composites whose inputs were measured."""
-  needs = {
-    "prl_hmean": ("precision", "recall", "linguistic"),
-    "caparena/score": ("caparena/start/score",),
-    "caparena/win_rate": ("caparena/start/win_rate",),
-    "bcapscore": ("dcscore/f1", "captionqa/full", "caparena/start/score"),
-  }
-  return {k: f for k, f in composites().items() if all(n in metrics for n in needs[k])}
+  return {k: fn for k, (needs, fn) in COMPOSITES.items() if all(n in metrics for n in needs)}
 
 
 @dataclasses.dataclass
