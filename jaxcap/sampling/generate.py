@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.models.qwen25vl import CACHE_AXES, KVCache
+from jaxcap.models.qwen25vl import KVCache
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.prompts import Prompts
 from jaxcap.sharding import shard
@@ -89,8 +89,7 @@ def prefill(
   hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 
-  grow = lambda a: shard(jnp.pad(jnp.repeat(a, g, axis=0), ((0, 0), (0, n), (0, 0), (0, 0))), CACHE_AXES)
-  cache = KVCache(tuple(map(grow, prompt_cache.k)), tuple(map(grow, prompt_cache.v)))
+  cache = prompt_cache.grow(g, n)
   rows = b * g
   real = mask.sum(-1).astype(jnp.int32)
   zeros_f = jnp.zeros((rows, n), jnp.float32)

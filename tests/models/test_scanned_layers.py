@@ -87,7 +87,8 @@ def test_kv_cache_has_one_buffer_per_layer():
   cache = M.KVCache.zeros(cfg, batch=3, slots=10)
   t = cfg.text
   assert len(cache.k) == len(cache.v) == t.num_hidden_layers
-  assert all(k.shape == (3, 10, t.num_key_value_heads, t.head_dim) for k in cache.k + cache.v)
+  assert all(k.shape == (3, t.num_key_value_heads, t.head_dim, 10) for k in cache.k)  # keys transposed
+  assert all(v.shape == (3, t.num_key_value_heads, 10, t.head_dim) for v in cache.v)
   assert cache.slots == 10
 
 

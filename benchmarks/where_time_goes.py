@@ -1,0 +1,344 @@
+"""Where the time goes: a `jax.profiler` trace of one path, each XLA op's wall time attributed to the model part
+its source line belongs to.
+
+    python benchmarks/where_time_goes.py --path update [--scanned] [--calls 3] [--json update_profile.json]
+    python benchmarks/where_time_goes.py --path forward
+    python benchmarks/where_time_goes.py --path decode        # one rollout call: prefill + 63 decode steps
+
+Same `mid()` shapes as train_step.py / forward.py / rollout.py (8 prompts of one 224x224 image; update: 64 target
+tokens each; decode: 8 images x 4 samples x 64 new tokens), float32, random weights (no transformers needed).
+Layers run unrolled (`scan_layers=False`, the main job's CPU setting) unless `--scanned`.
+
+How time is attributed: the trace's leaf events on XLA's CPU threads (an op, e.g. one matmul fusion) are swept
+in time order and every instant is split equally among the ops running then, so the parts sum to the device's
+busy time and ops that overlap on the two cores are not counted twice. Each op is mapped through the compiled
+HLO's stack frames to the innermost jaxcap (or optax) function that emitted it, then to a part (see `part_of`).
+Matmuls ("dot") and everything else are listed apart. Tracing adds a little overhead; the untimed wall time per
+call is printed beside the traced one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+_SKIP = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")
+
+
+# ---------------------------------------------------------------------------------------------- HLO source map
+def _sections(hlo: str) -> dict[str, dict[int, str]]:
+  """The FileNames / FunctionNames / FileLocations / StackFrames tables printed at the top of an HLO module."""
+  out, cur = {}, None
+  for line in hlo.splitlines():
+    head = line.strip()
+    if head in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+      cur = out.setdefault(head, {})
+    elif cur is not None and re.match(r"^\d+ ", line):
+      i, rest = line.split(" ", 1)
+      cur[int(i)] = rest
+    elif line.startswith(("%", "ENTRY", "HloModule")) or line.startswith(" "):
+      cur = None
+  return out
+
+
+def source_map(hlo: str) -> dict[str, tuple[str, list[tuple[str, str]], str]]:
+  """HLO instruction name -> (op_name metadata, [(file path, function)] innermost first, result shape)."""
+  s = _sections(hlo)
+  files = {k: v.strip('"') for k, v in s.get("FileNames", {}).items()}
+  funcs = {k: v.strip('"') for k, v in s.get("FunctionNames", {}).items()}
+  locs = {}
+  for k, v in s.get("FileLocations", {}).items():
+    d = dict(re.findall(r"(\w+)=(\d+)", v))
+    locs[k] = (files.get(int(d["file_name_id"]), "?"), funcs.get(int(d["function_name_id"]), "?"))
+  frames = {}
+  for k, v in s.get("StackFrames", {}).items():
+    d = dict(re.findall(r"(\w+)=(\d+)", v))
+    frames[k] = (int(d["file_location_id"]), int(d["parent_frame_id"]))
+
+  def chain(fid, top):
+    # the printed parent id is one past the parent's own id; the walk stops at the jitted function itself
+    out, seen = [], set()
+    while fid in frames and fid not in seen:
+      seen.add(fid)
+      loc, parent = frames[fid]
+      out.append(locs.get(loc, ("?", "?")))
+      if out[-1][1] == top:
+        break
+      fid = parent - 1
+    return out
+
+  table = {}
+  for line in hlo.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*metadata=\{([^}]*)\}", line)
+    if m:
+      op = re.search(r'op_name="([^"]*)"', m.group(3))
+      sf = re.search(r"stack_frame_id=(\d+)", m.group(3))
+      op_name = op.group(1) if op else ""
+      top = re.match(r"jit\((\w+)\)", op_name)
+      table[m.group(1)] = (op_name, chain(int(sf.group(1)), top and top.group(1)) if sf else [], m.group(2))
+  return table
+
+
+def part_of(op_name: str, frames: list[tuple[str, str]], is_dot: bool) -> str:
+  """The model part an op belongs to, from its source frames (innermost first)."""
+  fns = [fn for _, fn in frames]
+  ctx = {fn.split(".")[0] for fn in fns}
+  files = {os.path.basename(f) for f, _ in frames}
+  own = next((fn for f, fn in frames if "/jaxcap/" in f), "")  # the innermost jaxcap function
+  phase = "backward" if "transpose(" in op_name else "forward"
+  if any("optax" in f for f, _ in frames) or "_apply" in ctx:
+    return "optimizer: clip + AdamW"
+  if "distribution.py" in files:
+    return "sampling: filters, draw, log-probs"
+  if "Qwen25VL.logits" in fns or "_token_stats" in ctx:
+    return f"LM head {'matmul' if is_dot else 'log-softmax'} ({phase})"
+  side = "vision" if "VisionTower" in ctx else "decoder"
+  if "SwiGLU" in ctx:
+    return f"{side} MLP {'matmuls' if is_dot else 'activation silu(gate) * up'} ({phase})"
+  if "RMSNorm" in ctx:
+    return f"{side} RMSNorm"
+  if "VisionAttention" in ctx or "_blocked_attention" in ctx:
+    if is_dot and "_blocked_attention" not in ctx:
+      return f"vision attention projections ({phase})"
+    return f"vision attention core: gather, scores, softmax ({phase})"
+  if "Attention" in ctx:
+    if is_dot and "Linear" in ctx:
+      return f"decoder attention projections ({phase})"
+    return f"decoder attention core: rotary, scores, softmax, cache ({phase})"
+  if own.startswith(("scan_layers", "stacked", "Qwen25VL.layer_params")):
+    return "layer stack: per-layer weight slices, gradient stacking"
+  if own.startswith("_accumulate"):
+    return "gradient accumulation"
+  if side == "vision":
+    return "vision other: patch embed, merger, rotary, window order"
+  if own.startswith("Qwen25VL.embed"):
+    return "embedding + vision placement"
+  if own.startswith(("DecoderLayer", "Qwen25VL.decode", "mrope", "completion_positions")):
+    return "decoder other: residual adds, masks, rope tables"
+  if "generate.py" in files or "sampler.py" in files:
+    return "decode loop bookkeeping"
+  return "other" + (" (matmul)" if is_dot else "")
+
+
+# ---------------------------------------------------------------------------------------------- trace -> parts
+def attribute(xspace_path: str, table: dict, calls: int) -> tuple[dict[str, float], float, list]:
+  """{part: ms per call} from a trace's leaf op events (time split equally among overlapping ops), the
+  device-busy ms per call, and [(ms per call, op, part, result shape)] per op, largest first."""
+  from jax.profiler import ProfileData
+
+  per_line = collections.defaultdict(list)
+  for plane in ProfileData.from_file(xspace_path).planes:
+    if plane.name not in ("/host:CPU",) and not plane.name.startswith("/device:"):
+      continue
+    for line in plane.lines:
+      if plane.name == "/host:CPU" and not line.name.startswith("tf_XLA"):
+        continue
+      for e in line.events:
+        if e.duration_ns > 0 and not e.name.startswith(_SKIP):
+          per_line[(plane.name, line.name)].append((e.start_ns, e.start_ns + e.duration_ns, e.name))
+  leaves = []
+  for events in per_line.values():
+    events.sort()
+    for i, (a, b, name) in enumerate(events):
+      if i + 1 < len(events) and events[i + 1][0] < b:
+        continue  # it encloses the next event (a loop, a call): count its children instead
+      leaves.append((a, b, name))
+  edges = sorted([(a, 1, i) for i, (a, _, _) in enumerate(leaves)] + [(b, -1, i) for i, (_, b, _) in enumerate(leaves)])
+  share, active, last = collections.Counter(), set(), None
+  for t, kind, i in edges:
+    if last is not None and active:
+      dt = (t - last) / len(active)
+      for j in active:
+        share[leaves[j][2]] += dt
+    last = t
+    (active.add if kind == 1 else active.discard)(i)
+  parts, ops = collections.Counter(), []
+  for name, ns in share.items():
+    op_name, frames, shape = table.get(name, ("", [], "?"))
+    is_dot = name.startswith(("ynn", "xnn", "dot", "onednn")) or op_name.endswith("dot_general")
+    part = part_of(op_name, frames, is_dot)
+    parts[part] += ns / 1e6 / calls
+    ops.append((ns / 1e6 / calls, name, part, shape))
+  return dict(parts), sum(share.values()) / 1e6 / calls, sorted(ops, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------- the paths
+def _model(scanned: bool):
+  import dataclasses
+
+  from flax import nnx
+
+  import jaxcap.models as M
+  from jaxcap.processing import Processor, word_tokenizer
+
+  cfg = dataclasses.replace(M.mid(), scan_layers=scanned)
+  model = M.Qwen25VL(cfg, rngs=nnx.Rngs(0))
+  processor = Processor(word_tokenizer("describe the image in detail .".split(), cfg), cfg)
+  return cfg, model, processor
+
+
+def _batch(processor, images: int, side: int = 224, padding_side="left"):
+  from hf_reference import image_conversations
+
+  return processor(image_conversations(images, side, np.random.RandomState(0)), padding_side=padding_side)
+
+
+def update_path(scanned: bool):
+  """The sft update of train_step.py: 8 prompts + 64 target tokens each, AdamW, one micro-batch."""
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from jaxcap.models.vision import vision_layout
+  from jaxcap.train.state import init_train_state, make_optimizer
+  from jaxcap.train.step import PromptBatch, sft_step
+
+  cfg, model, processor = _model(scanned)
+  batch = _batch(processor, 8)
+  targets = jnp.asarray(np.random.RandomState(1).randint(10, 30000, size=(1, 8, 64)).astype(np.int32))
+  optimizer = make_optimizer(1e-5, 1000, schedule="constant", weight_decay=0.0, grad_clip=1.0)
+  graphdef, params = nnx.split(model)
+  state = {"s": init_train_state(params, optimizer, jax.random.key(0))}
+  prompts = PromptBatch(
+    *(jnp.asarray(x)[None] for x in (batch.input_ids, batch.positions, batch.attention_mask)),
+    jnp.asarray(batch.pixel_values)[None],
+  )
+  layout = vision_layout(batch.grid_thw, cfg.vision)
+  mask = jnp.ones_like(targets, dtype=bool)
+  step = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=optimizer), donate_argnums=0)
+  compiled = step.lower(state["s"], prompts, targets, mask, layout).compile()
+
+  def call():
+    state["s"], m = compiled(state["s"], prompts, targets, mask, layout)
+    jax.block_until_ready(m["loss"])
+
+  return compiled.as_text(), call
+
+
+def forward_path(scanned: bool):
+  """The prefill forward of forward.py: 8 prompts, logits at every position."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  cfg, model, processor = _model(scanned)
+  batch = _batch(processor, 8, padding_side="right")
+  graphdef, params = nnx.split(model)
+
+  @jax.jit
+  def forward(params, ids, pos, mask, vision):
+    return nnx.merge(graphdef, params)(ids, pos, mask, vision)[0]
+
+  args = (
+    jnp.asarray(batch.input_ids),
+    jnp.asarray(batch.positions),
+    jnp.asarray(batch.attention_mask),
+    jax.tree.map(jnp.asarray, batch.vision()),
+  )
+  compiled = forward.lower(params, *args).compile()
+  return compiled.as_text(), lambda: compiled(params, *args).block_until_ready()
+
+
+def decode_path(scanned: bool, images: int = 8, samples: int = 4, new_tokens: int = 64):
+  """One rollout call of rollout.py: 8 images x 4 samples x 64 new tokens, temperature 1, no stop tokens."""
+  import itertools
+
+  import jax
+
+  from jaxcap.sampling import Sampler, SamplingConfig
+
+  cfg, model, processor = _model(scanned)
+  batch = _batch(processor, images)
+  sampler = Sampler(
+    model, processor=processor, sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, stop_ids=())
+  )
+  keys = itertools.count()
+  call = lambda: jax.block_until_ready(sampler(batch, jax.random.key(next(keys)), num_samples=samples).tokens)
+  call()  # compiles; the HLO of every program it ran is read from the dump below
+  return None, call
+
+
+PATHS = {"update": update_path, "forward": forward_path, "decode": decode_path}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--path", choices=sorted(PATHS), default="update")
+  ap.add_argument("--scanned", action="store_true", help="layers under lax.scan (the real-checkpoint setting)")
+  ap.add_argument("--calls", type=int, default=3, help="traced calls (after 2 untraced warm-up calls)")
+  ap.add_argument("--ops", type=int, default=0, help="also list the N costliest ops (name, shape, part)")
+  ap.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+  args = ap.parse_args()
+
+  dump = tempfile.mkdtemp(prefix="jaxcap_hlo_")
+  if args.path == "decode":  # several programs (prefill, decode loop): read their HLO from XLA's dump
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+  import jax
+
+  from harness import machine_info
+
+  hlo, call = PATHS[args.path](args.scanned)
+  texts = [hlo] if hlo else [open(p).read() for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))]
+  table = {}
+  for text in texts:
+    table.update(source_map(text))
+  call()
+  call()
+  t0 = time.perf_counter()
+  for _ in range(args.calls):
+    call()
+  wall_ms = (time.perf_counter() - t0) / args.calls * 1e3
+  trace = tempfile.mkdtemp(prefix="jaxcap_trace_")
+  options = jax.profiler.ProfileOptions()
+  options.python_tracer_level = 0
+  options.host_tracer_level = int(os.environ.get("HOST_TRACER_LEVEL", 2))
+  jax.profiler.start_trace(trace, profiler_options=options)
+  t0 = time.perf_counter()
+  for _ in range(args.calls):
+    call()
+  traced_ms = (time.perf_counter() - t0) / args.calls * 1e3
+  jax.profiler.stop_trace()
+  path = sorted(glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True))[-1]
+  parts, busy_ms, ops = attribute(path, table, args.calls)
+
+  info = machine_info()
+  print(f"machine: {info.get('cpu_model', '?')}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}")
+  print(f"path: {args.path} ({'scanned' if args.scanned else 'unrolled'} layers), {args.calls} traced calls")
+  print(f"wall per call: {wall_ms:.0f} ms untraced, {traced_ms:.0f} ms traced; ops busy {busy_ms:.0f} ms")
+  print(f"{'part':70s} {'ms/call':>8s} {'share':>6s}")
+  for name, ms in sorted(parts.items(), key=lambda kv: -kv[1]):
+    print(f"{name:70s} {ms:8.1f} {100 * ms / busy_ms:5.1f}%")
+  for ms, name, part, shape in ops[: args.ops]:
+    print(f"  {ms:8.2f} ms  {name:32s} {shape:40s} {part}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(
+        dict(
+          path=args.path,
+          scanned=args.scanned,
+          wall_ms=wall_ms,
+          traced_ms=traced_ms,
+          busy_ms=busy_ms,
+          parts=parts,
+          machine=info,
+        ),
+        f,
+        indent=2,
+      )
+
+
+if __name__ == "__main__":
+  main()
