@@ -26,7 +26,9 @@ def main():
   ap.add_argument("--image", type=int, default=224, help="square image side in pixels")
   ap.add_argument("--repeats", type=int, default=1, help="back-to-back calls per side in each turn (each timed)")
   ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
-  ap.add_argument("--unrolled", action="store_true", help="jaxcap with model scan_layers=False (see README)")
+  # the main job's CPU setting (configs' model.scan_layers=False); --scanned: the real checkpoints' lax.scan stacks,
+  # which on XLA:CPU copy each layer's weights and saved activations in and out of the stacks (see README)
+  ap.add_argument("--scanned", action="store_true", help="jaxcap with model scan_layers=True")
   add_arguments(ap)
   args = ap.parse_args()
 
@@ -40,7 +42,7 @@ def main():
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()
-  ref, ours, proc = paired_models(cfg, scan_layers=not args.unrolled)
+  ref, ours, proc = paired_models(cfg, scan_layers=args.scanned)
   n_params = sum(p.numel() for p in ref.parameters())
   rng = np.random.RandomState(0)
   convs = image_conversations(args.batch, args.image, rng)

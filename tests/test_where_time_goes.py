@@ -1,0 +1,112 @@
+"""benchmarks/where_time_goes.py: HLO ops are traced back to the functions that emitted them, parts are named from
+those frames, and a trace's op time is split so overlapping ops are not counted twice."""
+
+import glob
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import where_time_goes as W  # noqa: E402
+
+
+def _project(x, w):
+  return jnp.tanh(x @ w)
+
+
+def _two_layers(x, w1, w2):
+  return _project(_project(x, w1), w2).sum()
+
+
+def _args():
+  rng = np.random.default_rng(0)
+  return [jnp.asarray(rng.standard_normal(s, np.float32)) for s in ((256, 128), (128, 512), (512, 64))]
+
+
+def test_source_map_walks_each_op_back_to_the_jitted_function():
+  compiled = jax.jit(_two_layers).lower(*_args()).compile()
+  table = W.source_map(compiled.as_text())
+  dots = [(name, frames) for name, (op, frames, _) in table.items() if op.endswith("dot_general")]
+  assert dots, "no dot in the compiled HLO's metadata"
+  for _, frames in dots:
+    functions = [fn for _, fn in frames]
+    assert functions[0] == "_project" and functions[-1] == "_two_layers", functions
+    assert all(path.endswith("test_where_time_goes.py") for path, _ in frames)
+
+
+@pytest.mark.parametrize(
+  "frames, is_dot, op_name, part",
+  [
+    (
+      [
+        ("/x/flax/nnx/nn/linear.py", "Linear.__call__"),
+        ("/r/jaxcap/models/layers.py", "SwiGLU.__call__"),
+        ("/r/jaxcap/models/qwen25vl.py", "DecoderLayer.__call__"),
+      ],
+      True,
+      "jit(f)/jvp()/dot_general",
+      "decoder MLP matmuls (forward)",
+    ),
+    (
+      [("/r/jaxcap/models/layers.py", "SwiGLU.__call__"), ("/r/jaxcap/models/vision.py", "VisionTower.__call__")],
+      False,
+      "jit(f)/transpose(jvp())/mul",
+      "vision MLP activation silu(gate) * up (backward)",
+    ),
+    (
+      [("/x/optax/_src/transform.py", "update_fn"), ("/r/jaxcap/train/step.py", "_apply")],
+      False,
+      "",
+      "optimizer: clip + AdamW",
+    ),
+    (
+      [("/r/jaxcap/models/vision.py", "_blocked_attention"), ("/r/jaxcap/models/vision.py", "VisionTower.__call__")],
+      True,
+      "",
+      "vision attention core: gather, scores, softmax (forward)",
+    ),
+    (
+      [("/r/jaxcap/models/qwen25vl.py", "cached_attention"), ("/r/jaxcap/models/qwen25vl.py", "Attention.__call__")],
+      False,
+      "",
+      "decoder attention core: rotary, scores, softmax, cache (forward)",
+    ),
+    (
+      [("/r/jaxcap/models/layers.py", "scan_layers"), ("/r/jaxcap/models/qwen25vl.py", "Qwen25VL.decode")],
+      False,
+      "",
+      "layer stack: per-layer weight slices, gradient stacking",
+    ),
+    (
+      [("/r/jaxcap/models/qwen25vl.py", "Qwen25VL.logits"), ("/r/jaxcap/train/logprobs.py", "_token_stats")],
+      True,
+      "jit(f)/transpose(jvp(nd,vd->nv))/dot_general",
+      "LM head matmul (backward)",
+    ),
+  ],
+)
+def test_parts_are_named_from_the_innermost_model_frames(frames, is_dot, op_name, part):
+  assert W.part_of(op_name, frames, is_dot) == part
+
+
+def test_attribution_splits_overlapping_time_and_sums_to_the_busy_time(tmp_path):
+  args = _args()
+  compiled = jax.jit(_two_layers).lower(*args).compile()
+  table = W.source_map(compiled.as_text())
+  compiled(*args).block_until_ready()
+  jax.profiler.start_trace(str(tmp_path))
+  for _ in range(3):
+    compiled(*args).block_until_ready()
+  jax.profiler.stop_trace()
+  path = sorted(glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True))[-1]
+  parts, busy_ms, ops = W.attribute(path, table, calls=3)
+  assert busy_ms > 0 and ops
+  assert sum(parts.values()) == pytest.approx(busy_ms, rel=1e-6)
+  assert sum(ms for ms, *_ in ops) == pytest.approx(busy_ms, rel=1e-6)
+  # every op of this function is its own: nothing lands in a model part
+  assert set(parts) <= {"other", "other (matmul)"}, parts
+  assert parts.get("other (matmul)", 0) > 0
