@@ -24,16 +24,15 @@ def completion_positions(prompt_positions: jax.Array, prompt_mask: jax.Array, le
 
 
 def _token_stats(model: Qwen25VL, hidden: jax.Array, tokens: jax.Array, with_entropy: bool):
+  # logit - logsumexp (as the sampler computes a sampled token's log-prob): without entropy no [.., V] log-prob array
+  # is written, and the backward pass writes one softmax instead of log_softmax's two [.., V] passes
   logits = model.logits(hidden)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  token_logp = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0] - lse
   if not with_entropy:
-    # logit - logsumexp (as the sampler computes a sampled token's log-prob): no [.., V] log-prob array is written,
-    # and the backward pass writes one softmax instead of log_softmax's two [.., V] passes
-    token_logp = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
     return token_logp, jnp.zeros_like(token_logp)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  token_logp = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else jnp.zeros_like(token_logp)
-  return token_logp, entropy
+  logp = logits - lse[..., None]
+  return token_logp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def token_logprobs(

@@ -73,11 +73,10 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   """Loss, metrics and grads of `loss_fn(params, micro_batch)` over the leading micro-batch axis (lax.scan),
   each micro-batch weighted by its share of `weights` [M] (e.g. its token count), so the result equals the
   whole batch's loss whatever M is. Gradients accumulate in float32."""
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if jax.tree.leaves(batches)[0].shape[0] == 1:
     # One micro-batch: no loop, no zero-filled accumulator, and the weight f (1, or 0 for an all-masked batch)
-    # enters as the backward pass's seed instead of a pass over every gradient; on CPU the loop's copies and those
-    # passes cost ~3% of an update. The same values as the loop: f * grad for f in {0, 1}.
+    # enters as the backward pass's seed instead of a pass over every gradient (on XLA:CPU the loop copied every
+    # gradient: 1-5% of an update's op time, benchmarks/where_time_goes.py). The loop's values: f * grad, f in {0, 1}.
     f = weights[0].astype(jnp.float32) / jnp.maximum(jnp.sum(weights), 1e-9)
 
     def weighted(p, mb):
@@ -87,6 +86,7 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
     (loss, metrics), grads = jax.value_and_grad(weighted, has_aux=True)(params, _micro(batches, 0))
     metrics = jax.tree.map(lambda b: f * b.astype(jnp.float32), metrics)
     return loss, metrics, shard_like_params(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, _micro(batches, 0))
   zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes)
   zeros_g = shard_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
