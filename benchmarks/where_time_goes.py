@@ -293,7 +293,7 @@ def main():
   hlo, call = PATHS[args.path](args.scanned)
   texts = [hlo] if hlo else [open(p).read() for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))]
   table = {}
-  for text in texts:
+  for text in texts:  # decode: op names repeat across programs (prefill, loop); a later program's entry wins
     table.update(source_map(text))
   call()
   call()
@@ -304,7 +304,6 @@ def main():
   trace = tempfile.mkdtemp(prefix="jaxcap_trace_")
   options = jax.profiler.ProfileOptions()
   options.python_tracer_level = 0
-  options.host_tracer_level = int(os.environ.get("HOST_TRACER_LEVEL", 2))
   jax.profiler.start_trace(trace, profiler_options=options)
   t0 = time.perf_counter()
   for _ in range(args.calls):
