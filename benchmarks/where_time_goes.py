@@ -173,6 +173,72 @@ def attribute(xspace_path: str, table: dict, calls: int) -> tuple[dict[str, floa
   return dict(parts), sum(share.values()) / 1e6 / calls, sorted(ops, reverse=True)
 
 
+# ---------------------------------------------------------------------------------------------- matmuls alone
+_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
+
+
+def program_dots(hlo: str) -> list[dict]:
+  """Every dot of a compiled (loop-free) HLO module: operand dtypes, shapes in memory order (each operand's dims
+  permuted major-to-minor by its layout, so a transposed operand is read as it lies), dimension numbers in that
+  order, and FLOPs (2 x output elements x contracted size)."""
+  shapes = {}
+  for m in re.finditer(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]\{([\d,]*)", hlo):
+    dims = [int(d) for d in m.group(3).split(",") if d]
+    minor_to_major = [int(d) for d in m.group(4).split(",") if d]
+    shapes[m.group(1)] = (m.group(2), dims, minor_to_major[::-1] or list(range(len(dims))))
+  dots = []
+  for m in re.finditer(r"= (\w+)\[([\d,]*)\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)([^\n]*)", hlo):
+    out_dtype, out_dims, lhs, rhs, attrs = m.groups()
+    nums = {
+      k: [int(d) for d in v.split(",") if d]
+      for k, v in re.findall(r"(\w+_(?:batch|contracting)_dims)=\{([\d,]*)\}", attrs)
+    }
+    operands = []
+    for side, name in (("lhs", lhs), ("rhs", rhs)):
+      dtype, dims, order = shapes[name]
+      where = {logical: i for i, logical in enumerate(order)}
+      operands.append(
+        dict(
+          dtype=_DTYPES[dtype],
+          shape=[dims[i] for i in order],
+          batch=[where[d] for d in nums.get(f"{side}_batch_dims", [])],
+          contracting=[where[d] for d in nums.get(f"{side}_contracting_dims", [])],
+        )
+      )
+    contracted = int(np.prod([shapes[lhs][1][d] for d in nums.get("lhs_contracting_dims", [])]))
+    out = int(np.prod([int(d) for d in out_dims.split(",") if d]))
+    dots.append(dict(out_dtype=_DTYPES[out_dtype], lhs=operands[0], rhs=operands[1], flops=2.0 * out * contracted))
+  return dots
+
+
+def time_dots_alone(dots: list[dict], budget_s: float = 0.3) -> tuple[float, float]:
+  """(seconds, FLOPs) of the program's dots each run alone as its own jitted call (best of several calls, less
+  the dispatch time of a call that does nothing): how long the matmuls take with nothing else in the program."""
+  import collections
+
+  import jax
+  import jax.numpy as jnp
+
+  from ceilings import _best_seconds
+
+  def key(d):
+    return json.dumps([d["out_dtype"], d["lhs"], d["rhs"]], sort_keys=True)
+
+  counts = collections.Counter(key(d) for d in dots)
+  rng = np.random.default_rng(0)
+  idle = jax.jit(lambda a, b: a.reshape(-1)[0] + b.reshape(-1)[0])
+  seconds = 0.0
+  for k, n in counts.items():
+    out_dtype, lhs, rhs = json.loads(k)
+    a, b = (jnp.asarray(rng.standard_normal(o["shape"]), o["dtype"]) for o in (lhs, rhs))
+    dims = ((lhs["contracting"], rhs["contracting"]), (lhs["batch"], rhs["batch"]))
+    dot = jax.jit(lambda a, b, dims=dims: jax.lax.dot_general(a, b, dims, preferred_element_type=out_dtype))
+    alone = _best_seconds(lambda: dot(a, b).block_until_ready(), budget_s)
+    overhead = _best_seconds(lambda: idle(a, b).block_until_ready(), budget_s / 3)
+    seconds += n * max(alone - overhead, 0.0)
+  return seconds, sum(d["flops"] for d in dots)
+
+
 # ---------------------------------------------------------------------------------------------- the paths
 def _model(scanned: bool):
   import dataclasses
@@ -192,6 +258,18 @@ def _batch(processor, images: int, side: int = 224, padding_side="left"):
   from hf_reference import image_conversations
 
   return processor(image_conversations(images, side, np.random.RandomState(0)), padding_side=padding_side)
+
+
+def _flops(cfg, params, batch, completion: int) -> float:
+  """Model FLOPs of an update at this batch (`jaxcap.models.flops`, the benchmarks' convention)."""
+  from jaxcap.models.flops import model_flops, param_counts
+
+  b, p = batch.input_ids.shape
+  per_image = int(np.prod(batch.grid_thw[0]))
+  counts = param_counts(params)
+  return model_flops(cfg, counts, sequences=b, prompt=p, completion=completion, images=b, patches_per_image=per_image)[
+    "total"
+  ]
 
 
 def update_path(scanned: bool):
@@ -225,7 +303,8 @@ def update_path(scanned: bool):
     state["s"], m = compiled(state["s"], prompts, targets, mask, layout)
     jax.block_until_ready(m["loss"])
 
-  return compiled.as_text(), call
+  flops = _flops(cfg, params, batch, completion=targets.shape[-1])
+  return compiled.as_text(), call, flops
 
 
 def forward_path(scanned: bool):
@@ -249,7 +328,9 @@ def forward_path(scanned: bool):
     jax.tree.map(jnp.asarray, batch.vision()),
   )
   compiled = forward.lower(params, *args).compile()
-  return compiled.as_text(), lambda: compiled(params, *args).block_until_ready()
+  b, p = batch.input_ids.shape
+  flops = _flops(cfg, params, batch, completion=0) / 3 + 2 * cfg.text.hidden_size * cfg.text.vocab_size * b * p
+  return compiled.as_text(), lambda: compiled(params, *args).block_until_ready(), flops
 
 
 def decode_path(scanned: bool, images: int = 8, samples: int = 4, new_tokens: int = 64):
@@ -268,10 +349,42 @@ def decode_path(scanned: bool, images: int = 8, samples: int = 4, new_tokens: in
   keys = itertools.count()
   call = lambda: jax.block_until_ready(sampler(batch, jax.random.key(next(keys)), num_samples=samples).tokens)
   call()  # compiles; the HLO of every program it ran is read from the dump below
-  return None, call
+  return None, call, None
 
 
 PATHS = {"update": update_path, "forward": forward_path, "decode": decode_path}
+
+
+def _print_floor(hlo: str, flops: float, wall_ms: float) -> dict:
+  """The matmuls-alone floor of a program and the bound it puts on the program's fraction of the GEMM ceiling."""
+  import jaxcap.models as M
+  from ceilings import measure_ceilings, model_gemm_shapes
+
+  if re.search(r" while\(", hlo):
+    raise SystemExit("--floor: the program has a loop (its dots run more than once); use the unrolled layers")
+  dots = program_dots(hlo)
+  alone_s, dot_flops = time_dots_alone(dots)
+  ceiling = measure_ceilings(model_gemm_shapes(M.mid(), 1024), with_torch=False)["xla_gemm_gflops"]
+  out = dict(
+    dots=len(dots),
+    dot_gflop=dot_flops / 1e9,
+    dots_alone_ms=alone_s * 1e3,
+    dot_gflops_alone=dot_flops / alone_s / 1e9,
+    model_gflop=flops / 1e9,
+    xla_gemm_ceiling_gflops=ceiling,
+    of_ceiling=flops / 1e9 / (wall_ms / 1e3) / ceiling,
+    bound_of_ceiling=flops / 1e9 / alone_s / ceiling,
+  )
+  print(
+    f"matmuls alone: {out['dots']} dots, {out['dot_gflop']:.1f} GFLOP, {out['dots_alone_ms']:.0f} ms run one by one "
+    f"({out['dot_gflops_alone']:.0f} GFLOP/s; XLA's best GEMM here {ceiling:.0f} GFLOP/s) vs {wall_ms:.0f} ms the "
+    f"whole call"
+  )
+  print(
+    f"model FLOPs {out['model_gflop']:.1f} GFLOP per call: the call runs at {100 * out['of_ceiling']:.0f}% of the "
+    f"ceiling; with everything but its matmuls free it would run at {100 * out['bound_of_ceiling']:.0f}%"
+  )
+  return out
 
 
 def main():
@@ -281,7 +394,15 @@ def main():
   ap.add_argument("--calls", type=int, default=3, help="traced calls (after 2 untraced warm-up calls)")
   ap.add_argument("--ops", type=int, default=0, help="also list the N costliest ops (name, shape, part)")
   ap.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+  ap.add_argument(
+    "--floor",
+    action="store_true",
+    help="also time the program's matmuls alone and bound the fraction of the GEMM ceiling any program with these "
+    "matmuls can reach (forward / update, unrolled)",
+  )
   args = ap.parse_args()
+  if args.floor and (args.path == "decode" or args.scanned):
+    ap.error("--floor reads one loop-free program: --path forward or update, without --scanned")
 
   dump = tempfile.mkdtemp(prefix="jaxcap_hlo_")
   if args.path == "decode":  # several programs (prefill, decode loop): read their HLO from XLA's dump
@@ -290,7 +411,7 @@ def main():
 
   from harness import machine_info
 
-  hlo, call = PATHS[args.path](args.scanned)
+  hlo, call, flops = PATHS[args.path](args.scanned)
   texts = [hlo] if hlo else [open(p).read() for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))]
   table = {}
   for text in texts:  # decode: op names repeat across programs (prefill, loop); a later program's entry wins
@@ -322,6 +443,7 @@ def main():
     print(f"{name:70s} {ms:8.1f} {100 * ms / busy_ms:5.1f}%")
   for ms, name, part, shape in ops[: args.ops]:
     print(f"  {ms:8.2f} ms  {name:32s} {shape:40s} {part}")
+  floor = _print_floor(hlo, flops, wall_ms) if args.floor else None
   if args.json:
     with open(args.json, "w") as f:
       json.dump(
@@ -332,6 +454,7 @@ def main():
           traced_ms=traced_ms,
           busy_ms=busy_ms,
           parts=parts,
+          floor=floor,
           machine=info,
         ),
         f,

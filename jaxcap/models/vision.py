@@ -28,11 +28,24 @@ class AttentionBlocks:
   gather: int32 [S, Lmax]   position in the packed sequence of each slot (0 on padding).
   valid:  bool  [S, Lmax]   which slots hold a real token.
   scatter: int32 [L]        flat slot (s * Lmax + j) of each packed position, to undo the gather.
+  tiled: static; True when the segments tile the sequence exactly (S x Lmax = L, every segment full and in
+    order, as for same-size images whose sides are whole windows): the blocks are then a reshape, with no gather,
+    scatter or mask (nor their scatter-add gradients).
   """
 
   gather: np.ndarray
   valid: np.ndarray
   scatter: np.ndarray
+  tiled: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+  def split(self, x: jax.Array) -> jax.Array:
+    """x [L, ...] -> its segments [S, Lmax, ...] (padding slots hold position 0's values)."""
+    return x.reshape(*self.gather.shape, *x.shape[1:]) if self.tiled else x[self.gather]
+
+  def join(self, x: jax.Array) -> jax.Array:
+    """Segments [S, Lmax, ...] -> the packed sequence [L, ...] (the inverse of `split` on real positions)."""
+    flat = x.reshape(-1, *x.shape[2:])
+    return flat if self.tiled else flat[self.scatter]
 
 
 @jax.tree_util.register_dataclass
@@ -138,7 +151,8 @@ def _blocks(segments: Sequence[tuple[int, int]], total: int, count: int, length:
     gather[s, :n] = np.arange(start, start + n)
     valid[s, :n] = True
     scatter[start : start + n] = s * length + np.arange(n)
-  return AttentionBlocks(gather, valid, scatter)
+  tiled = count * length == total and segments == [(s * length, length) for s in range(count)]
+  return AttentionBlocks(gather, valid, scatter, tiled=tiled)
 
 
 def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None) -> VisionLayout:
@@ -197,17 +211,21 @@ def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None)
 
 
 def stack_layouts(layouts: Sequence[VisionLayout]) -> VisionLayout:
-  """Layouts of one shape -> one layout whose arrays carry a leading axis (e.g. one per micro-batch)."""
+  """Layouts of one shape -> one layout whose arrays carry a leading axis (e.g. one per micro-batch); its block
+  sets are `tiled` only where every layout's are (one program serves all the micro-batches)."""
+  untile = lambda b, tiled: dataclasses.replace(b, tiled=tiled)
+  windows = all(lay.windows.tiled for lay in layouts)
+  frames = all(lay.frames.tiled for lay in layouts)
+  layouts = [
+    dataclasses.replace(lay, windows=untile(lay.windows, windows), frames=untile(lay.frames, frames)) for lay in layouts
+  ]
   return jax.tree.map(lambda *xs: np.stack(xs), *layouts)
 
 
 def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Array:
-  """Bidirectional attention inside each segment. q/k/v: [L, heads, hd] -> [L, heads, hd]."""
-  qb, kb, vb = (x[blocks.gather] for x in (q, k, v))  # [S, Lmax, heads, hd]
-  mask = blocks.valid[:, None, None, :]  # keys only; padded query rows are dropped by the scatter
-  out = jax.nn.dot_product_attention(qb, kb, vb, mask=mask, scale=scale)
-  out = out.reshape(-1, *out.shape[2:])
-  return out[blocks.scatter]
+  """Bidirectional attention inside each segment. q/k/v: segments [S, Lmax, heads, hd] -> the same."""
+  mask = None if blocks.tiled else blocks.valid[:, None, None, :]  # keys only; padded query rows are never read
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
 
 
 class VisionAttention(nnx.Module):
@@ -217,10 +235,16 @@ class VisionAttention(nnx.Module):
     self.proj = linear(cfg.hidden_size, cfg.hidden_size, bias=True, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x, cos, sin, blocks: AttentionBlocks):
-    qkv = self.qkv(x).reshape(x.shape[0], 3, self.num_heads, self.head_dim)
-    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    """x [L, D]; cos / sin: the rotary tables [L, hd], or already split into `blocks` [S, Lmax, hd] (the tower
+    splits them once per call, not once per block)."""
+    if cos.ndim == 2:
+      cos, sin = blocks.split(cos), blocks.split(sin)
+    # q, k and v cut into segments in one gather (and one scatter back), rotated there: the same elementwise math
+    qkv = blocks.split(self.qkv(x))  # [S, Lmax, 3 D]
+    qkv = qkv.reshape(*qkv.shape[:2], 3, self.num_heads, self.head_dim)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    out = _blocked_attention(q, k, v, blocks, self.head_dim**-0.5)
+    out = blocks.join(_blocked_attention(q, k, v, blocks, self.head_dim**-0.5))
     return self.proj(out.reshape(x.shape[0], -1))
 
 
@@ -293,11 +317,11 @@ class VisionTower(nnx.Module):
     x = x.reshape(seq // unit, unit, dim)[layout.window_index].reshape(seq, dim)
     cos, sin = self.rotary(layout.rotary_pos)
 
-    def run(block, x, _, blocks):
-      return block(x, cos, sin, blocks)
+    def run(blocks):
+      rotary = blocks.split(cos), blocks.split(sin)  # once per tower call, not per block
+      return lambda block, x, _: block(x, *rotary, blocks)
 
-    window = lambda block, x, i: run(block, x, i, layout.windows)
-    frames = lambda block, x, i: run(block, x, i, layout.frames)
+    window, frames = run(layout.windows), run(layout.frames)
     period, runs = block_schedule(self.cfg.depth, self.cfg.fullatt_block_indexes)
     if period:
       # groups of (period - 1) window blocks + one full-attention block: two scan bodies whatever the depth
