@@ -93,6 +93,7 @@ def machine_info() -> dict:
     omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
     omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
     xla_flags=os.environ.get("XLA_FLAGS"),
+    glibc_tunables=os.environ.get("GLIBC_TUNABLES"),  # jaxcap.host_memory: freed XLA buffers kept or unmapped
   )
   torch = sys.modules.get("torch")
   if torch is not None:
@@ -115,6 +116,10 @@ def _machine_lines(info: dict) -> list[str]:
     f"software: torch {info.get('torch', '-')} ({info.get('torch_threads', '-')} threads), transformers "
     f"{info.get('transformers', '-')}, jax {info.get('jax', '-')} on {info.get('jax_platform', '-')}, python "
     f"{info['python']}" + (f"; {env}" if env else ""),
+    "host malloc: "
+    + (
+      "freed buffers kept (jaxcap.host_memory)" if info.get("glibc_tunables") else "glibc defaults (unmapped on free)"
+    ),
   ]
 
 

@@ -187,4 +187,7 @@ def rollout_roofline(cfg, model, batch, n_seq: int, n_new: int, ceilings: dict) 
 
 
 if __name__ == "__main__":
+  from jaxcap.host_memory import retain_on_cpu
+
+  retain_on_cpu()  # as the launcher does (JAXCAP_HOST_MALLOC=system: glibc defaults)
   main()

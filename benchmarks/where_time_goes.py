@@ -463,4 +463,7 @@ def main():
 
 
 if __name__ == "__main__":
+  from jaxcap.host_memory import retain_on_cpu
+
+  retain_on_cpu()  # as the launcher does (JAXCAP_HOST_MALLOC=system: glibc defaults)
   main()

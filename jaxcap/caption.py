@@ -253,4 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  from jaxcap.host_memory import retain_on_cpu
+
+  retain_on_cpu()
   sys.exit(main())

@@ -214,4 +214,7 @@ def run() -> None:
 
 
 if __name__ == "__main__":
+  from jaxcap.host_memory import retain_on_cpu
+
+  retain_on_cpu()
   run()

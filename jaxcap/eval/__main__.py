@@ -28,4 +28,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from jaxcap.host_memory import retain_on_cpu
+
+  retain_on_cpu()
   app.run(main)

@@ -1,0 +1,58 @@
+"""Host memory for XLA:CPU: keep freed buffers in the process instead of handing them back to the kernel.
+
+XLA:CPU allocates each execution's temporary buffer (1.7 GB for the `mid` update step) with malloc on one of its
+worker threads and frees it at the end. glibc serves a request that large from a fresh mmap (a thread's arena cannot
+hold it) and unmaps it on free, so every call faults every page of it back in: 430k page faults and ~1 s of kernel
+time per update step on a 2-core host, ~15% of its CPU time (benchmarks/README.md). With one arena, no mmap and no
+trimming, the freed buffer stays in the heap and the next call reuses it with no faults. glibc reads these settings
+(`GLIBC_TUNABLES`) only when a process starts, so an entry point that runs on CPU re-executes itself once with them.
+
+Set JAXCAP_HOST_MALLOC=system to keep glibc's defaults.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+
+# one arena (a thread's arena cannot grow past 64 MB, so big requests would fall back to mmap), no mmap, no trimming
+TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+OPT_OUT = "JAXCAP_HOST_MALLOC"
+_ACCELERATOR_MODULES = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
+
+
+def runs_on_cpu(environ) -> bool:
+  """Whether JAX will pick its CPU backend, judged before it starts: JAX_PLATFORMS names cpu first, or is unset and
+  no accelerator plugin (PJRT plugin entry point, libtpu, CUDA / ROCm plugin) is installed."""
+  platforms = environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  if importlib.metadata.entry_points(group="jax_plugins"):
+    return False
+  return not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES)
+
+
+def retained_env(environ) -> dict | None:
+  """`environ` with the tunables added, or None when nothing is to change: not Linux with glibc, opted out, already
+  set (by the user, or by this process's earlier start), or JAX will run on an accelerator."""
+  if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+    return None
+  if environ.get(OPT_OUT) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+    return None
+  if not runs_on_cpu(environ):
+    return None
+  tunables = ":".join(t for t in (environ.get("GLIBC_TUNABLES", ""), TUNABLES) if t)
+  return {**environ, "GLIBC_TUNABLES": tunables, OPT_OUT: "retain"}
+
+
+def retain_on_cpu() -> None:
+  """Re-executes this command (`sys.orig_argv`) with the tunables when it will run on CPU; returns when nothing is to
+  change. Call it first thing in a `__main__` block, before any thread or JAX backend starts."""
+  env = retained_env(os.environ)
+  if env is not None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
