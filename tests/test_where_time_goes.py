@@ -110,3 +110,21 @@ def test_attribution_splits_overlapping_time_and_sums_to_the_busy_time(tmp_path)
   # every op of this function is its own: nothing lands in a model part
   assert set(parts) <= {"other", "other (matmul)"}, parts
   assert parts.get("other (matmul)", 0) > 0
+
+
+def test_program_dots_reads_every_matmul_with_its_shapes_and_flops():
+  """A transposed operand and a batched contraction: each dot is found once, read in memory order, and its FLOPs
+  are 2 x output elements x contracted size; timed alone, the dots report those FLOPs and a positive time."""
+  rng = np.random.default_rng(0)
+  a, b = (jnp.asarray(rng.standard_normal(s, np.float32)) for s in ((96, 64), (80, 64)))
+  p, q = (jnp.asarray(rng.standard_normal(s, np.float32)) for s in ((4, 24, 16), (4, 16, 40)))
+  f = jax.jit(lambda a, b, p, q: (jnp.tanh(a @ b.T).sum(), jnp.einsum("bij,bjk->bik", p, q).sum()))
+  dots = W.program_dots(f.lower(a, b, p, q).compile().as_text())
+  assert sorted(d["flops"] for d in dots) == sorted([2.0 * 96 * 80 * 64, 2.0 * 4 * 24 * 40 * 16])
+  for d in dots:
+    lhs, rhs = d["lhs"], d["rhs"]
+    contracted = [lhs["shape"][i] for i in lhs["contracting"]]
+    assert contracted == [rhs["shape"][i] for i in rhs["contracting"]]
+    assert [lhs["shape"][i] for i in lhs["batch"]] == [rhs["shape"][i] for i in rhs["batch"]]
+  seconds, flops = W.time_dots_alone(dots, budget_s=0.05)
+  assert seconds > 0 and flops == sum(d["flops"] for d in dots)
