@@ -4,6 +4,7 @@ its source line belongs to.
     python benchmarks/where_time_goes.py --path update [--scanned] [--calls 3] [--json update_profile.json]
     python benchmarks/where_time_goes.py --path forward
     python benchmarks/where_time_goes.py --path decode        # one rollout call: prefill + 63 decode steps
+    python benchmarks/where_time_goes.py --path forward --floor   # + the program's matmuls timed alone
 
 Same `mid()` shapes as train_step.py / forward.py / rollout.py (8 prompts of one 224x224 image; update: 64 target
 tokens each; decode: 8 images x 4 samples x 64 new tokens), float32, random weights (no transformers needed).
