@@ -6,15 +6,17 @@ Shapes: B batch, T new tokens, S cache slots, D hidden, N query heads, K key/val
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcap.models import row_blocks
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear, mrope_cos_sin, scan_layers, stacked
 from jaxcap.models.vision import VisionLayout, VisionTower
-from jaxcap.sharding import shard, shard_like_params
+from jaxcap.sharding import path_name, shard, shard_like_params
 
 
 @jax.tree_util.register_dataclass
@@ -230,20 +232,39 @@ class Qwen25VL(nnx.Module):
       new_v.append(v)
     return self.norm(x), KVCache(tuple(new_k), tuple(new_v))
 
-  def layer_params(self) -> tuple:
-    """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`)."""
+  def layer_params(self, rows: int | None = None) -> tuple:
+    """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`
+    (the loop's batch rows), kernels are laid out in `row_blocks` where that applies (few rows, on CPU)."""
     stack = nnx.state(self.layers)
+    blocked = rows is not None and row_blocks.applies(rows)
+
+    def layout(path, a):
+      blocks = blocked and re.search(r"kernel(\.value)?$", path_name(path)) is not None and a.ndim == 2
+      return row_blocks.from_kernel(a) if blocks else a
+
     # each slice keeps its params' sharding, so a sharded model is gathered layer by layer where it is used, never
     # whole up front
     return tuple(
-      shard_like_params(jax.tree.map(lambda a, i=i: a[i], stack)) for i in range(self.cfg.text.num_hidden_layers)
+      jax.tree_util.tree_map_with_path(layout, shard_like_params(jax.tree.map(lambda a, i=i: a[i], stack)))
+      for i in range(self.cfg.text.num_hidden_layers)
     )
 
-  def logits(self, hidden: jax.Array) -> jax.Array:
-    """hidden [..., D] -> float32 logits [..., V]."""
+  def head_params(self, rows: int) -> jax.Array | None:
+    """The LM head in `row_blocks` for a loop computing logits of `rows` rows, or None where they do not apply
+    (for `logits(..., head=...)`). A tied head is a reshape of the embedding; an untied one a transposed copy."""
+    if not row_blocks.applies(rows):
+      return None
+    if self.cfg.text.tie_word_embeddings:
+      return row_blocks.from_rows(self.embed_tokens.embedding[...])
+    return row_blocks.from_kernel(self.lm_head.kernel[...])
+
+  def logits(self, hidden: jax.Array, head: jax.Array | None = None) -> jax.Array:
+    """hidden [..., D] -> float32 logits [..., V]. `head`: `head_params(rows)`, taken once outside a loop."""
     lead = hidden.shape[:-1]
     flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D: a faster weight gradient on XLA:CPU (see layers.Linear)
-    if self.cfg.text.tie_word_embeddings:
+    if head is not None:
+      out = row_blocks.matmul(flat, head.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    elif self.cfg.text.tie_word_embeddings:
       w = self.embed_tokens.embedding[...]
       out = jnp.einsum("nd,vd->nv", flat, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
     else:

@@ -116,7 +116,9 @@ def decode(
   """Feeds the last token and samples the next until every row stopped or max_new_tokens were emitted."""
   TRACE_COUNTS["decode"] += 1
   model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
-  layers = model.layer_params()  # sliced (and cast) once, outside the loop
+  rows = state.tokens.shape[0]
+  layers = model.layer_params(rows)  # sliced (cast, laid out for few rows) once, outside the loop
+  head = model.head_params(rows)
   n = sampling.max_new_tokens
 
   def keep_going(s: DecodeState):
@@ -130,7 +132,7 @@ def decode(
     positions = jnp.broadcast_to(position[None, :, None], (3, *last.shape))
     hidden, cache = model.decode(model.embed(last), positions, slot_mask, s.cache, slot, layers=layers)
     s = dataclasses.replace(s, cache=cache, slot_mask=slot_mask, last_position=position)
-    return _emit(s, model.logits(hidden[:, 0]), sampling, stop_ids, pad_id)
+    return _emit(s, model.logits(hidden[:, 0], head), sampling, stop_ids, pad_id)
 
   return jax.lax.while_loop(keep_going, step, state)
 
