@@ -55,7 +55,8 @@ def filtered_logits(logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, 
   Removed candidates hold -inf. With top-k only the k best are kept as candidates, so no full-vocabulary sort
   is paid; a full sort happens only for top-p without top-k.
   """
-  z = logits.astype(jnp.float32) / cfg.temperature
+  z = logits.astype(jnp.float32)
+  z = z if cfg.temperature == 1 else z / cfg.temperature  # x / 1 == x: no pass over the vocabulary
   vocab = z.shape[-1]
   ids = None
   if 0 < cfg.top_k < vocab or cfg.top_p < 1:
@@ -86,6 +87,8 @@ def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tup
     choice = categorical(key, z)
     sample_lp = _take(z, choice) - jax.nn.logsumexp(z, axis=-1)
     tokens = (choice if ids is None else _take(ids, choice)).astype(jnp.int32)
+    if cfg.temperature == 1 and cfg.top_p == 1 and ids is None:  # unfiltered, untempered: the policy itself
+      return tokens, sample_lp, sample_lp
   policy_lp = _take(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
   return tokens, sample_lp, policy_lp
 
