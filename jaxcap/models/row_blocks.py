@@ -28,10 +28,13 @@ BLOCK_ROWS = 256  # weight rows per block (128-256 measured best at 32 rows; 64-
 
 
 def applies(rows: int) -> bool:
-  """Whether a loop of matmuls with `rows` rows should take its weights in row blocks: few rows, the CPU
-  backend, and no multi-device mesh."""
+  """Whether a loop of matmuls with `rows` rows should take its weights in row blocks: few rows, on CPU (the
+  ambient mesh's devices, e.g. a TPU topology compiled ahead of time from a CPU host, else the default backend),
+  and no multi-device mesh."""
   mesh = jax.sharding.get_abstract_mesh()
-  return rows <= MAX_ROWS and jax.default_backend() == "cpu" and (mesh.empty or mesh.size == 1)
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  platform = device.platform if device is not None else jax.default_backend()
+  return rows <= MAX_ROWS and platform == "cpu" and (mesh.empty or mesh.size == 1)
 
 
 def block_count(out: int, rows: int = BLOCK_ROWS) -> int:
