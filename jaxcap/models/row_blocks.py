@@ -7,9 +7,10 @@ x @ W laid out [out, in] (`from_rows`), within float rounding of x @ W laid out 
 Why: XLA:CPU's GEMM (YNNPACK in jaxlib 0.10) packs the weight operand afresh at every call, so a matmul with few
 rows streams the weight ~3x and runs far below both the GEMM ceiling and memory bandwidth. With the weight
 as [out, in] blocks of ~256 rows, each block is packed while it is in cache. Measured on a 2-core AMD EPYC
-(f32, min of interleaved calls): a whole decode step's matmuls of the `mid()` model (8 layers, D 512, F 2752, tied
-32000-token head) at 32 rows 61.0 -> ~36 ms; at 8 rows 1.6-1.8x; at 64 rows 1.08x; at 128 rows 0.96x (so not
-used there). At Qwen2.5-VL-3B shapes and 32 rows: 2048 -> 11008 27.8 -> 12.4 ms, 11008 -> 2048 36.1 -> 11.5 ms.
+(f32, min of interleaved calls; benchmarks/README.md): one decode step of a 4-layer Qwen2.5-VL-3B decoder with its
+151936-token tied head, 1024 cache slots, through the model's code: 8 rows 2.28x, 32 rows 1.69x, 64 rows 1.22x,
+128 rows 1.08x; 7B (untied head), 32 rows 2.12x. The `mid()` model's decode-step matmuls: 32 rows 1.5x, 64 rows
+1.08x, 128 rows 0.96x; hence rows <= 64. bfloat16 (3B shapes, 8-32 rows): 1.2-1.34x; mid shapes 0.9x.
 
 Only on CPU and unsharded: GPU/TPU GEMMs take either layout, and a sharded weight would be re-laid across
 devices. The caller decides once, outside its decode loop (`applies`), since the transpose is a copy of the
