@@ -1,8 +1,8 @@
 """Weights in row blocks, for matmuls with few rows (a decode step's) on XLA:CPU.
 
 A weight W [in, out] in row blocks is W's transpose cut into C equal blocks of output rows: [C, out / C, in].
-x [M, in] @ W is then one batched dot over the blocks (`matmul`). Same products, same sums: bitwise equal to
-x @ W laid out [out, in] (`from_rows`), within float rounding of x @ W laid out [in, out].
+x [M, in] @ W is then one batched dot over the blocks (`matmul`): the same products, which XLA may sum in another
+order, so outputs equal x @ W within float rounding (bitwise at some shapes, not all).
 
 Why: XLA:CPU's GEMM (YNNPACK in jaxlib 0.10) packs the weight operand afresh at every call, so a matmul with few
 rows streams the weight ~3x and runs far below both the GEMM ceiling and memory bandwidth. With the weight
