@@ -28,10 +28,18 @@ class KVCache:
   cache as it lies: with [B, S, K, H] keys XLA:CPU copied (transposed) every layer's whole key cache at every step
   (~0.8 -> 0.36 ms per layer and step at 32 x 160 slots). One buffer per layer (not one stacked [L, ...] array):
   each decode step then updates every layer's buffer in place; a stacked cache costs a copy of the layer's slice
-  per layer and step."""
+  per layer and step.
+
+  A cache made by `grow` also holds a shared prefix: `prefix_k` [P, K, H, T] / `prefix_v` [P, K, T, H] per layer,
+  the T prompt slots of P prompts, each read by its `repeats` consecutive rows (row r sees prompt r // repeats).
+  Its slots come first: slot j < T is prefix slot j, slot T + i is the row's own slot i. The G samples of a prompt
+  then share one copy of its prompt's keys and values instead of G (memory and, in a decode step, the bytes the
+  attention reads: G x fewer for the prompt part)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
+  prefix_k: tuple[jax.Array, ...] = ()
+  prefix_v: tuple[jax.Array, ...] = ()
 
   @classmethod
   def zeros(cls, cfg: Qwen25VLConfig, batch: int, slots: int, dtype=None) -> "KVCache":
@@ -43,15 +51,28 @@ class KVCache:
     )
 
   @property
+  def prefix_slots(self) -> int:
+    return self.prefix_v[0].shape[2] if self.prefix_v else 0
+
+  @property
   def slots(self) -> int:
-    return self.v[0].shape[2]
+    """All slots a row sees: the shared prefix's, then its own."""
+    return self.prefix_slots + self.v[0].shape[2]
 
   def grow(self, repeats: int, slots: int) -> "KVCache":
-    """Each row repeated `repeats` times (row b -> rows b*repeats ...), with `slots` empty slots appended."""
-    grow = lambda a, axis: shard(
-      jnp.pad(jnp.repeat(a, repeats, axis=0), [(0, slots if i == axis else 0) for i in range(4)]), CACHE_AXES
+    """A cache for `repeats` rows per row of this one (row b -> rows b*repeats ...): this cache's slots become
+    their shared prefix (not copied per row), followed by `slots` empty slots of their own."""
+    if self.prefix_k:
+      raise ValueError("grow() of a cache that already has a shared prefix; grow the prompt's cache once")
+    b, kv_heads, head_dim, _ = self.k[0].shape
+    rows = b * repeats
+    own = lambda shape, dtype: tuple(shard(jnp.zeros(shape, dtype), CACHE_AXES) for _ in self.k)
+    return KVCache(
+      own((rows, kv_heads, head_dim, slots), self.k[0].dtype),
+      own((rows, kv_heads, slots, head_dim), self.v[0].dtype),
+      prefix_k=self.k,
+      prefix_v=self.v,
     )
-    return KVCache(tuple(grow(k, 3) for k in self.k), tuple(grow(v, 2) for v in self.v))
 
 
 CACHE_AXES = ("batch", "kv_heads", None, None)
@@ -83,9 +104,10 @@ class Attention(nnx.Module):
     self.o_proj = linear(self.num_heads * self.head_dim, t.hidden_size, bias=False, **kw)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; kv: this layer's cache (keys [B, K, H, S], values [B, K, S, H]) or None. Returns the output
-    [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`) or, without one,
-    the new tokens' [B, T, K, H]."""
+    """x [B, T, D]; kv: this layer's cache (keys [B, K, H, S], values [B, K, S, H], then optionally a shared
+    prefix's keys and values, see `KVCache`) or None. Returns the output [B, T, D] and the keys and values: the
+    updated cache (new tokens written at `cache_index`, counted after any prefix's slots) or, without one, the new
+    tokens' [B, T, K, H]."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -96,35 +118,62 @@ class Attention(nnx.Module):
     if kv is None:
       out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=scale)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
-    k_cache, v_cache = kv
+    k_cache, v_cache, *prefix = kv
+    own_index = cache_index - (prefix[1].shape[2] if prefix else 0)
     k_new = k.transpose(0, 2, 3, 1).astype(k_cache.dtype)  # [B, K, H, T]
     v_new = v.transpose(0, 2, 1, 3).astype(v_cache.dtype)  # [B, K, T, H]
-    k_cache = shard(jax.lax.dynamic_update_slice_in_dim(k_cache, k_new, cache_index, axis=3), CACHE_AXES)
-    v_cache = shard(jax.lax.dynamic_update_slice_in_dim(v_cache, v_new, cache_index, axis=2), CACHE_AXES)
-    out = cached_attention(q, k_cache, v_cache, mask, scale)
+    k_cache = shard(jax.lax.dynamic_update_slice_in_dim(k_cache, k_new, own_index, axis=3), CACHE_AXES)
+    v_cache = shard(jax.lax.dynamic_update_slice_in_dim(v_cache, v_new, own_index, axis=2), CACHE_AXES)
+    out = cached_attention(q, k_cache, v_cache, mask, scale, prefix=tuple(prefix) or None)
     return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def cached_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, prefix: tuple | None = None
+) -> jax.Array:
   """GQA attention of q [B, T, N, H] over a cache's keys [B, K, H, S] and values [B, K, S, H] -> [B, T, N, H].
 
-  mask bool [B, 1, T, S]. The math of `jax.nn.dot_product_attention`'s XLA path (float32 scores and softmax,
-  masked scores set to -0.7 x the float32 max, probabilities cast back to the inputs' dtype), on the cache's
-  layout."""
+  prefix: optional (keys [P, K, H, S0], values [P, K, S0, H]) shared by B / P consecutive rows each, slots before
+  the rows' own (`KVCache`); mask bool [B, 1, T, S0 + S] then covers both. The math of
+  `jax.nn.dot_product_attention`'s XLA path (float32 scores and softmax, masked scores set to -0.7 x the float32
+  max, probabilities cast back to the inputs' dtype), on the cache's layout; with a prefix, one softmax over the
+  prefix's and the row's own scores, and the output the sum of the two parts' products."""
   b, t, n, h = q.shape
-  kv_heads, s = k.shape[1], k.shape[3]
+  kv_heads = k.shape[1]
   g = n // kv_heads
   # batch dims (B, K) leading in both operands and the caches used as they lie (a reshape of an updated cache made
   # XLA duplicate its in-place update into copies); XLA:CPU has a bf16 x bf16 -> f32 dot only in this form
   q = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, h)
-  k, v = k.astype(q.dtype), v.astype(q.dtype)
-  precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
-  scores = jnp.einsum("bkqh,bkhs->bkqs", q, k, precision=precision, preferred_element_type=jnp.float32)
+  v = v.astype(q.dtype)
+  scores = _scores(q, k)
+  if prefix is not None:
+    # the prompt's rows ask its shared keys together: [P, K, (B / P) * T * G, H], one dot per prompt and head
+    pk, pv = prefix
+    p, reps = pk.shape[0], b // pk.shape[0]
+    qp = q.reshape(p, reps, kv_heads, t * g, h).transpose(0, 2, 1, 3, 4).reshape(p, kv_heads, reps * t * g, h)
+    sp = _scores(qp, pk).reshape(p, kv_heads, reps, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, -1)
+    scores = jnp.concatenate([sp, scores], axis=-1)
+  s = scores.shape[-1]
   scores = scores.reshape(b, kv_heads, t, g, s) * jnp.float32(scale)
   scores = jnp.where(mask[:, :, :, None], scores, -0.7 * float(jnp.finfo(jnp.float32).max))
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv_heads, t * g, s)
-  out = jnp.einsum("bkqs,bksh->bkqh", probs, v).reshape(b, kv_heads, t, g, h)
+  if prefix is None:
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
+  else:
+    s0 = pv.shape[2]
+    pp = probs[..., :s0].reshape(p, reps, kv_heads, t * g, s0).transpose(0, 2, 1, 3, 4)
+    shared = jnp.einsum("pkqs,pksh->pkqh", pp.reshape(p, kv_heads, reps * t * g, s0), pv.astype(v.dtype))
+    shared = shared.reshape(p, kv_heads, reps, t * g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, h)
+    out = shared + jnp.einsum("bkqs,bksh->bkqh", probs[..., s0:], v)
+  out = out.reshape(b, kv_heads, t, g, h)
   return out.transpose(0, 2, 1, 3, 4).reshape(b, t, n, h)
+
+
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+  """q [B, K, Q, H] . keys [B, K, H, S] -> float32 scores [B, K, Q, S]."""
+  k = k.astype(q.dtype)
+  precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
+  return jnp.einsum("bkqh,bkhs->bkqs", q, k, precision=precision, preferred_element_type=jnp.float32)
 
 
 class DecoderLayer(nnx.Module):
@@ -227,10 +276,11 @@ class Qwen25VL(nnx.Module):
       # ties the layer's weights to this step's activations: XLA cannot hoist their all-gather (sharded models)
       # out of a decode loop, which would hold every layer's gathered weights at once
       x, params = jax.lax.optimization_barrier((x, params))
-      x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, (cache.k[i], cache.v[i]), cache_index)
+      kv = (cache.k[i], cache.v[i]) + ((cache.prefix_k[i], cache.prefix_v[i]) if cache.prefix_k else ())
+      x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, cache_index)
       new_k.append(k)
       new_v.append(v)
-    return self.norm(x), KVCache(tuple(new_k), tuple(new_v))
+    return self.norm(x), KVCache(tuple(new_k), tuple(new_v), cache.prefix_k, cache.prefix_v)
 
   def layer_params(self, rows: int | None = None) -> tuple:
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`

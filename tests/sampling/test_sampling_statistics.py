@@ -85,3 +85,18 @@ def test_end_to_end_first_token_frequencies():
   assert _chi_square_p(counts, probs) > ALPHA
   wrong = _reference_probs(logits, SamplingConfig(temperature=sampling.temperature))
   assert stats.chisquare(counts, wrong * counts.sum()).pvalue < 1e-6
+
+
+def test_categorical_logprob_is_the_log_softmax_of_the_choice():
+  """The draw's log-probability comes from its own normaliser; it equals log_softmax at the drawn index, with
+  excluded (-inf) candidates and a vocabulary that is not a multiple of the block."""
+  from jaxcap.sampling.distribution import categorical_with_logprob
+
+  rng = np.random.default_rng(3)
+  logits = jnp.asarray(rng.standard_normal((6, 1000)) * 4, jnp.float32)
+  logits = logits.at[:, 500:].set(-jnp.inf).at[0, :].set(-jnp.inf).at[0, 7].set(3.0)
+  choice, lp = jax.jit(categorical_with_logprob)(jax.random.key(1), logits)
+  expected = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), choice[:, None], -1)[:, 0]
+  assert int(choice[0]) == 7 and float(lp[0]) == 0.0
+  assert bool(jnp.all(choice < 500))
+  np.testing.assert_allclose(np.asarray(lp), np.asarray(expected), atol=1e-5)
