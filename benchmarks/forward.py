@@ -89,6 +89,7 @@ def main():
   warmup = {"jaxcap": warm_up(jax_forward), "transformers": warm_up(hf_forward)}  # jaxcap's compiles
   with Section() as section:
     jax_s, hf_s = interleaved(jax_forward, hf_forward, args.pairs, args.repeats, names=("jaxcap", "transformers"))
+  ceilings = measured_ceilings(args, cfg, tokens, previous=ceilings)  # and after: the best of both
   report(
     "forward (prefill)",
     tokens,

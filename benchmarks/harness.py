@@ -36,14 +36,16 @@ BUSY_LOAD_FRACTION = 0.75
 BUSY_OTHERS_FRACTION = 0.25
 
 
-def measured_ceilings(args, cfg, tokens: int, with_torch: bool = True) -> dict | None:
+def measured_ceilings(args, cfg, tokens: int, with_torch: bool = True, previous: dict | None = None) -> dict | None:
   """The machine's GEMM and bandwidth ceilings at `cfg`'s matmul shapes (benchmarks/ceilings.py), unless
-  --no_ceilings."""
+  --no_ceilings. With `previous` (the same measured before the timed section), the best of both: a shared host's
+  rates drift by tens of percent over minutes, and a ceiling caught in a slow minute would flatter every fraction."""
   if getattr(args, "no_ceilings", False):
     return None
-  from ceilings import measure_ceilings, model_gemm_shapes
+  from ceilings import best_of, measure_ceilings, model_gemm_shapes
 
-  return measure_ceilings(model_gemm_shapes(cfg, tokens), with_torch=with_torch)
+  now = measure_ceilings(model_gemm_shapes(cfg, tokens), with_torch=with_torch)
+  return now if previous is None else best_of(previous, now)
 
 
 def add_arguments(ap) -> None:

@@ -127,6 +127,7 @@ def main():
   ceilings = measured_ceilings(args, cfg, n_seq, with_torch=False)
   with Section() as section:
     jax_s, hf_s = interleaved(jax_rollout, hf_rollout, args.pairs, names=("jaxcap", "transformers"))
+  ceilings = measured_ceilings(args, cfg, n_seq, with_torch=False, previous=ceilings)  # and after: the best of both
   assert all(int(n.sum()) == total for n in lengths), "jaxcap stopped early"
   record = report(
     "rollout (sampling)",
@@ -142,6 +143,9 @@ def main():
     json_path=args.json,
   )
   if ceilings is not None:
+    from ceilings import print_ceilings
+
+    print_ceilings(ceilings)
     roof = rollout_roofline(cfg, model, batch, n_seq, n_new, ceilings)
     call_s = record["sides"]["jaxcap"]["min_s"]
     print(

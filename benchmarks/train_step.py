@@ -141,6 +141,7 @@ def main():
   ceilings = measured_ceilings(args, cfg, tokens, with_torch=not args.skip_hf)
   with Section() as section:
     jax_s, hf_s = interleaved(jax_update, hf_update, args.pairs, args.repeats, names=("jaxcap", "transformers"))
+  ceilings = measured_ceilings(args, cfg, tokens, with_torch=not args.skip_hf, previous=ceilings)  # and after
   report(
     "train step (sft update)",
     tokens,
