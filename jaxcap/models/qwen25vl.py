@@ -31,7 +31,7 @@ class KVCache:
   per layer and step.
 
   A cache made by `grow` also holds a shared prefix: `prefix_k` [P, K, H, T] / `prefix_v` [P, K, T, H] per layer,
-  the T prompt slots of P prompts, each read by its `repeats` consecutive rows (row r sees prompt r // repeats).
+  the T prompt slots of P prompts, each read by G = B / P consecutive rows (row r sees prompt r // G).
   Its slots come first: slot j < T is prefix slot j, slot T + i is the row's own slot i. The G samples of a prompt
   then share one copy of its prompt's keys and values instead of G (memory and, in a decode step, the bytes the
   attention reads: G x fewer for the prompt part)."""
