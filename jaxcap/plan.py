@@ -317,9 +317,8 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
       )
     elif r.name in ("prefill", "decode"):
       out.append(
-        f"{r.name} is {over:.1f} GiB over: the KV cache grows with rl.batch_size x (prompt + "
-        "rl.num_samples x sampling.max_new_tokens) (the samples share their prompt's slots); sample fewer rows "
-        "at once or add devices on the batch axes"
+        f"{r.name} is {over:.1f} GiB over: the KV cache grows with rl.batch_size x (prompt + rl.num_samples x "
+        "sampling.max_new_tokens); sample fewer rows at once or add devices on the batch axes"
       )
     else:
       out.append(f"{r.name} is {over:.1f} GiB over: raise rl.micro_batches or add devices")
