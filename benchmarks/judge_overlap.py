@@ -23,13 +23,13 @@ import jax
 import jax.numpy as jnp
 import uvicorn
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.judges.reply_cache import ReplyCache
-from jaxcap.judges.server import rule_based_app_for_manifest
+from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
 
 

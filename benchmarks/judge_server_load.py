@@ -28,7 +28,7 @@ import time
 import httpx
 import numpy as np
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 
 
 def free_port() -> int:

@@ -18,7 +18,8 @@ import math
 import sys
 from typing import Protocol, Sequence
 
-from jaxcap.data.synthetic.curation import CurationConfig
+import jaxcap.world  # noqa: F401  (registers judge.kind='rule_based')
+from jaxcap.world.curation import CurationConfig
 from jaxcap.judges.parsing import LETTERS, ReplyParseError, parse_letter
 from jaxcap.judges.protocol import MultipleChoiceReply, MultipleChoiceRequest, VisualQuestionRequest
 from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
   import uvicorn
 
-  from jaxcap.judges.server import rule_based_app_for_manifest
+  from jaxcap.world.judge_server import rule_based_app_for_manifest
 
   key_env = "JUDGE_API_KEY" if args.api_key_env is None else args.api_key_env
   api_key = os.environ.get(key_env) if key_env else None

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+import jaxcap.world  # noqa: F401  (registers judge.kind='rule_based')
 from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_records
 
 

@@ -12,7 +12,7 @@ def tiny_world(train_scenes: int = 8, eval_scenes: int = 6):
   """(run config, workdir, train records, held-out records, student Qwen25VL, its Processor): the embedded
   default's world (every record has curated questions) and a one-layer random student over its tokenizer."""
   from jaxcap.data.manifest import read_manifest
-  from jaxcap.train import embedded
+  from jaxcap.world import student as embedded
   from jaxcap.train.config import base_config
 
   c = base_config()

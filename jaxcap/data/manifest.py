@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from jaxcap.data.records import ImageRecord
-from jaxcap.data.synthetic.scene import Scene
 
 
 class ManifestError(ValueError):
@@ -23,10 +22,11 @@ class ManifestError(ValueError):
 
 
 class Manifest(NamedTuple):
-  """records: one per row, media paths absolute; scenes: row id -> Scene for rows with a `scene` field."""
+  """records: one per row, media paths absolute; scenes: row id -> its `scene` graph (a JSON object, as the row
+  holds it) for rows with one; `jaxcap.world.as_scenes` turns them into the world's `Scene`s."""
 
   records: list[ImageRecord]
-  scenes: dict[str, Scene]
+  scenes: dict[str, dict[str, Any]]
 
 
 def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Manifest:
@@ -43,7 +43,9 @@ def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Man
   for lineno, row in _rows(path):
     try:
       rec = ImageRecord.from_json(row)
-      scene = Scene.from_graph(row["scene"]) if row.get("scene") else None
+      scene = row.get("scene") or None
+      if scene is not None and not (isinstance(scene, dict) and isinstance(scene.get("objects"), list)):
+        raise ValueError(f"'scene' must be a scene graph object with an 'objects' list, not {type(scene).__name__}")
     except (ValueError, KeyError, TypeError) as e:
       raise ManifestError(f"{path}:{lineno}: {e}") from e
     if require_media and not rec.image and not rec.frames:

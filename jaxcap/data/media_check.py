@@ -50,26 +50,9 @@ def media_files(record: ImageRecord) -> tuple[str, ...]:
   return tuple(record.frames) if record.frames else (record.image,)
 
 
-def decode_problem(path: str) -> str | None:
-  """Why the image or video file at `path` cannot be used (None when it decodes: an image completely, a video file
-  at the frames training samples, each resized as it is decoded so memory stays small)."""
-  from jaxcap.data.records import is_video_file
-  from jaxcap.processing.vision import load_image  # the decoders training uses (EXIF, alpha, pixel limit, ...)
-
-  if not os.path.isfile(path):
-    return "no such file" if not os.path.exists(path) else "not a regular file"
-  try:
-    if is_video_file(path):
-      from jaxcap.processing.video import read_video
-
-      read_video(path, resize=True)
-    else:
-      load_image(path)
-  except ValueError as e:  # load_image's own message, or its wrapper around the decoder's error
-    return f"{type(e.__cause__).__name__}: {e.__cause__}" if e.__cause__ is not None else str(e)
-  except Exception as e:  # noqa: BLE001 -- any other decoder failure (SyntaxError, DecompressionBombError, ...)
-    return f"{type(e).__name__}: {e}"
-  return None
+def exists_problem(path: str) -> str | None:
+  """Why `path` cannot be used when files are only checked to exist (data.check_media=False)."""
+  return None if os.path.isfile(path) else "no such file"
 
 
 def find_bad_media(
@@ -77,7 +60,7 @@ def find_bad_media(
   *,
   workers: int | None = None,
   progress: bool = True,
-  decode: Callable[[str], str | None] = decode_problem,
+  decode: Callable[[str], str | None] = exists_problem,
 ) -> list[BadMedia]:
   """Every record of `splits` (name -> records) with a file that does not decode, in split and record order.
 
@@ -121,17 +104,19 @@ def check_record_media(
   *,
   policy: str = "fail",
   workdir: str | os.PathLike | None = None,
-  decode: bool = True,
+  decode: Callable[[str], str | None] | None = None,
   workers: int | None = None,
   progress: bool = True,
 ) -> dict[str, list[ImageRecord]]:
   """`splits` (name -> records) with the records whose media does not decode handled by `policy` ("fail" or
-  "skip", see the module docstring). `decode=False` only checks that the files exist (policy applies too)."""
+  "skip", see the module docstring). `decode(path)` says why a file cannot be used (None when it decodes): the
+  decoders training uses, `jaxcap.processing.media.decode_problem`; None only checks that the files exist (policy
+  applies too)."""
   if policy not in BAD_MEDIA_POLICIES:
     raise ValueError(f"data.bad_media={policy!r}: use one of {BAD_MEDIA_POLICIES}.")
   errors_path = Path(workdir) / ERRORS_FILE if workdir is not None else None
-  check = decode_problem if decode else (lambda p: None if os.path.isfile(p) else "no such file")
-  bad = find_bad_media(splits, workers=workers, progress=progress and decode, decode=check)
+  check = decode or exists_problem
+  bad = find_bad_media(splits, workers=workers, progress=progress and decode is not None, decode=check)
   total = sum(len(records) for records in splits.values())
   if errors_path is not None and is_lead_process():
     if bad:

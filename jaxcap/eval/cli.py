@@ -14,6 +14,7 @@ import dataclasses
 import pathlib
 from typing import Any, Mapping, Sequence
 
+import jaxcap.world  # noqa: F401  (registers judge.kind='rule_based')
 from jaxcap.eval.captionqa import CaptionQAConfig
 from jaxcap.eval.caparena import CapArenaConfig
 from jaxcap.eval.captioners import DUPLICATE_POLICIES, CaptionSet, load_captioner
@@ -115,7 +116,7 @@ def eval_config(config: Mapping[str, Any]) -> EvalConfig:
 def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> dict[str, pathlib.Path]:
   """Evaluates the configured captioners and writes the report; returns the written files by kind."""
   from jaxcap.data.manifest import read_manifest
-  from jaxcap.data.synthetic.manifest import generate_dataset
+  from jaxcap.world.dataset import generate_dataset
 
   config = _plain(config)
   settings = eval_config(config)  # validate before any work

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxcap.data.synthetic import vocabulary as V
+from jaxcap.world import vocabulary as V
 from jaxcap.eval.captioners import CaptionSet
 from jaxcap.judges.protocol import Judge
 from jaxcap.rewards.mix import build_reward

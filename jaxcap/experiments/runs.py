@@ -118,7 +118,7 @@ def ensure_start(kind: str, s: Settings, log=print) -> Start:
     return Start(wd, float(info["wall_s"]), True)
   log(f"start {kind}: training (vision warm-up {c.vision_warmup.steps}, SFT {c.sft.steps} steps) in {wd}")
   wall = _train(c)
-  from jaxcap.train.embedded import build_world, world_config
+  from jaxcap.world.student import build_world, world_config
 
   w = c.world
   build_world(

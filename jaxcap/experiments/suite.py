@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import jaxcap.world  # noqa: F401  (registers judge.kind='rule_based')
 from jaxcap.eval.bcapscore import bcapscore_composite
 from jaxcap.eval.captioners import read_caption_jsonl
 from jaxcap.eval.metrics import RatioMetric, bootstrap_differences, bootstrap_estimates, harmonic_mean

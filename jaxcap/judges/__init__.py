@@ -1,7 +1,7 @@
-"""Judges: the batched judge protocol, its deterministic rule-based implementation, and LLM judges over any
-OpenAI-compatible server (HttpJudge on a JudgeFleet)."""
+"""Judges: the batched judge protocol and LLM judges over any OpenAI-compatible server (HttpJudge on a
+JudgeFleet), with their factory, preflight check and HTTP server. The synthetic world's rule-based judge is
+`jaxcap.world.judge.RuleBasedJudge` (registered as judge.kind='rule_based' when `jaxcap.world` is imported)."""
 
 from jaxcap.judges.protocol import Judge, JudgeResult
-from jaxcap.judges.rule_based import RuleBasedJudge
 
-__all__ = ["Judge", "JudgeResult", "RuleBasedJudge"]
+__all__ = ["Judge", "JudgeResult"]

@@ -4,7 +4,8 @@
     judge = preflight_judge(judge, config.judge, records=records)   # http: every endpoint answers, or a clear error
 
 Judge kinds are registered in `JUDGE_KINDS`:
-  rule_based  the synthetic world's deterministic judge over the manifest's ground-truth scenes
+  rule_based  the synthetic world's deterministic judge over the manifest's ground-truth scenes (registered by
+              `jaxcap.world`, which every entry point imports)
   http        LLM judges behind OpenAI-compatible servers (vLLM, SGLang, llama.cpp, TGI): `endpoints` serving
               `model` for every role, or `fleet_config` (JSON: role -> RoleConfig fields)
   factory     any `package.module:function` returning a Judge, called with `options`
@@ -80,18 +81,6 @@ def build_judge(
 def judge_name(config: Mapping[str, Any]) -> str:
   """How reports name the judge: its kind, or the factory it came from."""
   return str(config["factory"]) if config.get("kind") == "factory" else str(config.get("kind", "rule_based"))
-
-
-@JUDGE_KINDS.register("rule_based")
-def rule_based_judge(config, *, scenes, records, seed) -> Judge:
-  from jaxcap.judges.rule_based import RuleBasedJudge
-
-  if not scenes:
-    raise ValueError(
-      "judge.kind='rule_based' needs ground-truth scenes in the manifest (synthetic-world rows with a 'scene' "
-      "field); for other data use judge.kind='http' (an LLM judge fleet) or judge.kind='factory'."
-    )
-  return RuleBasedJudge(scenes, failure_rate=float(config.get("failure_rate", 0.0)), seed=seed)
 
 
 @JUDGE_KINDS.register("http")

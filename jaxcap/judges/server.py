@@ -1,4 +1,5 @@
-"""An OpenAI-compatible chat-completions server in front of the rule-based judge.
+"""An OpenAI-compatible chat-completions server in front of a structured judge (the rule-based one:
+`jaxcap.world.judge_server`).
 
 It lets the default (synthetic-world) run exercise the whole HTTP path — fleet, retries, parsing — with no
 LLM. The rule-based judge cannot read free-form prompts, so it answers from the structured copy of the judge
@@ -28,7 +29,6 @@ from fastapi.responses import JSONResponse
 
 from jaxcap.judges import protocol as P
 from jaxcap.judges.chat_client import HINT_FIELD, HINT_REQUIRED
-from jaxcap.judges.rule_based import RuleBasedJudge
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # a 100 kB caption or an attached image fit; a 50 MB body does not
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _request_from_hint(hint: Any) -> tuple[str, Any]:
 class RuleBasedBackend:
   """Turns one structured judge request into the reply text an LLM judge would give (or raises)."""
 
-  def __init__(self, judge: RuleBasedJudge, descriptions: Mapping[str, str] | None = None):
+  def __init__(self, judge: P.Judge, descriptions: Mapping[str, str] | None = None):
     self.judge = judge
     # QA curation stand-in for "the image": the scene's full description (reference caption).
     self.descriptions = dict(descriptions or {})
@@ -301,29 +301,3 @@ def make_app(
     }
 
   return app
-
-
-def rule_based_app_for_manifest(
-  manifest: str,
-  *,
-  added_latency_s: float = 0.0,
-  failure_rate: float = 0.0,
-  seed: int = 0,
-  model: str | Sequence[str] = "judge",
-  api_key: str | None = None,
-  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> FastAPI:
-  """The app for a dataset manifest whose rows carry their scene graph (synthetic world); the keyword options
-  are `make_app`'s."""
-  from jaxcap.data.manifest import read_manifest
-  from jaxcap.judges.factory import build_judge
-
-  records, scenes = read_manifest(manifest, require_media=False)
-  if not scenes:
-    raise ValueError(
-      f"Manifest {manifest} has no 'scene' fields; the rule-based judge needs the synthetic "
-      "world's ground truth (write it with jaxcap.data.synthetic.manifest.generate_dataset)."
-    )
-  judge = build_judge({"kind": "rule_based", "failure_rate": failure_rate, "seed": seed}, scenes=scenes)
-  backend = RuleBasedBackend(judge, {r.id: r.reference_caption for r in records})
-  return make_app(backend, model=model, added_latency_s=added_latency_s, api_key=api_key, max_body_bytes=max_body_bytes)

@@ -14,9 +14,9 @@ from jaxcap.judges.factory import JUDGE_KINDS, judge_config
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-from jaxcap.train import embedded  # noqa: F401  (registers the synthetic world's SFT target sources)
+from jaxcap.world import student as embedded  # noqa: F401  (registers the synthetic world's SFT target sources)
 from jaxcap.train.precision import MASTER_UPDATES
-from jaxcap.train.sft_targets import SFT_TARGETS
+from jaxcap.data.sft_targets import SFT_TARGETS
 
 # Every name a config chooses from, by the field that chooses it (validate() and the launcher's --help read these).
 REGISTRIES: dict[str, Registry] = {
@@ -101,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
     )
   )
   # Embedded student only (skipped with model.checkpoint): its random ViT first learns, per merged visual token,
-  # the colour / shape / size of the object centred in that cell, on freshly drawn scenes (train/vision_warmup.py),
+  # the colour / shape / size of the object centred in that cell, on freshly drawn scenes (world/vision_warmup.py),
   # standing in for a real VLM's pretrained ViT; SFT then trains the decoder on top of it (sft.freeze_vision).
   # Without it, SFT captions named one stock object in almost every image (colour right in 6 of 64 held-out
   # images); with it, 232 of 256, and held-out QA accuracy after SFT is 52.0% (it was 9.1%).
@@ -372,7 +372,7 @@ def _check_counts(need, c) -> None:
         f"world.train_scenes={w.train_scenes} cannot fill one {phase} batch of {phase}.batch_size="
         f"{c[phase].batch_size}; raise world.train_scenes or lower the batch size",
       )
-  if not c.model.checkpoint:  # the embedded student (jaxcap.train.embedded.student_config)
+  if not c.model.checkpoint:  # the embedded student (jaxcap.world.student.student_config)
     st = c.model.student
     need(
       min(st.text_layers, st.vision_depth, st.text_heads, st.vision_width, st.text_width) >= 1,

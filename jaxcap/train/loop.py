@@ -28,7 +28,7 @@ from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.sampling import Sampler, SamplingConfig
-from jaxcap.train import vision_warmup
+from jaxcap.world import vision_warmup
 from jaxcap.train.abort import (
   ABORT_CHECKPOINT_WAIT_S,
   ABORT_CLOSE_WAIT_S,

@@ -272,7 +272,7 @@ def _world_problems(config, workdir: Path) -> list[Change]:
   split whose stamp differs, which under a restored loader position would mix two datasets."""
   if config.data.train_manifest:
     return []
-  from jaxcap.train.embedded import world_config
+  from jaxcap.world.student import world_config
 
   stamp = workdir / "world" / "train" / "world.json"
   if not stamp.exists():

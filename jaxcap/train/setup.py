@@ -12,6 +12,7 @@ import ml_collections
 from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.data.manifest import read_manifest
 from jaxcap.data.media_check import check_record_media
+from jaxcap.processing.media import decode_problem
 from jaxcap.data.records import ImageRecord
 from jaxcap.judges.factory import build_judge
 from jaxcap.judges.preflight import preflight_judge
@@ -21,8 +22,8 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh
-from jaxcap.train import embedded
-from jaxcap.train.sft_targets import SFTTarget, sft_target_fn
+from jaxcap.world import student as embedded
+from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
 
 @dataclasses.dataclass
@@ -48,7 +49,9 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
   train_records, eval_records = train.records, held_out.records
   # every image / frame decoded before any compute: data.bad_media "fail" lists the bad ones, "skip" drops them
   media = {"train": train_records, "held-out": eval_records}
-  media = check_record_media(media, policy=config.data.bad_media, workdir=workdir, decode=config.data.check_media)
+  media = check_record_media(
+    media, policy=config.data.bad_media, workdir=workdir, decode=decode_problem if config.data.check_media else None
+  )
   train_records, eval_records = media["train"], media["held-out"]
   scenes = {**train.scenes, **held_out.scenes}
   judge = build_judge(config.judge, scenes=scenes, records=train_records + eval_records, seed=int(config.seed))

@@ -27,7 +27,7 @@ from jaxcap.rl.collapse import collapsed_pairs
 from jaxcap.sampling import Sampler
 from jaxcap.train.batching import Batcher, encode_targets
 from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.sft_targets import SFTTarget
+from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
 from jaxcap.train.vqa import vqa_questions
 

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from jaxcap.data.media_check import MediaError, check_record_media
+from jaxcap.processing.media import decode_problem
 from jaxcap.data.records import ImageRecord
 
 TRUNCATED = r"OSError: image file is truncated \(\d+ bytes not processed\)"
@@ -50,7 +51,7 @@ def media(tmp_path):
 def test_fail_lists_every_bad_record_in_one_error(media):
   tmp, splits = media
   with pytest.raises(MediaError) as e:
-    check_record_media(splits, policy="fail", workdir=tmp / "run", progress=False)
+    check_record_media(splits, policy="fail", workdir=tmp / "run", decode=decode_problem, progress=False)
   expected = (
     f"4 of 8 records have media that cannot be decoded, all listed in {tmp / 'run' / 'media_errors.jsonl'}:\n"
     f"  train record 'b': {tmp / 'cut.jpg'}: {TRUNCATED}\n"
@@ -67,7 +68,7 @@ def test_fail_lists_every_bad_record_in_one_error(media):
 
 def test_skip_trains_on_the_rest_and_writes_the_errors_file(media, capsys):
   tmp, splits = media
-  kept = check_record_media(splits, policy="skip", workdir=tmp / "run", progress=False)
+  kept = check_record_media(splits, policy="skip", workdir=tmp / "run", decode=decode_problem, progress=False)
   assert {k: [r.id for r in v] for k, v in kept.items()} == {"train": ["a", "d", "clip_ok"], "held-out": ["h1"]}
   rows = [json.loads(line) for line in (tmp / "run" / "media_errors.jsonl").read_text().splitlines()]
   assert [(r["split"], r["id"], r["file"]) for r in rows] == [
@@ -83,14 +84,16 @@ def test_skip_trains_on_the_rest_and_writes_the_errors_file(media, capsys):
   )
   # once the files are fixed, the stale list goes away
   good = {k: [r for r in v if r.id in ("a", "h1")] for k, v in splits.items()}
-  check_record_media(good, policy="skip", workdir=tmp / "run", progress=False)
+  check_record_media(good, policy="skip", workdir=tmp / "run", decode=decode_problem, progress=False)
   assert list((tmp / "run").iterdir()) == []
 
 
 def test_skip_refuses_a_split_with_nothing_left(media):
   tmp, splits = media
   with pytest.raises(MediaError, match=r"^every held-out record has media that cannot be decoded, all listed in "):
-    check_record_media({"held-out": splits["held-out"][1:]}, policy="skip", workdir=tmp, progress=False)
+    check_record_media(
+      {"held-out": splits["held-out"][1:]}, policy="skip", workdir=tmp, decode=decode_problem, progress=False
+    )
   with pytest.raises(ValueError, match=r"^data.bad_media='ignore': use one of \('fail', 'skip'\)\.$"):
     check_record_media(splits, policy="ignore")
 
@@ -99,7 +102,9 @@ def test_decompression_bomb_names_its_record(tmp_path, monkeypatch):
   Image.new("RGB", (64, 64)).save(tmp_path / "huge.png")
   monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is then over twice the limit: an error
   with pytest.raises(MediaError) as e:
-    check_record_media({"train": [ImageRecord("bomb", image=str(tmp_path / "huge.png"))]}, progress=False)
+    check_record_media(
+      {"train": [ImageRecord("bomb", image=str(tmp_path / "huge.png"))]}, decode=decode_problem, progress=False
+    )
   line = str(e.value).splitlines()[1]  # the reason's wording is the image loader's (jaxcap.processing.vision)
   assert line.startswith(f"  train record 'bomb': {tmp_path / 'huge.png'}: ") and "decompression bomb" in line, line
 
@@ -143,7 +148,9 @@ def test_video_files_are_decoded_too(tmp_path):
       container.mux(packet)
   (tmp_path / "cut.mp4").write_bytes(path.read_bytes()[: path.stat().st_size // 2])
   records = [ImageRecord("ok", image=str(path)), ImageRecord("cut", image=str(tmp_path / "cut.mp4"))]
-  kept = check_record_media({"train": records}, policy="skip", workdir=tmp_path / "run", progress=False)
+  kept = check_record_media(
+    {"train": records}, policy="skip", workdir=tmp_path / "run", decode=decode_problem, progress=False
+  )
   assert [r.id for r in kept["train"]] == ["ok"]
   (row,) = [json.loads(line) for line in (tmp_path / "run" / "media_errors.jsonl").read_text().splitlines()]
   assert (row["id"], row["file"]) == ("cut", str(tmp_path / "cut.mp4")) and "video" in row["reason"], row

@@ -7,7 +7,7 @@ import pathlib
 import tempfile
 from typing import Callable, Sequence
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.eval.captioners import CaptionSet, builtin_captions
 from jaxcap.judges.protocol import MultipleChoiceReply, MultipleChoiceRequest, PairwiseRequest, PairwiseVerdict
 
@@ -67,7 +67,7 @@ class ScriptedAnswerJudge:
 
 def make_world_judge(failure_rate: float = 0.0):
   """A judge factory as `judge.factory` names one ("eval_world:make_world_judge")."""
-  from jaxcap.judges.rule_based import RuleBasedJudge
+  from jaxcap.world.judge import RuleBasedJudge
 
   return RuleBasedJudge(world()[2].scenes, failure_rate=failure_rate)
 

@@ -6,7 +6,7 @@ import pytest
 from eval_world import WEAK_TEACHERS, builtin, world
 
 from jaxcap.eval.evaluate import EvalConfig, evaluate, headline_metrics
-from jaxcap.judges.rule_based import RuleBasedJudge
+from jaxcap.world.judge import RuleBasedJudge
 
 CONFIG = EvalConfig(redteam=None, bootstrap_resamples=100)
 AXES = [k for k in headline_metrics(CONFIG) if k != "length/words"]

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from eval_world import builtin, world
 
-from jaxcap.data.synthetic.language import parse_caption
+from jaxcap.world.language import parse_caption
 from jaxcap.eval.redteam import ATTACKS, RedTeamConfig, make_attacks, run_redteam
 from jaxcap.judges.protocol import LikertScore
 

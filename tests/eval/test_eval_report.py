@@ -138,7 +138,7 @@ def test_cli_compares_jsonl_captioners(tmp_path):
 
 def test_judge_factory_from_config():
   from jaxcap.judges.factory import JUDGE_KINDS, build_judge, judge_config, judge_name
-  from jaxcap.judges.rule_based import RuleBasedJudge
+  from jaxcap.world.judge import RuleBasedJudge
 
   cfg = {"kind": "factory", "factory": "eval_world:make_world_judge", "options": {"failure_rate": 0.25}}
   judge = build_judge(cfg)

@@ -7,13 +7,13 @@ import re
 import pytest
 from judge_servers import closed_port_url, fixed_reply_app, serve_in_thread, slow_app
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.judges.budget import FailureBudget, JudgeFailureBudgetError, judged_reward
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.factory import judge_config
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
-from jaxcap.judges.server import rule_based_app_for_manifest
+from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.overlap import OverlappedReward
 

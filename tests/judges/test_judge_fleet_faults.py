@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from judge_servers import fixed_reply_app, kill, malformed_json_app, rule_server_process, serve_in_thread, slow_app
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.judges.protocol import CriterionRequest, MultipleChoiceRequest
-from jaxcap.judges.server import rule_based_app_for_manifest
+from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
 
 FAST = dict(backoff_s=0.01, max_backoff_s=0.05, breaker_cooldown_s=60.0)

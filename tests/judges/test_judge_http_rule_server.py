@@ -10,12 +10,12 @@ import pytest
 from judge_servers import fixed_reply_app, serve_in_thread
 
 from jaxcap.curate_qa import main as curate_main
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.rewards.overlap import OverlappedReward
-from jaxcap.judges.server import rule_based_app_for_manifest
+from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
 from jaxcap.synthesize_rubrics import main as rubrics_main
 

@@ -53,7 +53,7 @@ def test_servers_started_by_the_script_accept_the_trainers_key(tmp_path, monkeyp
   import signal
   import sys
 
-  from jaxcap.data.synthetic.manifest import generate_dataset
+  from jaxcap.world.dataset import generate_dataset
   from jaxcap.judges.factory import build_judge
   from jaxcap.judges.preflight import JudgePreflightError, preflight_judge
   from judge_servers import free_port

@@ -9,10 +9,10 @@ import httpx
 import pytest
 from judge_servers import closed_port_url, fixed_reply_app, serve_in_thread, slow_app
 
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.judges.factory import build_judge, judge_config
 from jaxcap.judges.preflight import JudgePreflightError, preflight_judge
-from jaxcap.judges.server import rule_based_app_for_manifest
+from jaxcap.world.judge_server import rule_based_app_for_manifest
 
 KEY = "s3cret-key"
 HEAD = "Judge preflight failed for 1 endpoint check(s); nothing was run:\n  - "

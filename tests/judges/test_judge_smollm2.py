@@ -16,7 +16,7 @@ import pytest
 from judge_servers import HOST, free_port, wait_for_models
 
 from jaxcap.data.manifest import read_manifest
-from jaxcap.data.synthetic.manifest import generate_dataset
+from jaxcap.world.dataset import generate_dataset
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge

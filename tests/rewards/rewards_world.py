@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcap.data.synthetic.captions import reference_caption, teacher_captions
-from jaxcap.data.synthetic.curation import curate_questions
-from jaxcap.data.synthetic.questions import generate_questions
-from jaxcap.data.synthetic.scene import Scene, SceneObject
-from jaxcap.judges.rule_based import RuleBasedJudge
+from jaxcap.world.captions import reference_caption, teacher_captions
+from jaxcap.world.curation import curate_questions
+from jaxcap.world.questions import generate_questions
+from jaxcap.world.scene import Scene, SceneObject
+from jaxcap.world.judge import RuleBasedJudge
 from jaxcap.data.records import ImageRecord
 
 SCENE = Scene(

@@ -98,7 +98,7 @@ def test_ranking_and_hacks():
 def test_garbled_words_cost_linguistic_quality():
   """Stuttering a phrase ("in the the the left") drops the position claim, and with it a wrong claim's
   precision penalty; the language rating must make that cost more than it saves."""
-  from jaxcap.judges.language_rating import language_ratings
+  from jaxcap.world.language_rating import language_ratings
 
   clean = "The image shows one object on a grey background. A large red circle is in the top left."
   garbled = "The image shows one object on a grey background. A large red circle is in the the the left."

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from jaxcap.train.config import base_config
-from jaxcap.train.embedded import build_world_manifests
+from jaxcap.world.student import build_world_manifests
 from test_compile_once import COMPILING, RUN, launch_logging_compiles
 
 pytestmark = pytest.mark.slow  # a training run in a subprocess

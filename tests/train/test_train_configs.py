@@ -100,7 +100,7 @@ def test_rubicap_rubrics_are_written_against_the_policy_entering_rl(tmp_path):
   """RubiCap stage 1 runs on the policy's own greedy captions: each held-out rubric's student caption is the
   caption the policy wrote at the start of RL, and that caption fails every criterion of its rubric (they name
   exactly its failures) unless it had none, when the rubric lists the whole consensus and it passes them all."""
-  from jaxcap.data.synthetic.manifest import judge_for_manifest
+  from jaxcap.world.dataset import judge_for_manifest
   from jaxcap.rewards.rubicap import RubiCapReward
   from jaxcap.rewards.rubric import RubricStore
 

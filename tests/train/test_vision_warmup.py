@@ -4,12 +4,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.scene import Scene, SceneObject, WorldConfig
+from jaxcap.world import vocabulary as V
+from jaxcap.world.scene import Scene, SceneObject, WorldConfig
 from jaxcap.models.config import VisionConfig
 from jaxcap.models.vision import VisionTower
 from jaxcap.sharding import make_mesh
-from jaxcap.train.vision_warmup import ATTRIBUTES, cell_targets, fresh_scenes, warm_up_vision
+from jaxcap.world.vision_warmup import ATTRIBUTES, cell_targets, fresh_scenes, warm_up_vision
 
 
 def test_cell_targets_name_the_object_centred_in_each_cell():

@@ -10,9 +10,9 @@ from typing import Iterable
 
 import numpy as np
 
-from jaxcap.data.synthetic.captions import reference_caption, student_caption, teacher_captions
-from jaxcap.data.synthetic.questions import generate_questions
-from jaxcap.data.synthetic.scene import WorldConfig, sample_scene
+from jaxcap.world.captions import reference_caption, student_caption, teacher_captions
+from jaxcap.world.questions import generate_questions
+from jaxcap.world.scene import WorldConfig, sample_scene
 
 QWEN2_5_VL_SPECIAL_TOKENS = (
   "<|endoftext|>",

@@ -6,10 +6,10 @@ import dataclasses
 
 import numpy as np
 
-from jaxcap.data.synthetic.captions import reference_caption, reference_units, student_caption, teacher_captions
-from jaxcap.data.synthetic.curation import CurationConfig, curate_questions
-from jaxcap.data.synthetic.questions import generate_questions
-from jaxcap.data.synthetic.scene import Scene, WorldConfig, sample_scene
+from jaxcap.world.captions import reference_caption, reference_units, student_caption, teacher_captions
+from jaxcap.world.curation import CurationConfig, curate_questions
+from jaxcap.world.questions import generate_questions
+from jaxcap.world.scene import Scene, WorldConfig, sample_scene
 from jaxcap.judges.protocol import Judge
 from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 

@@ -3,9 +3,9 @@ import time
 
 import numpy as np
 
-from jaxcap.data.synthetic.captions import TEACHER_STYLES, teacher_captions
-from jaxcap.data.synthetic.manifest import generate_dataset, judge_for_manifest
-from jaxcap.data.synthetic.scene import WorldConfig, sample_scene
+from jaxcap.world.captions import TEACHER_STYLES, teacher_captions
+from jaxcap.world.dataset import generate_dataset, judge_for_manifest
+from jaxcap.world.scene import WorldConfig, sample_scene
 from jaxcap.rewards.balcaprl import BalCapRLReward
 from jaxcap.rewards.caprl import CapRLConfig, CapRLReward
 from jaxcap.rewards.rubicap import RubiCapReward

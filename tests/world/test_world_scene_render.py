@@ -3,9 +3,9 @@ import time
 import numpy as np
 import pytest
 
-from jaxcap.data.synthetic.render import render_clip, render_frame
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.scene import Scene, SceneObject, WorldConfig, position_of, sample_scene
+from jaxcap.world.render import render_clip, render_frame
+from jaxcap.world import vocabulary as V
+from jaxcap.world.scene import Scene, SceneObject, WorldConfig, position_of, sample_scene
 
 
 def test_same_seed_same_scene_and_pixels():

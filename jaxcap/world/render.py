@@ -6,8 +6,8 @@ import math
 
 from PIL import Image, ImageDraw, ImageFont
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.scene import Scene, SceneObject
+from jaxcap.world import vocabulary as V
+from jaxcap.world.scene import Scene, SceneObject
 
 
 def render_frame(scene: Scene, frame: int = 0, image_size: int = 128) -> Image.Image:

@@ -13,8 +13,8 @@ import re
 
 import numpy as np
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.scene import Scene
+from jaxcap.world import vocabulary as V
+from jaxcap.world.scene import Scene
 from jaxcap.data.records import MultipleChoiceQuestion
 
 NUM_OPTIONS = 4

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import re
 
-from jaxcap.data.synthetic import vocabulary as V
+from jaxcap.world import vocabulary as V
 
 CLAIM_KINDS = (
   "exists",

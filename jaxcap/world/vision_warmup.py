@@ -22,12 +22,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from PIL import Image
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.render import render_frame
-from jaxcap.data.synthetic.scene import Scene, WorldConfig, sample_scene
+from jaxcap.world import vocabulary as V
+from jaxcap.world.render import render_frame
+from jaxcap.world.scene import Scene, WorldConfig, sample_scene
 from jaxcap.models.vision import VisionTower, vision_layout
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
-from jaxcap.train import embedded
+from jaxcap.world import student as embedded
 
 # Class 0 of every attribute is "no object centred in this cell".
 ATTRIBUTES: dict[str, tuple[str, ...]] = {"colour": tuple(V.COLOURS), "shape": V.SHAPES, "size": tuple(V.SIZES)}

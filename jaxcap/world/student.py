@@ -4,7 +4,7 @@ The synthetic world (images with known scene graphs, curated questions, referenc
 tokenizer trained on the world's text with Qwen2.5-VL's special tokens, a tiny Qwen2.5-VL-shaped student, and
 deliberately incomplete SFT captions (the warm start mentions only some of the objects, so RL has room to teach
 the student to say more, which is what the QA reward pays for), registered as the `incomplete` and `complete`
-SFT target sources. The vision warm-up that stands in for a pretrained ViT is `jaxcap.train.vision_warmup`.
+SFT target sources. The vision warm-up that stands in for a pretrained ViT is `jaxcap.world.vision_warmup`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.curation import CurationConfig
-from jaxcap.data.synthetic.manifest import MANIFEST_NAME, generate_dataset
-from jaxcap.data.synthetic.scene import Scene, WorldConfig
-from jaxcap.data.synthetic.tokenizer import train_world_tokenizer
+from jaxcap.world import vocabulary as V
+from jaxcap.world.curation import CurationConfig
+from jaxcap.world.dataset import MANIFEST_NAME, generate_dataset
+from jaxcap.world.scene import Scene, WorldConfig, as_scenes
+from jaxcap.world.tokenizer import train_world_tokenizer
 from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig, dtype_from_name
 from jaxcap.multihost import first_process_then_others
-from jaxcap.train.sft_targets import SFT_TARGETS, SFTTarget
+from jaxcap.data.sft_targets import SFT_TARGETS, SFTTarget
 
 
 def world_config(w) -> WorldConfig:
@@ -210,10 +210,12 @@ def _needs_scenes(name: str, scenes) -> None:
 def incomplete_targets(config, scenes) -> SFTTarget:
   """`incomplete_caption` of each record's scene, naming k of n objects, 1 <= k <= sft.max_fraction * n."""
   _needs_scenes("incomplete", scenes)
+  scenes = as_scenes(scenes)
   return lambda rec, rng: incomplete_caption(scenes[rec.id], rng, config.sft.max_fraction)
 
 
 @SFT_TARGETS.register("complete")
 def complete_targets(config, scenes) -> SFTTarget:
   _needs_scenes("complete", scenes)
+  scenes = as_scenes(scenes)
   return lambda rec, rng: complete_caption(scenes[rec.id])

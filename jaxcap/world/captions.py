@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.language import claim_text, parse_caption, unique_claims
-from jaxcap.data.synthetic.scene import Scene, SceneObject
+from jaxcap.world import vocabulary as V
+from jaxcap.world.language import claim_text, parse_caption, unique_claims
+from jaxcap.world.scene import Scene, SceneObject
 
 # name -> what goes wrong in that teacher's captions; the RubiCap committee.
 TEACHER_STYLES: dict[str, str] = {

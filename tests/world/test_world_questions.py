@@ -1,11 +1,11 @@
 import numpy as np
 
-from jaxcap.data.synthetic.captions import reference_caption
-from jaxcap.data.synthetic.curation import CurationConfig, curate_questions
-from jaxcap.data.synthetic.questions import generate_questions, parse_question
-from jaxcap.data.synthetic.scene import Scene, SceneObject, WorldConfig, sample_scene
+from jaxcap.world.captions import reference_caption
+from jaxcap.world.curation import CurationConfig, curate_questions
+from jaxcap.world.questions import generate_questions, parse_question
+from jaxcap.world.scene import Scene, SceneObject, WorldConfig, sample_scene
 from jaxcap.judges.protocol import MultipleChoiceRequest
-from jaxcap.judges.rule_based import RuleBasedJudge
+from jaxcap.world.judge import RuleBasedJudge
 from jaxcap.data.records import MultipleChoiceQuestion
 
 

@@ -9,11 +9,11 @@ Objects are unique by (colour, shape) and sit in distinct cells of a 3x3 grid, s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from jaxcap.data.synthetic import vocabulary as V
+from jaxcap.world import vocabulary as V
 
 # Two centres closer than this along an axis are "level" on it: no left/right (or above/below) relation
 # is stated in references or asked in questions, so ground truth is never a coin flip.
@@ -214,3 +214,15 @@ def _sample_motion(rng: np.random.Generator, center: tuple[float, float], steps:
   speed = MOTION_DISTANCE / steps
   unit = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}[motion]
   return motion, (unit[0] * speed, unit[1] * speed)
+
+
+def as_scenes(scenes: Mapping[str, Any]) -> dict[str, Scene]:
+  """id -> Scene from a manifest's scene graphs (`Manifest.scenes`) or Scenes already built; a graph that does not
+  parse raises a ValueError naming its id."""
+  out = {}
+  for key, scene in scenes.items():
+    try:
+      out[key] = scene if isinstance(scene, Scene) else Scene.from_graph(scene)
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"scene {key!r}: not a scene graph of the synthetic world ({type(e).__name__}: {e})") from e
+  return out

@@ -1,6 +1,6 @@
 """A deterministic judge that implements the whole protocol from the synthetic world's ground truth.
 
-It reads captions with the world's parser (`jaxcap.data.synthetic.language`): every fact a caption states
+It reads captions with the world's parser (`jaxcap.world.language`): every fact a caption states
 becomes a claim, verified against the scene graph; sentences stating no fact (meta-commentary, instructions
 such as "ignore the question, answer A") carry no information and can never be pointed at. It answers a
 question only from what the caption states; when the caption does not settle it, it picks the
@@ -16,18 +16,19 @@ import re
 import threading
 from typing import Mapping, Sequence
 
-from jaxcap.data.synthetic import vocabulary as V
-from jaxcap.data.synthetic.captions import reference_units
-from jaxcap.data.synthetic.language import (
+from jaxcap.world import vocabulary as V
+from jaxcap.world.captions import reference_units
+from jaxcap.world.language import (
   CaptionFacts,
   Claim,
   claim_text,
   parse_caption,
   unique_claims,
 )
-from jaxcap.data.synthetic.questions import STILL_OPTION, QuestionQuery, parse_question
-from jaxcap.data.synthetic.scene import Scene
-from jaxcap.judges.language_rating import language_ratings, linguistic_score
+from jaxcap.world.questions import STILL_OPTION, QuestionQuery, parse_question
+from jaxcap.world.scene import Scene, as_scenes
+from jaxcap.world.language_rating import language_ratings, linguistic_score
+from jaxcap.judges.factory import JUDGE_KINDS
 from jaxcap.judges.protocol import (
   CaptionRequest,
   ClaimSplit,
@@ -69,7 +70,7 @@ class RuleBasedJudge:
   def __init__(self, scenes: Mapping[str, Scene] | None = None, *, failure_rate: float = 0.0, seed: int = 0):
     if not 0.0 <= failure_rate <= 1.0:
       raise ValueError(f"failure_rate={failure_rate}: must be a probability in [0, 1].")
-    self.scenes = dict(scenes or {})
+    self.scenes = as_scenes(scenes or {})
     self.failure_rate = failure_rate
     self.seed = seed
     self._counts_lock = threading.Lock()
@@ -414,3 +415,14 @@ def caption_quality(caption: str, scene: Scene) -> float:
   units = reference_units(scene)
   recall = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
   return 0.4 * precision + 0.4 * recall + 0.2 * linguistic_score(caption)
+
+
+@JUDGE_KINDS.register("rule_based")
+def rule_based_judge(config, *, scenes, records, seed) -> RuleBasedJudge:
+  """judge.kind='rule_based': the judge over the manifest's ground-truth scene graphs."""
+  if not scenes:
+    raise ValueError(
+      "judge.kind='rule_based' needs ground-truth scenes in the manifest (synthetic-world rows with a 'scene' "
+      "field); for other data use judge.kind='http' (an LLM judge fleet) or judge.kind='factory'."
+    )
+  return RuleBasedJudge(scenes, failure_rate=float(config.get("failure_rate", 0.0)), seed=seed)

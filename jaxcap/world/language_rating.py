@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from jaxcap.data.synthetic.language import parse_caption, split_sentences
+from jaxcap.world.language import parse_caption, split_sentences
 
 _STUTTER_RE = re.compile(r"\b(\w+)(?:\s+\1\b)+", re.I)
 

@@ -1,6 +1,6 @@
 from tokenizers import Tokenizer
 
-from jaxcap.data.synthetic.tokenizer import QWEN2_5_VL_SPECIAL_TOKENS, train_world_tokenizer
+from jaxcap.world.tokenizer import QWEN2_5_VL_SPECIAL_TOKENS, train_world_tokenizer
 
 
 def test_world_tokenizer_round_trips_and_keeps_qwen_special_tokens(tmp_path):

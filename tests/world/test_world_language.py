@@ -1,4 +1,4 @@
-from jaxcap.data.synthetic.language import CLAIM_KINDS, CaptionFacts, Claim, claim_text, parse_caption
+from jaxcap.world.language import CLAIM_KINDS, CaptionFacts, Claim, claim_text, parse_caption
 
 
 def keys(caption):

@@ -15,11 +15,11 @@ import os
 import pathlib
 from typing import Sequence
 
-from jaxcap.data.synthetic.curation import CurationConfig
-from jaxcap.data.synthetic.render import render_clip, render_frame
-from jaxcap.data.synthetic.scene import Scene, WorldConfig
-from jaxcap.data.synthetic.world import build_bundle, scene_rng
-from jaxcap.judges.rule_based import RuleBasedJudge
+from jaxcap.world.curation import CurationConfig
+from jaxcap.world.render import render_clip, render_frame
+from jaxcap.world.scene import Scene, WorldConfig
+from jaxcap.world.bundle import build_bundle, scene_rng
+from jaxcap.world.judge import RuleBasedJudge
 from jaxcap.data.manifest import read_manifest
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.rubric import RubricJob, RubricStore, RubricSynthesisConfig
