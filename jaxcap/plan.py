@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +37,12 @@ from jaxcap.models.flops import model_flops, param_counts, peak_tflops
 from jaxcap.models.qwen25vl import CACHE_AXES, Qwen25VL, VisionInput
 from jaxcap.models.vision import vision_layout
 from jaxcap.processing.vision import smart_resize
-from jaxcap.rl import PolicyLossConfig
 from jaxcap.sampling import generate
-from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.prompts import Prompts, batch_bucket
 from jaxcap.sharding import logical_to_spec, make_mesh
-from jaxcap.train.state import _fresh_state, make_optimizer, train_state_shardings
-from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs
+from jaxcap.train.programs import RunPrograms, with_reference
+from jaxcap.train.state import _fresh_state, train_state_shardings
+from jaxcap.train.step import PromptBatch, RolloutBatch
 
 # HBM per chip, GiB, of the TPU generations libtpu compiles for
 TPU_HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
@@ -61,10 +62,16 @@ class ProgramPlan:
   resident_outside: int  # train-state bytes on the device that the program does not take as arguments
   compile_s: float
   flops: float
+  fingerprint: str = ""  # sha256 of the lowered program's text: equal fingerprints, equal programs
 
   @property
   def peak(self) -> int:
     return self.resident_outside + self.arguments + self.temporaries + self.outputs - self.aliased
+
+
+def program_fingerprint(lowered) -> str:
+  """sha256 of a lowered program's StableHLO text (what XLA compiles; no source locations)."""
+  return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
 def topology_devices(topology: str):
@@ -143,10 +150,9 @@ def per_device_bytes(tree) -> int:
   return total
 
 
-def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", "prefill", "decode"), text=48):
-  """Compiles `programs` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
-
-  mesh = make_mesh(dict(config.mesh.shape), devices=devices)
+def rl_step_inputs(config, cfg, mesh, abstract_params, optimizer, text: int = 48) -> SimpleNamespace:
+  """The abstract arguments (shapes, dtypes, shardings on `mesh`) of the run's RL step at its largest prompt:
+  state, prompts, rollouts, layout, plus the sizes they were built from."""
   rl, s = config.rl, config.sampling
   prompts_total, g, m = rl.batch_size * max(1, config.distributed.num_processes or 1), rl.num_samples, rl.micro_batches
   b = prompts_total // m
@@ -156,25 +162,10 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
   mult = config.data.pad_to_multiple
   p = -(-(vision_tokens + text) // mult) * mult
   c = s.max_new_tokens
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
-  optim = rl.optim
-  opt = make_optimizer(
-    optim.lr,
-    rl.steps,
-    warmup_ratio=optim.warmup_ratio,
-    warmup_steps=optim.warmup_steps,
-    schedule=optim.schedule,
-    weight_decay=optim.weight_decay,
-    grad_clip=optim.grad_clip,
-    frozen=("visual",) if rl.freeze_vision else (),
-  )
-  with_ref = rl.loss.kl_coef > 0
+  with_ref = with_reference(config, "rl")
   key = jax.eval_shape(lambda: jax.random.key(0))
-  abstract_state = jax.eval_shape(lambda prm, k: _fresh_state(prm, opt, k, with_ref), abstract_params, key)
+  abstract_state = jax.eval_shape(lambda prm, k: _fresh_state(prm, optimizer, k, with_ref), abstract_params, key)
   state = _with_shardings(abstract_state, train_state_shardings(abstract_state, mesh))
-  params = state.params
-  state_bytes = per_device_bytes(state)
-  params_bytes = per_device_bytes(params)
 
   def arr(shape, dtype, logical):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, logical_to_spec(logical, shape, mesh)))
@@ -196,6 +187,32 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
     weights=f32((1,), (None,)),
     ref_logprobs=f32((m, b * g, c), (None, "batch", None)) if with_ref else None,
   )
+  return SimpleNamespace(
+    state=state, prompts=prompt_batch, rollouts=rollouts, layout=layout, arr=arr, prompts_total=prompts_total, g=g,
+    p=p, c=c, grid=grid, patches=patches,
+  )  # fmt: skip
+
+
+def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48):
+  """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
+
+  mesh = make_mesh(dict(config.mesh.shape), devices=devices)
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
+  opt = programs.optimizer("rl")
+  inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
+  state, prompt_batch, rollouts, layout = inputs.state, inputs.prompts, inputs.rollouts, inputs.layout
+  params, key, arr = state.params, state.key, inputs.arr
+  prompts_total, g, p, c, grid, patches = (
+    inputs.prompts_total,
+    inputs.g,
+    inputs.p,
+    inputs.c,
+    inputs.grid,
+    inputs.patches,
+  )
+  state_bytes = per_device_bytes(state)
+  params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
   sample_layout = vision_layout(np.asarray([grid] * rows), cfg.vision)
   sample_prompts = Prompts(
@@ -205,15 +222,15 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
     arr((rows,), jnp.int32, ("batch",)),
     VisionInput(arr((rows * patches, cfg.vision.patch_dim), jnp.float32, ("batch", None)), sample_layout),
   )
-  sampling = SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=c)
-  gen_kw = dict(graphdef=graphdef, sampling=sampling, stop_ids=(cfg.eos_token_id,), pad_id=0)
+  gen_kw = programs.generation_statics(cfg, pad_id=0)
 
   results: list[ProgramPlan] = []
 
-  def compile_one(name, jitted, args, resident_outside):
+  def compile_one(name, lower, args, resident_outside):
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
-      compiled = jitted.lower(*args).compile()
+      lowered = lower(*args)
+      compiled = lowered.compile()
     seconds = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -228,30 +245,30 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
         resident_outside,
         seconds,
         float((cost or {}).get("flops", 0.0)),
+        program_fingerprint(lowered),
       )
     )
     return compiled
 
-  if "rl_step" in programs:
-    loss = PolicyLossConfig(max_gen_len=c, **rl.loss.to_dict())
-    fn = functools.partial(rl_step, graphdef=graphdef, optimizer=opt, loss_config=loss, estimator=rl.estimator)
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    jitted = jax.jit(fn, donate_argnums=0, out_shardings=(shardings, None))
-    compile_one("rl_step", jitted, (state, prompt_batch, rollouts, layout), 0)
-  if "logprobs" in programs:
-    jitted = jax.jit(functools.partial(sequence_logprobs, graphdef))
-    compile_one("logprobs", jitted, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes)
-  if {"prefill", "decode"} & set(programs):
-    prefill = functools.partial(generate.prefill, num_samples=g, **gen_kw)
+  if "rl_step" in names:
+    jitted = programs.update("rl", opt, jax.tree.map(lambda x: x.sharding, state))
+    compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), 0)
+  if "logprobs" in names:
+    lower = programs.logprobs().lower
+    compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes)
+  if {"prefill", "decode"} & set(names):
     sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh)))
+    prefill = functools.partial(generate.prefill_jit.lower, num_samples=g, **gen_kw)
     with jax.set_mesh(mesh):
-      decode_state = jax.eval_shape(prefill, params, sample_prompts, sample_key)
-    if "prefill" in programs:
-      compile_one("prefill", jax.jit(prefill), (params, sample_prompts, sample_key), state_bytes - params_bytes)
-    if "decode" in programs:
+      decode_state = jax.eval_shape(
+        functools.partial(generate.prefill, num_samples=g, **gen_kw), params, sample_prompts, sample_key
+      )
+    if "prefill" in names:
+      compile_one("prefill", prefill, (params, sample_prompts, sample_key), state_bytes - params_bytes)
+    if "decode" in names:
       decode_state = _with_shardings(decode_state, _decode_state_shardings(decode_state, mesh))
-      jitted = jax.jit(functools.partial(generate.decode, **gen_kw), donate_argnums=1)
-      compile_one("decode", jitted, (params, decode_state), state_bytes - params_bytes)
+      decode = functools.partial(generate.decode_jit.lower, **gen_kw)
+      compile_one("decode", decode, (params, decode_state), state_bytes - params_bytes)
 
   counts = param_counts(abstract_params)
   flops = model_flops(
@@ -265,7 +282,13 @@ def plan(config, cfg, devices, hbm_gib: float, programs=("rl_step", "logprobs", 
     "mesh": dict(mesh.shape),
     "devices": len(devices),
     "device_kind": getattr(devices[0], "device_kind", str(devices[0].platform)),
-    "batch": {"prompts": prompts_total, "samples": g, "micro_batches": m, "prompt_tokens": p, "completion": c},
+    "batch": {
+      "prompts": prompts_total,
+      "samples": g,
+      "micro_batches": config.rl.micro_batches,
+      "prompt_tokens": p,
+      "completion": c,
+    },
     "image_grid": grid,
     "update_model_tflop": flops["total"] / 1e12,
     "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,

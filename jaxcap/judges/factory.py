@@ -53,7 +53,7 @@ def judge_config(**overrides: Any) -> ml_collections.ConfigDict:
       # Before any compute, every endpoint of every role answers one real judgment (jaxcap.judges.preflight);
       # an unset key, refused connection, 401, unknown model or unparseable reply is an error naming the fix.
       preflight=True,
-      # Failure budget (jaxcap.judges.budget): stop the run when the share of valid judgments in an RL step is
+      # Failure budget (jaxcap.rewards.budget): stop the run when the share of valid judgments in an RL step is
       # below min_valid_fraction for failure_patience consecutive steps (0 = off), with the failures by kind.
       min_valid_fraction=0.5,
       failure_patience=3,

@@ -10,10 +10,11 @@ import numpy as np
 
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.batch import RewardBatch, RewardFunction
+from jaxcap.rewards.stage import RewardStage
 from jaxcap.rl.masks import apply_length_mask
 
 
-class LengthMaskedReward:
+class LengthMaskedReward(RewardStage):
   """`inner` with the dimensions `dims` (reward names) zeroed for captions outside
   tau_low <= caption words / reference words <= tau_high. Masked-out values stay valid (the caption earned 0
   there; unlike a failed judgment). The share of captions in the band is reported as extras["length/in_band"]."""
@@ -22,8 +23,8 @@ class LengthMaskedReward:
     unknown = [n for n in dims if n not in inner.names]
     if unknown:
       raise ValueError(f"rl.length_mask.dims {unknown} are not rewards of this run ({list(inner.names)})")
-    self.inner, self.tau_low, self.tau_high = inner, tau_low, tau_high
-    self.names = inner.names
+    super().__init__(inner)
+    self.tau_low, self.tau_high = tau_low, tau_high
     self.dims = [inner.names.index(n) for n in dims]
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:

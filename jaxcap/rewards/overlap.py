@@ -12,10 +12,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 from jaxcap.rewards.batch import RewardBatch, RewardFunction
+from jaxcap.rewards.stage import RewardStage
 from jaxcap.data.records import ImageRecord
 
 
-class OverlappedReward:
+class OverlappedReward(RewardStage):
   """A reward function run on host worker threads; `max_in_flight` steps may be judged at once.
 
   The reward code is unchanged (it blocks on the judge); only the thread it blocks is not the loop's.
@@ -25,13 +26,12 @@ class OverlappedReward:
   def __init__(self, reward_fn: RewardFunction, *, max_in_flight: int = 1):
     if max_in_flight < 1:
       raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1.")
-    self.reward_fn = reward_fn
-    self.names = reward_fn.names
+    super().__init__(reward_fn)
     self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="reward")
 
   def submit(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> Future:
     """Future[RewardBatch] of `reward_fn(captions, records, step=step)`; inputs are copied first."""
-    return self._pool.submit(self.reward_fn, list(captions), list(records), step=step)
+    return self._pool.submit(self.inner, list(captions), list(records), step=step)
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
     """Blocking call, so an OverlappedReward is also a plain RewardFunction."""
@@ -39,6 +39,7 @@ class OverlappedReward:
 
   def close(self) -> None:
     self._pool.shutdown(wait=True)
+    super().close()
 
   def __enter__(self) -> "OverlappedReward":
     return self

@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+import time
 from typing import Mapping
 
 import jax
@@ -39,6 +40,39 @@ class PendingMetrics:
     out = to_scalars(self.device)
     out.update(self.host)
     return out
+
+
+class StepLog:
+  """A phase's step records, each written one step late: `defer` holds step t's PendingMetrics while step t+1 is
+  dispatched, so fetching them never leaves the device idle; `flush` writes the held one (with its wall time,
+  time/step_s) to `writer` and advances the progress bar."""
+
+  def __init__(self, writer: "MetricsWriter", phase: str, total: int, initial: int, enabled: bool = True):
+    from tqdm.auto import tqdm
+
+    self.writer, self.phase = writer, phase
+    self.progress = tqdm(total=total, initial=initial, desc=phase, disable=not enabled, dynamic_ncols=True)
+    self._pending: tuple[int, PendingMetrics, float] | None = None
+
+  def defer(self, step: int, metrics: PendingMetrics, t0: float) -> None:
+    """Holds step `step`'s metrics (started at perf_counter `t0`), writing the one held before (ended at `t0`)."""
+    self.flush(end=t0)
+    self._pending = (step, metrics, t0)
+
+  def flush(self, end: float | None = None) -> None:
+    if self._pending is None:
+      return
+    step, metrics, t0 = self._pending
+    self._pending = None
+    row = metrics.result()
+    row["time/step_s"] = (time.perf_counter() if end is None else end) - t0
+    self.writer.write(self.phase, step + 1, row)
+    self.progress.update(1)
+    self.progress.set_postfix({k: f"{row[k]:.3f}" for k in ("loss", "reward/mean", "length/mean") if k in row})
+
+  def close(self) -> None:
+    self.flush()
+    self.progress.close()
 
 
 class MetricsWriter:

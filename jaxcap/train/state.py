@@ -137,25 +137,12 @@ def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:
   )
 
 
-def phase_train_state(optim, steps: int, params, key, mesh, *, frozen=(), with_reference: bool = False):
-  """(optimizer, TrainState) for a phase of `steps` updates from an `optim` config block (lr, schedule, ...).
+def phase_train_state(optimizer: optax.GradientTransformation, params, key, mesh, *, with_reference: bool = False):
+  """A phase's fresh TrainState for `optimizer` (`jaxcap.train.programs.phase_optimizer`) around `params`.
 
   Every leaf is created in (or moved to) its sharding on `mesh`, so the jitted steps see the same argument
   signature on every call and compile once; large replicated leaves are reported (`warn_replicated`)."""
-  opt = make_optimizer(
-    optim.lr,
-    steps,
-    warmup_ratio=optim.warmup_ratio,
-    warmup_steps=optim.warmup_steps,
-    schedule=optim.schedule,
-    weight_decay=optim.weight_decay,
-    b1=optim.b1,
-    b2=optim.b2,
-    eps=optim.eps,
-    grad_clip=optim.grad_clip,
-    frozen=frozen,
-  )
   with jax.set_mesh(mesh):
-    state = init_train_state(params, opt, key, with_reference=with_reference, mesh=mesh)
+    state = init_train_state(params, optimizer, key, with_reference=with_reference, mesh=mesh)
   warn_replicated(state, mesh)
-  return opt, state
+  return state

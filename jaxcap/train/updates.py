@@ -133,9 +133,7 @@ class RLUpdate:
     ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
-    settle = getattr(self.reward.reward_fn, "settle", None)
-    if settle is not None:  # the judge failure budget, agreed across processes
-      settle()
+    self.reward.settle()  # e.g. the judge failure budget, agreed across processes
     r = len(rewards.names)
     values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
     valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)

@@ -12,7 +12,6 @@ if len(sys.argv) > 3:
   jax.distributed.initialize(f"127.0.0.1:{sys.argv[5]}", int(sys.argv[4]), int(sys.argv[3]))
 
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -27,7 +26,7 @@ from jaxcap.sharding import (  # noqa: E402
   put_replicated_value,
   replicated_leaves,
 )  # noqa: E402
-from jaxcap.train.state import phase_train_state  # noqa: E402
+from jaxcap.train.state import make_optimizer, phase_train_state  # noqa: E402
 from jaxcap.train.step import PromptBatch, sft_step  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
@@ -38,13 +37,10 @@ def main(ckpt: str, out: str):
   mesh = make_mesh({"fsdp": 4, "tensor": 2})
   model = load_hf_checkpoint(ckpt, mesh=mesh)
   graphdef, params = nnx.split(model)
-  optim = ml_collections.ConfigDict(
-    dict(lr=1e-3, warmup_ratio=0.0, warmup_steps=0, schedule="constant", weight_decay=0.01, b1=0.9, b2=0.999)
-  )
   # eps well above rounding noise: Adam turns a gradient element of ~1e-9 (whose sign depends on the reduction
   # order, e.g. the k-projection bias) into a full lr step; with eps=1e-8 the two layouts then differ by whole steps
-  optim.update(eps=1e-5, grad_clip=1.0)
-  opt, state = phase_train_state(optim, 10, params, jax.random.key(0), mesh, with_reference=True)
+  opt = make_optimizer(1e-3, 10, schedule="constant", weight_decay=0.01, eps=1e-5, grad_clip=1.0)
+  state = phase_train_state(opt, params, jax.random.key(0), mesh, with_reference=True)
 
   # every process builds the same global batch on the host and fills only its own shards
   proc = Processor.from_pretrained(ckpt)

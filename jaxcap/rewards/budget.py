@@ -19,6 +19,8 @@ import jax
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.multihost import allgather_ints
+from jaxcap.rewards.stage import RewardStage
 
 KINDS = ("auth", "timeout", "connection", "http_status", "parse")  # always listed, in this order
 HINTS = {
@@ -106,14 +108,13 @@ def judgment_counts(judge: Any) -> tuple[int, int, dict[str, int]] | None:
   return counts() if callable(counts) else None
 
 
-class BudgetedReward:
+class BudgetedReward(RewardStage):
   """A reward function whose every call feeds the failure budget with the judgments it cost; same `names`. Each
   batch's `extras` (logged with the step's metrics) gain judge/valid_fraction (NaN when nothing was asked) and
   judge/failed/<kind> for this call's failed judgments."""
 
   def __init__(self, reward_fn: Any, judge: Any, budget: FailureBudget):
-    self.reward_fn = reward_fn
-    self.names = reward_fn.names
+    super().__init__(reward_fn)
     self.judge = judge
     self.budget = budget
     self.last_valid_fraction = float("nan")
@@ -124,19 +125,18 @@ class BudgetedReward:
     all-gather, so call it on the loop's thread after the step's rewards, on every process): all processes then
     stop at the same step, with the same counts. A no-op with one process (the call itself fed the budget)."""
     if self._pending is None:
-      return
-    from jaxcap.multihost import allgather_ints
-
+      return super().settle()
     step, asked, failed, kinds, last = self._pending
     self._pending = None
     names = (*KINDS, *(k for k in HINTS if k not in KINDS), "unclassified")
     local = [asked, failed, *(int(kinds.get(k, 0)) for k in names)]
     total = np.sum(allgather_ints(np.asarray(local, np.int64)), axis=0)
     self.budget.observe(step, int(total[0]), int(total[1]), dict(zip(names, total[2:].tolist())), last)
+    super().settle()
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0):
     before = judgment_counts(self.judge)
-    batch = self.reward_fn(captions, records, step=step)
+    batch = self.inner(captions, records, step=step)
     after = judgment_counts(self.judge)
     if before is not None and after is not None:
       asked, failed = after[0] - before[0], after[1] - before[1]

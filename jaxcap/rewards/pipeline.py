@@ -1,0 +1,54 @@
+"""The run's reward, built once from its config: the families' mix, BalCapRL's length mask, the judge failure
+budget, and judging off the training loop's thread. Each wrapper is a `RewardStage`:
+
+    RewardMix  ->  LengthMaskedReward (rl.length_mask.dims)  ->  BudgetedReward (judge.min_valid_fraction)
+               ->  OverlappedReward (submit / result)
+
+`evaluation` is the reward as RL optimises it (the mix and its mask) for held-out evaluation, which must neither
+spend the training run's failure budget nor queue behind its rollouts; `train` is the whole chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from jaxcap.judges.protocol import Judge
+from jaxcap.rewards.batch import RewardFunction
+from jaxcap.rewards.budget import judged_reward
+from jaxcap.rewards.length_mask import LengthMaskedReward
+from jaxcap.rewards.mix import build_reward
+from jaxcap.rewards.overlap import OverlappedReward
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardPipeline:
+  """`train`: what RL steps submit captions to (`submit(...).result()`, then `settle()`); `evaluation`: the same
+  reward, called in place."""
+
+  train: OverlappedReward
+  evaluation: RewardFunction
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return self.train.names
+
+  def close(self) -> None:
+    self.train.close()
+
+
+def masked_reward(config: ml_collections.ConfigDict, judge: Judge | Any) -> RewardFunction:
+  """The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims."""
+  reward = build_reward(config.reward.to_dict(), judge)
+  lm = config.rl.length_mask
+  if lm.dims:
+    reward = LengthMaskedReward(reward, list(lm.dims), tau_low=lm.tau_low, tau_high=lm.tau_high)
+  return reward
+
+
+def build_reward_pipeline(config: ml_collections.ConfigDict, judge: Judge | Any) -> RewardPipeline:
+  """The pipeline of a run config (`reward`, `rl.length_mask`, `judge` blocks) over `judge`."""
+  reward = masked_reward(config, judge)
+  return RewardPipeline(train=OverlappedReward(judged_reward(reward, judge, config.judge)), evaluation=reward)

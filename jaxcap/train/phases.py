@@ -1,0 +1,144 @@
+"""The phases of a run (SFT, then RL): what differs between them, so the trainer's phase loop is written once.
+
+A `Phase` owns its jitted step (built by `RunPrograms` from the config), its train state, the per-step argument
+its update takes, its update (`SFTUpdate` / `RLUpdate`), its evaluation cadence and its start hook. A new phase
+kind is one subclass registered in `PHASE_KINDS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+import jax
+import numpy as np
+
+from jaxcap.registry import Registry
+from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
+from jaxcap.train.programs import with_reference
+from jaxcap.train.state import phase_train_state
+from jaxcap.train.updates import RLUpdate, SFTUpdate
+
+if TYPE_CHECKING:  # the trainer passes itself to the hooks; only for the annotations
+  from jaxcap.train.loop import Trainer
+
+PHASE_KINDS: Registry[type["Phase"]] = Registry("training phase")
+
+
+@dataclasses.dataclass
+class Phase:
+  """One phase of `steps` updates of `batch_size` records (per process); `index` is its place in the run."""
+
+  name: str
+  index: int
+  steps: int
+  batch_size: int
+  checkpoint_base: int  # global checkpoint step of this phase's step 0 (checkpoints are numbered across phases)
+  update: Any  # SFTUpdate / RLUpdate: `prepare(records)` feeds the loader, the call runs one step
+
+  eval_every: int = 0  # held-out evaluation within the phase every this many steps (0: only at its start / end)
+
+  @classmethod
+  def build(cls, trainer: "Trainer", index: int) -> "Phase":
+    raise NotImplementedError
+
+  def new_state(self, trainer: "Trainer", params, key: jax.Array):
+    """A fresh train state around `params` on the run's mesh (the optimizer from the phase's `optim` block)."""
+    self.optimizer = trainer.programs.optimizer(self.name)
+    reference = with_reference(trainer.config, self.name)
+    return phase_train_state(self.optimizer, params, key, trainer.setup.mesh, with_reference=reference)
+
+  def step_fn(self, trainer: "Trainer", state) -> Callable:
+    """The jitted update, its state donated and kept in `state`'s shardings."""
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    return trainer.programs.update(self.name, self.optimizer, shardings)
+
+  def step_arg(self, trainer: "Trainer", step: int) -> Any:
+    """The argument the update takes besides (step_fn, state, batch)."""
+    return step
+
+  def begin(self, trainer: "Trainer", state) -> bool:
+    """Runs as the phase starts, fresh or resumed (after the restore); True when it changed the records."""
+    return False
+
+  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+    """The held-out evaluation at a fresh start of the phase (if the config asks for one)."""
+
+
+@PHASE_KINDS.register("sft")
+@dataclasses.dataclass
+class SFTPhase(Phase):
+  """Next-token loss on target captions (`sft` block)."""
+
+  @classmethod
+  def build(cls, trainer: "Trainer", index: int) -> "SFTPhase":
+    c, s = trainer.config, trainer.setup
+    update = SFTUpdate(
+      trainer.batcher,
+      s.sft_targets,
+      s.processor.tokenizer,
+      s.model.cfg.eos_token_id,
+      c.sft.micro_batches,
+      c.sft.max_target_tokens,
+    )
+    return cls("sft", index, c.sft.steps, c.sft.batch_size, 0, update)
+
+  def step_arg(self, trainer: "Trainer", step: int) -> np.random.Generator:
+    # targets drawn from a generator seeded per step, so a resumed run replays them
+    return np.random.default_rng([int(trainer.config.seed), self.index, step])
+
+  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+    if int(state.step) == 0 and trainer.config.eval.at_start:
+      trainer.evaluate(state.params, self.name, 0, tag="start")
+
+
+@PHASE_KINDS.register("rl")
+@dataclasses.dataclass
+class RLPhase(Phase):
+  """Sample G captions per record -> rewards from the judge -> group advantages -> clipped policy update."""
+
+  @classmethod
+  def build(cls, trainer: "Trainer", index: int) -> "RLPhase":
+    c = trainer.config
+    update = RLUpdate(
+      trainer.batcher,
+      trainer.sampler,
+      trainer.rewards.train,
+      trainer.programs.logprobs(),
+      c.rl.num_samples,
+      c.rl.micro_batches,
+      c.rl.recompute_old_logprobs,
+    )
+    return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
+
+  def begin(self, trainer: "Trainer", state) -> bool:
+    """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
+    s = trainer.setup
+    changed = False
+    for name in trainer.config.reward:
+      hook = REWARD_FAMILIES[name].before_rl
+      if hook is None:
+        continue
+      captions = lambda records, batch_size: trainer.heldout.captions(state.params, records, batch_size)[0]
+      run = RLStart(
+        trainer.config, trainer.rundir.path, s.judge, s.train_records, s.eval_records, captions, int(state.step)
+      )
+      train, held_out = hook(run)
+      changed |= train is not s.train_records or held_out is not s.eval_records
+      s.train_records, s.eval_records = train, held_out
+    return changed
+
+  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+    summary = trainer.summary
+    if "sft_end" in summary and not records_changed:  # same params and records as SFT's end: reuse its eval
+      summary["rl_start"] = summary["sft_end"]
+      summary["rl_start_samples"] = summary.get("sft_end_samples", [])
+      trainer.metrics.write(self.name, 0, summary["rl_start"])
+    elif trainer.config.eval.at_rl_start:
+      trainer.evaluate(state.params, self.name, 0, tag="start")
+
+
+def run_phases(trainer: "Trainer") -> list[Phase]:
+  """The phases with steps > 0, in order (SFT, then RL)."""
+  names = [p for p in PHASE_KINDS if trainer.config[p].steps > 0]
+  return [PHASE_KINDS[name].build(trainer, i) for i, name in enumerate(names)]

@@ -1,0 +1,125 @@
+"""The one place a run's programs are built from its config: the optimizer of each phase, the policy loss, the
+sampling settings and the jitted SFT step, RL step, log-prob pass, prefill and decode.
+
+The trainer, `jaxcap.plan` and the benchmarks all call these, so the program a plan compiles (and says fits) is
+the program the run executes:
+
+    programs = RunPrograms(config, graphdef)
+    opt = programs.optimizer("rl")
+    step = programs.update("rl", opt, state_shardings)      # jax.jit(rl_step, donated state)
+    old = programs.logprobs()(params, prompts, layout, tokens)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import optax
+
+from jaxcap.rl import PolicyLossConfig
+from jaxcap.sampling import generate
+from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.train.state import make_optimizer
+from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
+
+PHASES = ("sft", "rl")
+
+
+def phase_optimizer(config: ml_collections.ConfigDict, phase: str, steps: int | None = None):
+  """AdamW + clipping + schedule of `phase` from its `optim` block, for `steps` updates (default: the phase's
+  steps); the vision tower frozen when `<phase>.freeze_vision`."""
+  p = config[phase]
+  o = p.optim
+  return make_optimizer(
+    o.lr,
+    int(p.steps if steps is None else steps),
+    warmup_ratio=o.warmup_ratio,
+    warmup_steps=o.warmup_steps,
+    schedule=o.schedule,
+    weight_decay=o.weight_decay,
+    b1=o.b1,
+    b2=o.b2,
+    eps=o.eps,
+    grad_clip=o.grad_clip,
+    frozen=("visual",) if p.freeze_vision else (),
+  )
+
+
+def sampling_config(config: ml_collections.ConfigDict, **overrides) -> SamplingConfig:
+  """The rollout distribution (`sampling` block); `overrides` e.g. temperature=0.0 for held-out greedy captions."""
+  s = config.sampling
+  fields = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens)
+  return SamplingConfig(**(fields | overrides))
+
+
+def policy_loss_config(config: ml_collections.ConfigDict) -> PolicyLossConfig:
+  """The policy-gradient loss (`rl.loss`), with Dr.GRPO's constant set by the completion budget."""
+  return PolicyLossConfig(max_gen_len=config.sampling.max_new_tokens, **config.rl.loss.to_dict())
+
+
+def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
+  """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term)."""
+  return phase == "rl" and config.rl.loss.kl_coef > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPrograms:
+  """The jitted programs of a run: `config` (the run config) and `graphdef` (the policy's nnx graph)."""
+
+  config: ml_collections.ConfigDict
+  graphdef: Any
+
+  def optimizer(self, phase: str, steps: int | None = None) -> optax.GradientTransformation:
+    return phase_optimizer(self.config, phase, steps)
+
+  def step_fn(self, phase: str, optimizer: optax.GradientTransformation) -> Callable:
+    """The pure update `(state, prompts, batch, layout) -> (state, metrics)` of `phase`, not jitted."""
+    c = self.config
+    if phase == "sft":
+      return functools.partial(
+        sft_step, graphdef=self.graphdef, optimizer=optimizer, master_update=c.sft.optim.master_update
+      )
+    if phase == "rl":
+      return functools.partial(
+        rl_step,
+        graphdef=self.graphdef,
+        optimizer=optimizer,
+        loss_config=policy_loss_config(c),
+        estimator=c.rl.estimator,
+        master_update=c.rl.optim.master_update,
+      )
+    raise ValueError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
+
+  def update(self, phase: str, optimizer: optax.GradientTransformation, state_shardings) -> Callable:
+    """`jax.jit` of `step_fn`: the state donated and kept in `state_shardings` (a TrainState of shardings)."""
+    return jax.jit(self.step_fn(phase, optimizer), donate_argnums=0, out_shardings=(state_shardings, None))
+
+  def logprobs(self) -> Callable:
+    """`jax.jit(sequence_logprobs)`: (params, prompts, layout, tokens) -> log-probs [M, b*G, C]."""
+    return jax.jit(functools.partial(sequence_logprobs, self.graphdef))
+
+  def sampling(self, **overrides) -> SamplingConfig:
+    return sampling_config(self.config, **overrides)
+
+  def generation_statics(self, model_cfg, pad_id: int, sampling: SamplingConfig | None = None) -> dict:
+    """The static arguments of `generate.prefill_jit` / `decode_jit` (what `Sampler` passes them)."""
+    sampling = sampling or self.sampling()
+    return dict(
+      graphdef=self.graphdef,
+      sampling=sampling,
+      pad_id=pad_id,
+      stop_ids=sampling.resolve_stop_ids(model_cfg.eos_token_id),
+    )
+
+  def prefill(self, model_cfg, pad_id: int, num_samples: int) -> Callable:
+    """The sampler's prefill: (params, prompts, key) -> decode state."""
+    statics = self.generation_statics(model_cfg, pad_id)
+    return functools.partial(generate.prefill_jit, num_samples=num_samples, **statics)
+
+  def decode(self, model_cfg, pad_id: int) -> Callable:
+    """The sampler's decode loop: (params, state) -> state (donated)."""
+    return functools.partial(generate.decode_jit, **self.generation_statics(model_cfg, pad_id))

@@ -1,0 +1,131 @@
+"""A run's working directory over its whole life: the lock, the config record and resume check, the checkpoints
+(restore errors in words), the export, and the bounded clean-up of a run that failed.
+
+    run = RunDirectory(config)       # locks the workdir; refuses a resume under a changed config (ConfigChangedError)
+    ...
+    state, meta = run.restore(step, state, phase)
+    run.save(global_step, state, meta)
+    run.finish(params, graphdef, processor, closers)  # or run.abort(closers) after an error
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from jaxcap.checkpoint import save_hf_checkpoint
+from jaxcap.locking import lock_workdir
+from jaxcap.multihost import is_lead_process
+from jaxcap.train import resume as resume_check
+from jaxcap.train.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
+from jaxcap.train.checkpointing import RunCheckpointer
+
+Closer = tuple[str, Callable[[], Any] | None]  # (what it closes, for the warning line; close function or None)
+
+
+class RunDirectory:
+  """`config.workdir`, locked for this process until `finish` / `abort` (or process exit).
+
+  Construction checks a resumed run's config against the saved one before anything is built (a changed world must
+  not be regenerated under the saved loader state); the config is recorded at a fresh start, or once a checkpoint
+  restored under it, so a refused or failed resume leaves the saved config as it was."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+    self.path = Path(config.workdir)
+    self.path.mkdir(parents=True, exist_ok=True)
+    self.lock = lock_workdir(self.path, jax.process_index())
+    try:
+      self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
+      self._notes = resume_check.check(config, self.path, self.position())
+    except BaseException:
+      self.abort()
+      raise
+    if is_lead_process():
+      for line in self._notes:
+        print(line, file=sys.stderr, flush=True)
+
+  # -- where the run stands ----------------------------------------------------------------------------------
+
+  def latest_step(self) -> int | None:
+    """The global step of the latest checkpoint, or None at a fresh start."""
+    return self.checkpoints.latest_step()
+
+  def meta(self, step: int) -> dict:
+    return self.checkpoints.meta(step)
+
+  def position(self) -> resume_check.Position | None:
+    latest = self.latest_step()
+    if latest is None:
+      return None
+    meta = self.meta(latest)
+    return resume_check.Position(str(meta["phase"]), int(meta["step"]), int(latest))
+
+  def record_config(self) -> None:
+    """Saves the config as the run's (<workdir>/config.json), with the accepted changes of a resume."""
+    if is_lead_process():
+      resume_check.record(self.config, self.path, self._notes)
+
+  # -- checkpoints -------------------------------------------------------------------------------------------
+
+  def save(self, step: int, state: Any, meta: dict) -> None:
+    self.checkpoints.save(step, state, meta)
+
+  def restore(self, step: int, state: Any, phase: str) -> tuple[Any, dict]:
+    """The checkpoint at `step` in the shardings of `state`, and its meta; a state that does not fit is a
+    ConfigChangedError saying what in the config changes the state's structure."""
+    try:
+      return self.checkpoints.restore(step, state)
+    except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
+      detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
+      saved = self.path / resume_check.CONFIG_FILE
+      started = f"the config saved in {saved}" if saved.exists() else "the config the run was started with"
+      raise resume_check.ConfigChangedError(
+        f"checkpoint {step} in {self.checkpoints.manager.directory} does not fit the {phase} state this config "
+        f"builds ({type(e).__name__}: {detail}). The config changed the train state's structure (e.g. "
+        f"rl.loss.kl_coef switched between 0 and > 0, {phase}.freeze_vision, the model's shapes); rerun with "
+        f"{started}, or start a separate run with a new --config.workdir."
+      ) from e
+
+  def wait(self) -> None:
+    """Blocks until the last checkpoint is on disk."""
+    self.checkpoints.wait()
+
+  # -- the end -----------------------------------------------------------------------------------------------
+
+  def export(self, params, graphdef, processor) -> None:
+    """The policy as an HF checkpoint in <workdir>/export (with the tokenizer and prompt settings it was trained
+    with); bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights."""
+    c = self.config
+    src = c.model.checkpoint or str(self.path / "tokenizer")
+    dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
+    save_hf_checkpoint(nnx.merge(graphdef, params), self.path / "export", tokenizer_dir=src, dtype=dtype)
+    if is_lead_process():
+      processor.save_prompt_settings(self.path / "export")
+
+  def finish(self, closers: Sequence[Closer]) -> None:
+    """Closes the run's parts (in order), the checkpoint manager, and releases the workdir."""
+    for _, close in closers:
+      if close is not None:
+        close()
+    self.checkpoints.close()
+    self.lock.release()
+
+  def abort(self, closers: Sequence[Closer] = ()) -> None:
+    """After an error: waits (bounded) for the checkpoint being written so it is complete, or removes its
+    temporary directory; closes the run's parts and the checkpoint manager, each wait bounded; releases the
+    workdir. Never raises; what it could not do is one warning line each."""
+    checkpoints = getattr(self, "checkpoints", None)
+    if checkpoints is not None:
+      if not bounded(checkpoints.wait, ABORT_CHECKPOINT_WAIT_S, "the checkpoint being saved"):
+        remove_partial_checkpoints(Path(checkpoints.manager.directory))
+    for what, close in [*closers, ("the checkpoint manager", getattr(checkpoints, "close", None))]:
+      if close is not None:
+        bounded(close, ABORT_CLOSE_WAIT_S, what)
+    self.lock.release()

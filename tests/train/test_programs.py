@@ -1,0 +1,93 @@
+"""One program builder: `jaxcap.plan` compiles the RL step the trainer runs, for the same config (equal lowered
+StableHLO), and the builder's optimizer carries every field of the config's optim block."""
+
+import importlib.util
+import types
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcap.models.config import tiny
+from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.plan import plan, program_fingerprint, rl_step_inputs
+from jaxcap.sharding import make_mesh
+from jaxcap.train.phases import RLPhase
+from jaxcap.train.programs import RunPrograms, phase_optimizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(spec: str):
+  path, _, variant = spec.partition(":")
+  module = importlib.util.spec_from_file_location("run_config", ROOT / path)
+  loaded = importlib.util.module_from_spec(module)
+  module.loader.exec_module(loaded)
+  c = loaded.get_config(variant or "default")
+  # tiny shapes: 2 prompts x G 2, one micro-batch, 8 new tokens, one 56 px image per prompt
+  c.rl.update(dict(batch_size=2, num_samples=2, micro_batches=1))
+  c.sampling.max_new_tokens = 8
+  c.data.update(dict(image_size=56, max_pixels=0))
+  return c
+
+
+def _trainer_step_fingerprint(config, cfg, devices) -> str:
+  """The RL step as the trainer builds it (`RLPhase.new_state` + `step_fn` on its RunPrograms), lowered for the
+  plan's argument shapes."""
+  mesh = make_mesh(dict(config.mesh.shape), devices=devices)
+  with jax.set_mesh(mesh):
+    model = Qwen25VL(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  trainer = types.SimpleNamespace(
+    config=config, programs=RunPrograms(config, graphdef), setup=types.SimpleNamespace(mesh=mesh)
+  )
+  phase = RLPhase("rl", 1, config.rl.steps, config.rl.batch_size, config.sft.steps, update=None)
+  state = phase.new_state(trainer, params, jax.random.key(0))
+  step_fn = phase.step_fn(trainer, state)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+  inputs = rl_step_inputs(config, cfg, mesh, abstract, phase.optimizer, text=8)
+  with jax.set_mesh(mesh):
+    return program_fingerprint(step_fn.lower(state, inputs.prompts, inputs.rollouts, inputs.layout))
+
+
+@pytest.mark.parametrize("spec", ["configs/caprl.py", "configs/caprl.py:paper"])
+def test_plan_compiles_the_trainers_rl_step(spec):
+  config = _config(spec)
+  precision = dict(dtype=jax.numpy.dtype(config.model.dtype), param_dtype=jax.numpy.dtype(config.model.param_dtype))
+  cfg = tiny(remat=config.model.remat, scan_layers=config.model.scan_layers, **precision)
+  devices = jax.devices()[:2]
+  planned = plan(config, cfg, devices, hbm_gib=80.0, names=("rl_step",), text=8)
+  (step,) = planned["programs"]
+  assert len(step["fingerprint"]) == 64
+  assert step["fingerprint"] == _trainer_step_fingerprint(config, cfg, devices)
+
+
+def test_fingerprints_tell_programs_apart():
+  config = _config("configs/caprl.py")
+  cfg = tiny()
+  devices = jax.devices()[:2]
+  base = plan(config, cfg, devices, 80.0, ("rl_step",), text=8)["programs"][0]["fingerprint"]
+  config.rl.loss.eps_high = 0.4  # a different clip range is a different program
+  assert plan(config, cfg, devices, 80.0, ("rl_step",), text=8)["programs"][0]["fingerprint"] != base
+
+
+def test_phase_optimizer_reads_every_adam_field():
+  c = _config("configs/caprl.py")
+  c.rl.optim.warmup_steps = 0
+  params = {"w": np.ones((2, 2), np.float32)}
+  grads = [{"w": np.full((2, 2), 1e-3, np.float32)}, {"w": np.full((2, 2), -3e-3, np.float32)}]
+
+  def second_update(**optim):
+    # Adam's first step is g / (|g| + eps) whatever b1 and b2: the second one depends on both
+    c.rl.optim.update(dict(b1=0.9, b2=0.999, eps=1e-8) | optim)
+    opt = phase_optimizer(c, "rl", steps=10)
+    state = opt.init(params)
+    for g in grads:
+      updates, state = opt.update(g, state, params)
+    return np.asarray(updates["w"])
+
+  base = second_update()
+  for field, value in (("b1", 0.5), ("b2", 0.5), ("eps", 1e-2)):
+    assert not np.allclose(base, second_update(**{field: value})), f"rl.optim.{field} does not reach the optimizer"
