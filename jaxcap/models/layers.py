@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcap.config.choices import REMAT_POLICIES
 from jaxcap.models import row_blocks
 
 
@@ -100,7 +101,7 @@ def remat(fn, policy: str):
   """`fn` rematerialised in the backward pass per `policy` ('none' | 'full' | 'dots')."""
   if policy == "none":
     return fn
-  if policy not in ("full", "dots"):
+  if policy not in REMAT_POLICIES:
     raise ValueError(f"remat={policy!r}; choose 'none', 'full' or 'dots'.")
   saveable = None if policy == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
   return jax.checkpoint(fn, policy=saveable)

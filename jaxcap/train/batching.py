@@ -47,7 +47,7 @@ class Batcher:
     self._pool: ThreadPoolExecutor | None = None
     self._processing = threading.Lock()  # the loader's and the evaluation's threads share one processor
     self._layouts: dict = {}  # micro-batch layouts by vision items, oldest dropped first
-    self.bucket_steps = int(config.data.get("bucket_steps", DEFAULT_STEPS))
+    self.bucket_steps = int(config.data.bucket_steps)
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     self.pad_id = int(pad) if pad is not None else int(processor.cfg.eos_token_id)
 

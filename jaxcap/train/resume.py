@@ -1,7 +1,8 @@
 """Resuming a workdir with a changed config: the resolved config is saved as `<workdir>/config.json` at the first
 start; a later start compares its own config against it before anything is built.
 
-Changes fall in four kinds:
+Changes fall in four kinds; each config field declares whether changing it is allowed, alters the run or changes
+parameter shapes (its resume policy in the schema, jaxcap.config):
   allowed     do not alter what is trained: more steps, evaluation / checkpoint / export cadence, judge endpoints
               and concurrency, memory and layout knobs (remat, log-prob chunk, mesh), where processes meet.
   no effect   settings of a phase already finished (the vision warm-up once a checkpoint exists, SFT once RL began).
@@ -9,8 +10,8 @@ Changes fall in four kinds:
               processes): refused unless `--config.resume_changes=allow`.
   impossible  the checkpoint cannot continue under the change whatever the user wants (its phase no longer runs,
               SFT changed after it ended, fewer steps than done, the KL reference policy or frozen tower switched
-              mid-phase, parameter shapes, a synthetic world that would be regenerated under the saved loader
-              position): always refused.
+              mid-phase, parameter shapes (policy "shape"), a synthetic world that would be regenerated under the
+              saved loader position): always refused.
 Accepted changes are appended to `<workdir>/config_changes.jsonl` and `config.json` is updated to the new config.
 """
 
@@ -21,44 +22,18 @@ import datetime
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import jax
 import ml_collections
 
+from jaxcap.config import schema
+from jaxcap.config.changes import ABSENT as _ABSENT, Change, diff, flatten
+from jaxcap.config.fields import ALLOWED, ALTERS, SHAPE
+
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
-RESUME_CHANGES = ("refuse", "allow")
-
-# Keys (or key prefixes) whose change leaves the trained model the same; everything not listed alters the run.
-ALLOWED = (
-  "name",
-  "workdir",
-  "compile_cache",
-  "resume_changes",
-  "sft.steps",  # more steps; a phase cut below its checkpoint, or SFT changed after it ended, is refused below
-  "rl.steps",
-  "eval",
-  "checkpoint",
-  "export",
-  "distributed",  # where the processes meet; how many there are is runtime.process_count
-  "mesh",  # the layout only: a checkpoint is resharded on restore
-  "runtime.device_count",
-  "model.remat",  # memory / speed knobs with the same math
-  "model.logprob_chunk",
-  "model.scan_layers",  # the same stacked parameters, scanned or unrolled
-  "data.check_media",
-  "data.bucket_steps",  # how far prompts and vision packs are padded: masked, the same math
-  "judge.endpoints",
-  "judge.timeout_s",
-  "judge.max_concurrency",
-  "judge.api_key_env",
-  "judge.preflight",  # checks and the failure budget stop a run; they do not change what it trains
-  "judge.min_valid_fraction",
-  "judge.failure_patience",
-)
-# Changes that would leave the checkpoint's parameters the wrong shape.
-SHAPES = ("model.student", "world.vocab_size")
+# The runtime facts `resolved()` saves along with the config, and what changing them does.
+RUNTIME = {"runtime.device_count": ALLOWED, "runtime.process_count": ALTERS}
 
 
 class ConfigChangedError(ValueError):
@@ -79,61 +54,12 @@ class Position:
     return self.global_step - self.step if self.phase == "rl" else self.step
 
 
-@dataclasses.dataclass
-class Change:
-  key: str
-  old: Any
-  new: Any
-  why: str = ""  # for impossible changes: why the checkpoint cannot take it
-
-  def __str__(self) -> str:
-    return f"{self.key}: {_fmt(self.old)} -> {_fmt(self.new)}" + (f" ({self.why})" if self.why else "")
-
-
-_ABSENT = object()
-
-
-def _fmt(v) -> str:
-  return "(absent)" if v is _ABSENT else repr(v)
-
-
 def resolved(config: ml_collections.ConfigDict) -> dict:
   """The config as saved: every field (JSON types) plus the runtime facts that shape the run."""
   return {
     "config": json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str)),
     "runtime": {"process_count": jax.process_count(), "device_count": jax.device_count()},
   }
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-  """{'a': {'b': 1}} -> {'a.b': 1}; an empty dict stays a leaf."""
-  out = {}
-  for k, v in tree.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
-def _under(key: str, prefixes) -> bool:
-  return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def diff(old: dict, new: dict, defaults: dict | None = None) -> list[Change]:
-  """Changed leaves between two `resolved()` dicts, sorted by key. A key the old config lacks is no change when the
-  new value is its default in `defaults` (a field added to jaxcap since the run started)."""
-  a = {**flatten(old.get("config", {})), **flatten({"runtime": old.get("runtime", {})})}
-  b = {**flatten(new.get("config", {})), **flatten({"runtime": new.get("runtime", {})})}
-  defaults = defaults or {}
-  out = []
-  for key in sorted(set(a) | set(b)):
-    va, vb = a.get(key, _ABSENT), b.get(key, _ABSENT)
-    if va == vb or (va is _ABSENT and key in defaults and defaults[key] == vb):
-      continue
-    out.append(Change(key, va, vb))
-  return out
 
 
 def _phases(config) -> list[str]:
@@ -181,10 +107,11 @@ def _kind(change: Change, config, position: Position) -> str:
   """'allowed', 'inert', 'alters' or 'impossible' (then `change.why` is set)."""
   key, phase = change.key, position.phase
   embedded_world = not config.data.train_manifest
-  if _under(key, SHAPES):
+  policy = RUNTIME.get(key) or schema.resume_policy(key)
+  if policy == SHAPE:
     change.why = "the checkpoint's parameters have the old shapes"
     return "impossible"
-  if embedded_world and (key == "seed" or (_under(key, ("world",)) and key != "world.eval_scenes")):
+  if embedded_world and (key == "seed" or (key.startswith("world.") and key != "world.eval_scenes")):
     change.why = "the synthetic training world would be regenerated under the checkpoint's data position"
     return "impossible"
   kl = lambda v: v is not _ABSENT and bool(v) and v > 0
@@ -199,12 +126,12 @@ def _kind(change: Change, config, position: Position) -> str:
   if key == f"{phase}.freeze_vision":
     change.why = f"the checkpoint's optimizer state {'has none' if change.old else 'has one'} for the vision tower"
     return "impossible"
-  if _under(key, ALLOWED):
+  if policy == ALLOWED:
     o = config[phase].optim if key == f"{phase}.steps" else None
     if o is not None and (o.schedule != "constant" or o.warmup_ratio > 0):
       change.why = f"the {o.schedule} learning-rate schedule now spans {change.new} steps"
     return "allowed"
-  if _under(key, ("vision_warmup",)) or (phase == "rl" and _under(key, ("sft",))):
+  if key.startswith("vision_warmup.") or (phase == "rl" and key.startswith("sft.")):
     return "inert"
   return "alters"
 
@@ -226,9 +153,7 @@ def check(config: ml_collections.ConfigDict, workdir: Path, position: Position |
       "cannot be compared with the run's; it is saved as the run's once the checkpoint restores under it"
     )
   else:
-    from jaxcap.train.config import base_config
-
-    changes = diff(saved, new, defaults=flatten(base_config().to_dict()))
+    changes = diff(saved, new, defaults=flatten(schema.defaults()))
   impossible = _position_problems(config, saved, position)
   impossible += _world_problems(config, workdir)
   by_kind: dict[str, list[Change]] = {"allowed": [], "inert": [], "alters": [], "impossible": []}

@@ -68,7 +68,7 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
 def with_pixel_budget(vision_cfg, data):
   """The processor's image settings with `data.min_pixels` / `data.max_pixels` where set (0 keeps the checkpoint's
   budget, from its preprocessor_config.json)."""
-  budget = {k: int(data.get(k, 0)) for k in ("min_pixels", "max_pixels") if int(data.get(k, 0) or 0) > 0}
+  budget = {k: int(data[k]) for k in ("min_pixels", "max_pixels") if int(data[k]) > 0}
   return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 

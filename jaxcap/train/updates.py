@@ -57,15 +57,15 @@ class SFTUpdate:
   eos_id: int
   micro_batches: int
   max_target_tokens: int
-  vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction (0 when it has none)
+  vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction
   seed: int | None = None  # of the VQA draws; None: the run config's seed
 
   def __post_init__(self):
     config = self.batcher.config
     if self.vqa_fraction is None:
-      self.vqa_fraction = float(config.sft.get("vqa_fraction", 0.0))
+      self.vqa_fraction = float(config.sft.vqa_fraction)
     if self.seed is None:
-      self.seed = int(config.get("seed", 0))
+      self.seed = int(config.seed)
     self._letters_checked = 0  # option count whose letters the tokenizer was checked for
 
   def prepare(self, records: Sequence[ImageRecord], step: int | None = None) -> HostBatch:

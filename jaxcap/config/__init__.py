@@ -1,0 +1,15 @@
+"""The run config's schema, declared once as typed frozen dataclasses (one per section), each field with its type,
+default, one-line doc, validation and resume policy.
+
+  fields     the machinery: `field()`, `Block`, the resume policies ALLOWED / ALTERS / SHAPE
+  choices    fixed choice lists (imported by the code that acts on them, too)
+  training   optim, sampling, vision_warmup, sft, rl (loss, length_mask)
+  model      model (student), world, data
+  judging    judge, rubrics
+  run        eval, checkpoint, export, mesh, distributed, and `Run`, the whole tree (with the reward block)
+  schema     validate(), the defaults, the registries configs choose from, the resume policy of a key
+  changes    differences between two saved configs, leaf by leaf (jaxcap.train.resume)
+
+ml-collections stays the file format and the `--config.x.y=` override layer (jaxcap.train.config builds the
+ConfigDict from these defaults). This package imports nothing on its own, so model code can import `choices`.
+"""

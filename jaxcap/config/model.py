@@ -1,0 +1,133 @@
+"""The policy and its inputs: the model (and the embedded student), the synthetic world, the data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxcap.config.choices import DTYPES, REMAT_POLICIES
+from jaxcap.config.fields import ALLOWED, SHAPE, Block, field
+from jaxcap.data.media_check import BAD_MEDIA_POLICIES
+
+
+@dataclasses.dataclass(frozen=True)
+class Student(Block):
+  """The tiny embedded student (jaxcap.world.student.student_config), built when model.checkpoint is empty."""
+
+  RESUME = SHAPE
+
+  vision_width: int = field(128, "ViT width (heads of 32)", ge=1)
+  vision_depth: int = field(2, "ViT blocks", ge=1)
+  text_width: int = field(128, "decoder width", ge=1)
+  text_layers: int = field(3, "decoder layers", ge=1)
+  text_heads: int = field(4, "decoder query heads (keys shared over text_heads // 2 groups)", ge=1)
+  rope_theta: float = field(10000.0, "RoPE base", gt=0)
+
+  def active(self, run) -> bool:
+    return not run.model.checkpoint
+
+  def check(self, run, at):
+    w, h = self.text_width, self.text_heads
+    if h >= 1 and (w % h or (w // h) % 2):
+      yield f"{at}text_width={w} must split into text_heads={h} heads of an even size"
+    if h >= 1 and h % max(1, h // 2):
+      yield (
+        f"{at}text_heads={h}: the student shares keys over text_heads // 2 groups, which must divide text_heads "
+        "(use 1, 3 or an even number)"
+      )
+    heads = max(1, self.vision_width // 32)
+    if self.vision_width >= 1 and self.vision_width % heads:
+      yield (
+        f"{at}vision_width={self.vision_width} does not split into its {heads} heads (vision_width // 32); use a "
+        "multiple of 32"
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class Model(Block):
+  """The policy: a local Qwen2.5-VL checkpoint or the embedded student, and how it computes."""
+
+  checkpoint: str = field("", "local HF Qwen2.5-VL directory; empty = the tiny embedded student")
+  dtype: str = field("float32", "compute dtype", choices=DTYPES)
+  param_dtype: str = field("float32", "master-weight dtype", choices=DTYPES)
+  # remat and logprob_chunk are memory / speed knobs with the same math
+  remat: str = field(
+    "none", "activation checkpointing of each block (same math)", choices=REMAT_POLICIES, resume=ALLOWED
+  )
+  logprob_chunk: int = field(
+    256,
+    "LM-head positions per chunk in log-prob passes (lower = less memory, see jaxcap.plan)",
+    ge=1,
+    rule="must be a positive token count",
+    resume=ALLOWED,
+  )
+  # the same stacked parameters, scanned or unrolled; the tiny embedded student trains ~13% faster on CPU unrolled,
+  # so the default unrolls and real checkpoints (real_model_run) scan
+  scan_layers: bool = field(False, "layer stacks under lax.scan: compile time flat in depth", resume=ALLOWED)
+  student: Student = field(Student(), "the embedded student's shape")
+
+
+@dataclasses.dataclass(frozen=True)
+class World(Block):
+  """The embedded synthetic world, used when data.train_manifest is empty. 1-2 objects per scene: two-object
+  scenes leave the SFT caption one object short for RL to add; with 1-3 objects the student perceived less (held-out
+  QA after SFT 33% instead of 41% on 64 images, tower trained)."""
+
+  train_scenes: int = field(1024, "scenes in the training split", ge=0)
+  eval_scenes: int = field(256, "scenes in the held-out split", ge=0)
+  image_size: int = field(84, "rendered square side, pixels", ge=64, le=1024, rule="use 64..1024 pixels")
+  min_objects: int = field(1, "fewest objects per scene (1 <= min_objects <= max_objects <= 6)")
+  max_objects: int = field(2, "most objects per scene (at most 6)")
+  clip_fraction: float = field(0.0, "share of objects cut by the image border", ge=0, le=1)
+  vocab_size: int = field(512, "the world tokenizer's vocabulary (the embedded student's embedding rows)", resume=SHAPE)
+  curate_questions: bool = field(True, "CapRL's QA curation on the train split (held-out is always curated)")
+
+  def active(self, run) -> bool:
+    return not run.data.train_manifest
+
+  def check(self, run, at):
+    if not 1 <= self.min_objects <= self.max_objects <= 6:
+      yield (
+        f"{at}min_objects={self.min_objects}, max_objects={self.max_objects}: need 1 <= min_objects <= max_objects <= 6"
+      )
+    for phase in ("sft", "rl"):
+      p = getattr(run, phase)
+      if p.steps != 0 and self.train_scenes < p.batch_size:
+        yield (
+          f"{at}train_scenes={self.train_scenes} cannot fill one {phase} batch of {phase}.batch_size={p.batch_size}; "
+          f"raise {at}train_scenes or lower the batch size"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Data(Block):
+  """Manifests and how images become model inputs."""
+
+  train_manifest: str = field("", "JSONL/Parquet training manifest; empty = the synthetic world")
+  eval_manifest: str = field("", "held-out JSONL/Parquet manifest; empty = the synthetic world")
+  prompt: str = field("Describe this image in detail.", "the user turn before the image")
+  image_size: int = field(84, "every image resized to this square side, pixels", ge=0, hint="0 = native size")
+  min_pixels: int = field(0, "the native-size pixel budget's floor (0 = the checkpoint's preprocessor_config)", ge=0)
+  max_pixels: int = field(0, "the native-size pixel budget's ceiling (0 = the checkpoint's preprocessor_config)", ge=0)
+  pad_to_multiple: int = field(16, "sequence lengths padded to a multiple of this", ge=1)
+  # more steps pad less and compile more programs (benchmarks/mixed_sizes.py); padding is masked: the same math
+  bucket_steps: int = field(
+    2, "padded sizes per octave of prompt / vision-pack length (jaxcap.buckets)", ge=1, resume=ALLOWED
+  )
+  group_by_size: int = field(
+    0, "> 1: windows of this many batches sorted by image size (jaxcap.train.size_groups); 0 = shuffled", ge=0
+  )
+  check_media: bool = field(
+    True, "decode every image / frame before training (False: only check they exist)", resume=ALLOWED
+  )
+  # 'fail': one error listing every record that does not decode; 'skip': train on the rest, the bad ones listed in
+  # workdir/media_errors.jsonl (jaxcap/data/media_check.py)
+  bad_media: str = field("fail", "what undecodable media do", choices=BAD_MEDIA_POLICIES)
+
+  def check(self, run, at):
+    if self.max_pixels and self.min_pixels > self.max_pixels:
+      yield (
+        f"{at}min_pixels={self.min_pixels}, max_pixels={self.max_pixels}: need 0 <= min_pixels <= max_pixels "
+        "(0 = the checkpoint's own)"
+      )
+    if self.train_manifest and not self.eval_manifest and run.eval.num_images:
+      yield f"{at}eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation"

@@ -1,0 +1,131 @@
+"""`Run`, the whole run config, and its smaller blocks: evaluation, checkpoints, export, the device mesh, multi-host.
+
+Defaults describe the embedded default (synthetic world, tiny student, rule-based judge) that finishes on a laptop
+CPU; each config file's `paper` variant sets the published hyper-parameters for a real Qwen2.5-VL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxcap.config.choices import RESUME_CHANGES
+from jaxcap.config.fields import ALLOWED, Block, field
+from jaxcap.config.judging import Judge, Rubrics
+from jaxcap.config.model import Data, Model, World
+from jaxcap.config.training import Rl, Sampling, Sft, VisionWarmup
+from jaxcap.rewards.families import REWARD_FAMILIES
+from jaxcap.sharding import MESH_AXES
+
+
+def _evaluates(block, run) -> bool:
+  return block.num_images > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval(Block):
+  """Held-out evaluation. 256 images: on 64, greedy-caption flips moved held-out QA by about 4 points between
+  checkpoints."""
+
+  RESUME = ALLOWED
+
+  every: int = field(25, "evaluate every this many steps", ge=0, hint="0 = only at phase ends")
+  num_images: int = field(256, "held-out images evaluated", ge=0, hint="0 = no evaluation")
+  batch_size: int = field(64, "images per evaluation batch", ge=1, when=_evaluates)
+  at_start: bool = field(False, "evaluate before SFT")
+  at_rl_start: bool = field(True, "evaluate before RL (False when many runs share one start, as experiments do)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint(Block):
+  RESUME = ALLOWED
+
+  every: int = field(25, "save every this many steps", ge=0, hint="0 = only at phase ends")
+  max_to_keep: int = field(2, "checkpoints kept", ge=1, rule="must be >= 1, or the run cannot resume")
+
+
+@dataclasses.dataclass(frozen=True)
+class Export(Block):
+  RESUME = ALLOWED
+
+  hf: bool = field(True, "export the final policy as a Hugging Face checkpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh(Block):
+  RESUME = ALLOWED  # the layout only: a checkpoint is resharded on restore
+
+  shape: dict[str, int] = field({"data": 1, "fsdp": -1, "tensor": 1}, "devices per mesh axis; -1 = the rest")
+
+  def check(self, run, at):
+    sizes = dict(self.shape)
+    if set(sizes) - set(MESH_AXES):
+      yield f"{at}shape={sizes}: unknown axes {sorted(set(sizes) - set(MESH_AXES))}; use {', '.join(MESH_AXES)}"
+    if not all(v >= 1 or v == -1 for v in sizes.values()) or list(sizes.values()).count(-1) > 1:
+      yield f"{at}shape={sizes}: each axis needs a size >= 1, or -1 (the remaining devices) on at most one axis"
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributed(Block):
+  """Where the processes meet (jax.distributed); how many there are is runtime.process_count (which alters the
+  run, jaxcap.train.resume.RUNTIME)."""
+
+  RESUME = ALLOWED
+
+  coordinator_address: str = field("", "host:port of process 0; '' = auto-detect (SLURM, TPU pods) or one process")
+  num_processes: int = field(0, "processes in the run")
+  process_id: int = field(-1, "this process's index")
+
+  def check(self, run, at):
+    if self.coordinator_address and not 0 <= self.process_id < self.num_processes:
+      yield (
+        f"{at}process_id={self.process_id}, num_processes={self.num_processes}: need 0 <= process_id < num_processes"
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class Run(Block):
+  """A whole run config: one tree shared by every method's config file."""
+
+  name: str = field("run", "the run's name in reports", resume=ALLOWED)
+  seed: int = field(0, "every random draw: world, initialisation, sampling, data order")
+  workdir: str = field("runs/run", "checkpoints, metrics, config.json; a rerun resumes from it", resume=ALLOWED)
+  compile_cache: str = field(
+    "compile_cache", "persistent XLA compilation cache, relative to the workdir (or absolute); '' = off", resume=ALLOWED
+  )
+  # Changes that do not alter the run (more steps, eval / checkpoint cadence, judge endpoints) are always allowed.
+  resume_changes: str = field(
+    "refuse",
+    "resuming with a config that alters the run: 'refuse' (list the changes and stop) or 'allow'",
+    choices=RESUME_CHANGES,
+    rule="use 'refuse' (stop on changes that alter a resumed run) or 'allow'",
+    resume=ALLOWED,
+  )
+  mesh: Mesh = field(Mesh(), "the device mesh")
+  distributed: Distributed = field(Distributed(), "multi-host start")
+  model: Model = field(Model(), "the policy")
+  world: World = field(World(), "the synthetic world")
+  vision_warmup: VisionWarmup = field(VisionWarmup(), "the embedded student's vision warm-up")
+  data: Data = field(Data(), "manifests and image inputs")
+  judge: Judge = field(Judge(), "the judge")
+  reward: dict[str, dict] = field(
+    {"caprl": {"weight": 1.0, "preset": "paper"}},
+    "reward families by name: {family: {weight, options}}",
+    choices=REWARD_FAMILIES,
+  )
+  rubrics: Rubrics = field(Rubrics(), "RubiCap rubrics")
+  sampling: Sampling = field(Sampling(), "RL sampling")
+  sft: Sft = field(Sft(), "supervised fine-tuning")
+  rl: Rl = field(Rl(), "reinforcement learning")
+  eval: Eval = field(Eval(), "held-out evaluation")
+  checkpoint: Checkpoint = field(Checkpoint(), "checkpoints")
+  export: Export = field(Export(), "the final export")
+
+  def check(self, run, at):
+    for fam, opts in self.reward.items():
+      if fam in REWARD_FAMILIES:
+        allowed = {"weight", *REWARD_FAMILIES[fam].options}
+        for k in opts:
+          if k not in allowed:
+            yield f"reward.{fam}.{k}: unknown option; allowed: {', '.join(sorted(allowed))}"
+    if not self.reward and self.rl.steps != 0:
+      yield "reward: configure at least one reward family for RL"

@@ -1,0 +1,57 @@
+"""The schema's entry points: the defaults, validation of a ConfigDict, the registries configs choose names from,
+and each key's resume policy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxcap.config import fields
+from jaxcap.config.fields import Block
+from jaxcap.config.run import Run
+from jaxcap.registry import Registry
+
+# Every name a config chooses from, by the field that chooses it (validate() and the launcher's --help read these).
+REGISTRIES: dict[str, Registry] = {}
+
+
+def _registries(cls: type[Block], at: str = "") -> None:
+  for f in dataclasses.fields(cls):
+    tp = fields.hints(cls)[f.name]
+    if fields.is_block(tp):
+      _registries(tp, at + f.name + ".")
+    elif isinstance(f.metadata["choices"], Registry):
+      REGISTRIES[at + f.name] = f.metadata["choices"]
+
+
+_registries(Run)
+
+
+def defaults() -> dict:
+  """The default run config as a plain nested dict."""
+  return Run().to_dict()
+
+
+def validate(config: Any) -> Run:
+  """The typed run config from a ConfigDict (or its `to_dict()`); raises ValueError("invalid config: ...") listing
+  every unknown or missing key, wrong type, out-of-range value and inconsistent pair of fields, each naming the
+  field and the fix."""
+  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  errors: list[str] = []
+  bad: set[str] = set()
+  run = fields.build(Run, data, "", errors, bad)
+  fields.check_tree(run, run, "", errors, bad)
+  if errors:
+    raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+  return run
+
+
+def resume_policy(key: str) -> str:
+  """ALLOWED, ALTERS or SHAPE for a dotted key of a saved config: its field's policy (a key below a dict field,
+  such as reward.caprl.preset, takes that field's; a whole block its block's); a key the schema lacks (a field
+  since removed) takes the policy of the block it was in."""
+  f, owner = fields.lookup(Run, key)
+  if f is None:
+    return owner.RESUME
+  tp = fields.hints(owner)[f.name]
+  return tp.RESUME if fields.is_block(tp) else fields.policy(f, owner)

@@ -1,0 +1,221 @@
+"""The run config's typed schema (jaxcap.config): the defaults it produces, what validate() refuses and how each
+refusal names the field and the fix, and the resume policy every field declares."""
+
+import dataclasses
+import json
+
+import pytest
+
+from jaxcap.config import schema
+from jaxcap.config.changes import flatten
+from jaxcap.config.choices import REMAT_POLICIES
+from jaxcap.config.fields import ALLOWED, ALTERS, POLICIES, SHAPE, docs, lookup
+from jaxcap.config.run import Run
+from jaxcap.judges.factory import judge_config
+from jaxcap.models.layers import remat
+from jaxcap.train.config import base_config, optim, validate
+
+OPTIM = ["b1", "b2", "eps", "grad_clip", "lr", "master_update", "schedule", "warmup_ratio", "warmup_steps"]
+OPTIM += ["weight_decay"]
+# The key set of base_config() before the schema existed: a field added or removed here is a deliberate change.
+KEYS = {
+  "": ["compile_cache", "name", "resume_changes", "seed", "workdir"],
+  "checkpoint": ["every", "max_to_keep"],
+  "data": ["bad_media", "bucket_steps", "check_media", "eval_manifest", "group_by_size", "image_size"]
+  + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"],
+  "distributed": ["coordinator_address", "num_processes", "process_id"],
+  "eval": ["at_rl_start", "at_start", "batch_size", "every", "num_images"],
+  "export": ["hf"],
+  "judge": ["api_key_env", "endpoints", "factory", "failure_patience", "failure_rate", "fleet_config", "kind"]
+  + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
+  + ["structured_output", "timeout_s"],
+  "mesh.shape": ["data", "fsdp", "tensor"],
+  "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
+  "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
+  "reward.caprl": ["preset", "weight"],
+  "rl": ["batch_size", "estimator", "freeze_vision", "micro_batches", "num_samples", "recompute_old_logprobs"]
+  + ["steps"],
+  "rl.length_mask": ["dims", "tau_high", "tau_low"],
+  "rl.loss": ["aggregation", "dual_clip_c", "entropy_coef", "eps_high", "eps_low", "kl_coef", "kl_estimator"],
+  "rl.optim": OPTIM,
+  "rubrics": ["batch_size", "min_agreement", "source"],
+  "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
+  "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batches", "steps", "targets"]
+  + ["vqa_fraction"],
+  "sft.optim": OPTIM,
+  "vision_warmup": ["batch_size", "lr", "steps"],
+  "world": ["clip_fraction", "curate_questions", "eval_scenes", "image_size", "max_objects", "min_objects"]
+  + ["train_scenes", "vocab_size"],
+}
+
+
+def _errors(data) -> str:
+  with pytest.raises(ValueError) as e:
+    validate(data)
+  assert str(e.value).startswith("invalid config:\n  - ")
+  return str(e.value)
+
+
+def test_defaults_keep_the_key_set_and_the_values_with_their_types():
+  d = base_config().to_dict()
+  assert set(flatten(d)) == {f"{at}.{k}" if at else k for at, keys in KEYS.items() for k in keys}
+  pinned = {
+    "sft.optim.lr": 2e-3,
+    "sft.optim.warmup_steps": 20,
+    "rl.optim.schedule": "constant",
+    "rl.loss.eps_high": 0.28,
+    "model.student.rope_theta": 10000.0,
+    "world.max_objects": 2,
+    "mesh.shape.fsdp": -1,
+    "reward.caprl.preset": "paper",
+    "rl.length_mask.dims": [],
+    "judge.options": {},
+    "resume_changes": "refuse",
+  }
+  flat = flatten(d)
+  for key, value in pinned.items():
+    assert (flat[key], type(flat[key])) == (value, type(value)), key
+  # ints stay ints and floats floats (1 == 1.0 would hide a changed type)
+  assert json.dumps(d, sort_keys=True) == json.dumps(schema.defaults(), sort_keys=True)
+  validate(base_config())
+
+
+def test_the_judge_block_agrees_with_the_judge_factorys_defaults():
+  """jaxcap.judges.factory.judge_config() (the eval config's judge block) must not drift from the schema's."""
+  assert json.dumps(judge_config().to_dict(), sort_keys=True) == json.dumps(
+    base_config().judge.to_dict(), sort_keys=True
+  )
+
+
+def test_optim_builds_the_schemas_block():
+  o = optim(1e-5, warmup_ratio=0.01, master_update="stochastic_rounding")
+  assert sorted(o) == OPTIM and (o.lr, o.warmup_ratio, o.master_update) == (1e-5, 0.01, "stochastic_rounding")
+  assert o.to_dict() == {**base_config().rl.optim.to_dict(), **o.to_dict()}  # the same fields as a phase's block
+
+
+def test_unknown_key_is_named_with_the_closest_field():
+  c = base_config()
+  c.rl.num_sample = 4
+  c.sampling.temprature = 0.7
+  msg = _errors(c)
+  assert "rl.num_sample:" in msg and "rl.num_samples" in msg and "did you mean" in msg
+  assert "sampling.temprature:" in msg and "sampling.temperature" in msg
+
+
+def test_wrong_types_are_named_with_the_type_wanted():
+  d = base_config().to_dict()
+  d["sampling"]["top_k"] = "4"
+  d["eval"]["at_start"] = 1
+  d["rl"]["loss"] = 0.2
+  d["rl"]["length_mask"]["dims"] = "balcaprl/linguistic"
+  msg = _errors(d)
+  assert "sampling.top_k='4': must be an integer" in msg
+  assert "eval.at_start=1: must be True or False" in msg
+  assert "rl.loss=0.2: must be a block" in msg and "kl_coef" in msg
+  assert "rl.length_mask.dims='balcaprl/linguistic': must be a list" in msg
+
+
+def test_missing_field_is_named():
+  d = base_config().to_dict()
+  del d["rl"]["loss"]["kl_coef"]
+  msg = _errors(d)
+  assert "rl.loss.kl_coef: missing field" in msg and "base_config" in msg
+
+
+@pytest.mark.parametrize(
+  "key, value, fix",
+  [
+    ("rl.num_samples", 1, ">= 2"),
+    ("sampling.top_p", 1.5, "(0, 1]"),
+    ("rl.loss.eps_low", 1.0, "[0, 1)"),
+    ("sft.optim.lr", 0.0, "positive"),
+    ("model.remat", "some", "dots"),
+    ("data.bad_media", "drop", "skip"),
+    ("judge.kind", "gpt", "http"),
+    ("mesh.shape.expert", 2, "tensor"),
+    ("world.image_size", 32, "64..1024"),
+  ],
+)
+def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
+  c = base_config()
+  *path, leaf = key.split(".")
+  node = c
+  for k in path:
+    node = node[k]
+  node[leaf] = value
+  msg = _errors(c)
+  assert msg.count("\n  - ") == 1, msg  # only this one
+  assert f"{'mesh.shape' if key.startswith('mesh') else key}=" in msg and fix in msg, msg
+
+
+def test_every_error_is_reported_at_once():
+  c = base_config()
+  c.rl.batch_size, c.rl.micro_batches = 6, 4
+  c.rl.length_mask.dims = ["balcaprl/linguistic"]
+  c.rl.length_mask.tau_low = 3.0
+  c.model.student.text_heads = 5
+  c.checkpoint.max_to_keep = 0
+  msg = _errors(c)
+  for field in ("rl.batch_size", "rl.length_mask.tau_low", "model.student.text_heads", "checkpoint.max_to_keep"):
+    assert field in msg
+  assert msg.count("\n  - ") >= 4
+
+
+def test_checks_apply_only_where_the_field_is_used():
+  c = base_config()
+  c.rl.steps, c.rl.num_samples = 0, 1  # no RL: no groups
+  c.eval.num_images, c.eval.batch_size = 0, 0  # no evaluation
+  c.vision_warmup.steps, c.vision_warmup.lr = 0, 0.0
+  c.rl.length_mask.tau_low = 3.0  # no masked dimension
+  validate(c)
+  c = base_config()
+  c.data.train_manifest, c.data.eval_manifest = "train.jsonl", "heldout.jsonl"
+  c.world.image_size, c.world.min_objects = 16, 9  # no synthetic world
+  c.model.checkpoint, c.model.student.text_heads = "/ckpt", 5  # no embedded student
+  validate(c)
+  c.data.eval_manifest = ""
+  assert "data.eval_manifest" in _errors(c) and "eval.num_images=0" in _errors(c)
+
+
+def test_schema_validate_returns_the_typed_frozen_config():
+  run = schema.validate(base_config())
+  assert isinstance(run, Run) and run.rl.loss.kl_coef == base_config().rl.loss.kl_coef
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    run.rl.steps = 5
+
+
+def test_every_field_declares_a_doc_and_a_resume_policy():
+  for key in flatten(base_config().to_dict()):
+    f, owner = lookup(Run, key)
+    assert f is not None, key
+    assert schema.resume_policy(key) in POLICIES, key
+  declared = list(docs(Run))
+
+  def field_of(key):  # keys below a dict field belong to it
+    return next((p for p in ("reward", "mesh.shape") if key.startswith(p + ".")), key)
+
+  assert {path for path, _, _ in declared} == {field_of(k) for k in flatten(base_config().to_dict())}
+  for path, policy, doc in declared:
+    assert doc and policy in POLICIES, path
+
+
+def test_resume_policies_of_the_schema():
+  assert {schema.resume_policy(k) for k in flatten(base_config().to_dict()) if k.startswith("model.student.")} == {
+    SHAPE
+  }
+  assert schema.resume_policy("world.vocab_size") == SHAPE
+  for key in ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat"):
+    assert schema.resume_policy(key) == ALLOWED, key
+  for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind"):
+    assert schema.resume_policy(key) == ALTERS, key
+  # a key the schema no longer has takes its block's policy (a field since removed from eval still may change)
+  assert (schema.resume_policy("eval.removed"), schema.resume_policy("rl.removed")) == (ALLOWED, ALTERS)
+
+
+def test_choice_lists_are_shared_with_the_code_that_acts_on_them():
+  model_fields = {f.name: f for f in dataclasses.fields(Run().model)}
+  assert model_fields["remat"].metadata["choices"] is REMAT_POLICIES
+  for policy in REMAT_POLICIES:
+    remat(lambda x: x, policy)
+  with pytest.raises(ValueError, match="remat='some'"):
+    remat(lambda x: x, "some")
