@@ -8,14 +8,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest first. A package may import packages of lower layers only; packages of one layer are independent.
 LAYERS = [
-  {"registry", "multihost", "buckets", "locking", "host_memory"},  # foundation: no jaxcap imports but these
+  {"registry", "choices", "multihost", "buckets", "locking", "host_memory"},  # foundation
   {"sharding", "rl", "data"},
   {"models"},
   {"checkpoint"},
   {"processing"},
   {"sampling", "judges"},
   {"rewards"},
-  {"world"},  # the embedded synthetic world: scenes, its oracle judge, its student
+  {"world", "config"},  # the embedded synthetic world; the run config's schema (over the registries below)
   {"train"},
   {"eval"},
   {"experiments", "launch", "plan", "caption", "judge", "curate_qa", "synthesize_rubrics"},  # programs

@@ -2,7 +2,6 @@
 default, one-line doc, validation and resume policy.
 
   fields     the machinery: `field()`, `Block`, the resume policies ALLOWED / ALTERS / SHAPE
-  choices    fixed choice lists (imported by the code that acts on them, too)
   training   optim, sampling, vision_warmup, sft, rl (loss, length_mask)
   model      model (student), world, data
   judging    judge, rubrics
@@ -11,5 +10,5 @@ default, one-line doc, validation and resume policy.
   changes    differences between two saved configs, leaf by leaf (jaxcap.train.resume)
 
 ml-collections stays the file format and the `--config.x.y=` override layer (jaxcap.train.config builds the
-ConfigDict from these defaults). This package imports nothing on its own, so model code can import `choices`.
+ConfigDict from these defaults). Fixed choice lists live in `jaxcap.choices`, which every layer may import.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxcap.config.choices import RUBRIC_SOURCES
+from jaxcap.choices import RUBRIC_SOURCES
 from jaxcap.config.fields import ALLOWED, Block, field
 from jaxcap.judges.factory import JUDGE_KINDS
 from jaxcap.judges.fleet import STRUCTURED_OUTPUT_MODES

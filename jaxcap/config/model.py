@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.config.choices import DTYPES, REMAT_POLICIES
+from jaxcap.choices import DTYPES, REMAT_POLICIES
 from jaxcap.config.fields import ALLOWED, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
 

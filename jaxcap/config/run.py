@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.config.choices import RESUME_CHANGES
+from jaxcap.choices import RESUME_CHANGES
 from jaxcap.config.fields import ALLOWED, Block, field
 from jaxcap.config.judging import Judge, Rubrics
 from jaxcap.config.model import Data, Model, World

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.config.choices import SCHEDULES
+from jaxcap.choices import MASTER_UPDATES, SCHEDULES
 from jaxcap.config.fields import ALLOWED, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-from jaxcap.train.precision import MASTER_UPDATES
 
 
 def _trains(block, run) -> bool:

@@ -2,13 +2,13 @@
 
 A `Phase` owns its jitted step (built by `RunPrograms` from the config), its train state, the per-step argument
 its update takes, its update (`SFTUpdate` / `RLUpdate`), its evaluation cadence and its start hook. A new phase
-kind is one subclass registered in `PHASE_KINDS`.
+kind is one subclass registered in `PHASE_KINDS`. Hooks take the `Trainer` (jaxcap.train.loop) that runs them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -19,9 +19,7 @@ from jaxcap.train.programs import with_reference
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
-if TYPE_CHECKING:  # the trainer passes itself to the hooks; only for the annotations
-  from jaxcap.train.loop import Trainer
-
+Trainer = Any  # jaxcap.train.loop.Trainer, which imports this module
 PHASE_KINDS: Registry[type["Phase"]] = Registry("training phase")
 
 
@@ -39,29 +37,29 @@ class Phase:
   eval_every: int = 0  # held-out evaluation within the phase every this many steps (0: only at its start / end)
 
   @classmethod
-  def build(cls, trainer: "Trainer", index: int) -> "Phase":
+  def build(cls, trainer: Trainer, index: int) -> "Phase":
     raise NotImplementedError
 
-  def new_state(self, trainer: "Trainer", params, key: jax.Array):
+  def new_state(self, trainer: Trainer, params, key: jax.Array):
     """A fresh train state around `params` on the run's mesh (the optimizer from the phase's `optim` block)."""
     self.optimizer = trainer.programs.optimizer(self.name)
     reference = with_reference(trainer.config, self.name)
     return phase_train_state(self.optimizer, params, key, trainer.setup.mesh, with_reference=reference)
 
-  def step_fn(self, trainer: "Trainer", state) -> Callable:
+  def step_fn(self, trainer: Trainer, state) -> Callable:
     """The jitted update, its state donated and kept in `state`'s shardings."""
     shardings = jax.tree.map(lambda x: x.sharding, state)
     return trainer.programs.update(self.name, self.optimizer, shardings)
 
-  def step_arg(self, trainer: "Trainer", step: int) -> Any:
+  def step_arg(self, trainer: Trainer, step: int) -> Any:
     """The argument the update takes besides (step_fn, state, batch)."""
     return step
 
-  def begin(self, trainer: "Trainer", state) -> bool:
+  def begin(self, trainer: Trainer, state) -> bool:
     """Runs as the phase starts, fresh or resumed (after the restore); True when it changed the records."""
     return False
 
-  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+  def evaluate_at_start(self, trainer: Trainer, state, records_changed: bool) -> None:
     """The held-out evaluation at a fresh start of the phase (if the config asks for one)."""
 
 
@@ -71,7 +69,7 @@ class SFTPhase(Phase):
   """Next-token loss on target captions (`sft` block)."""
 
   @classmethod
-  def build(cls, trainer: "Trainer", index: int) -> "SFTPhase":
+  def build(cls, trainer: Trainer, index: int) -> "SFTPhase":
     c, s = trainer.config, trainer.setup
     update = SFTUpdate(
       trainer.batcher,
@@ -83,11 +81,11 @@ class SFTPhase(Phase):
     )
     return cls("sft", index, c.sft.steps, c.sft.batch_size, 0, update)
 
-  def step_arg(self, trainer: "Trainer", step: int) -> np.random.Generator:
+  def step_arg(self, trainer: Trainer, step: int) -> np.random.Generator:
     # targets drawn from a generator seeded per step, so a resumed run replays them
     return np.random.default_rng([int(trainer.config.seed), self.index, step])
 
-  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+  def evaluate_at_start(self, trainer: Trainer, state, records_changed: bool) -> None:
     if int(state.step) == 0 and trainer.config.eval.at_start:
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
@@ -98,7 +96,7 @@ class RLPhase(Phase):
   """Sample G captions per record -> rewards from the judge -> group advantages -> clipped policy update."""
 
   @classmethod
-  def build(cls, trainer: "Trainer", index: int) -> "RLPhase":
+  def build(cls, trainer: Trainer, index: int) -> "RLPhase":
     c = trainer.config
     update = RLUpdate(
       trainer.batcher,
@@ -111,7 +109,7 @@ class RLPhase(Phase):
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 
-  def begin(self, trainer: "Trainer", state) -> bool:
+  def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
     s = trainer.setup
     changed = False
@@ -128,7 +126,7 @@ class RLPhase(Phase):
       s.train_records, s.eval_records = train, held_out
     return changed
 
-  def evaluate_at_start(self, trainer: "Trainer", state, records_changed: bool) -> None:
+  def evaluate_at_start(self, trainer: Trainer, state, records_changed: bool) -> None:
     summary = trainer.summary
     if "sft_end" in summary and not records_changed:  # same params and records as SFT's end: reuse its eval
       summary["rl_start"] = summary["sft_end"]
@@ -138,7 +136,7 @@ class RLPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
-def run_phases(trainer: "Trainer") -> list[Phase]:
+def run_phases(trainer: Trainer) -> list[Phase]:
   """The phases with steps > 0, in order (SFT, then RL)."""
   names = [p for p in PHASE_KINDS if trainer.config[p].steps > 0]
   return [PHASE_KINDS[name].build(trainer, i) for i, name in enumerate(names)]

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-MASTER_UPDATES = ("exact", "stochastic_rounding")
+from jaxcap.choices import MASTER_UPDATES  # noqa: F401  (re-exported)
+
 
 # fold_in tag of the rounding stream, beyond any step count so it cannot meet `fold_in(state.key, step)`,
 # which RL sampling uses.
