@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.config.choices import REMAT_POLICIES
+from jaxcap.choices import REMAT_POLICIES
 from jaxcap.models import row_blocks
 
 
