@@ -2,16 +2,28 @@
 model's matmul shapes, and the memory bandwidth of a large copy. Benchmarks report each path as a fraction of
 them (model FLOPs/s over the GEMM ceiling, MFU-style) beside the ratio against transformers.
 
-    python benchmarks/ceilings.py [--model mid] [--tokens 1024] [--json ceilings.json]
+    python -m benchmarks.ceilings [--model mid] [--tokens 1024] [--json ceilings.json]
+
+Built on `benchmarks.harness` (machine info; `fractions` and `print_ceilings`, which `harness.report` uses to print
+a ceilings record, live there too and are re-exported here); harness never imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+if not __package__:  # run as a file (python benchmarks/ceilings.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import fractions, machine_info, print_ceilings  # noqa: E402
+
+__all__ = ["best_of", "fractions", "measure_ceilings", "measured_ceilings", "model_gemm_shapes", "print_ceilings"]
 
 
 def _best_seconds(fn, budget_s: float = 1.0, min_calls: int = 3) -> float:
@@ -89,24 +101,14 @@ def best_of(a: dict, b: dict) -> dict:
   return {**{k: max(a[k], b[k]) for k in keys}, "gemm_shapes": rows, "measurements": runs}
 
 
-def fractions(model_flops_per_call: float, seconds: float, ceilings: dict) -> dict:
-  """Model GFLOP/s of a call and its fraction of each GEMM ceiling."""
-  rate = model_flops_per_call / seconds / 1e9
-  out = {"model_gflops": rate, "of_xla_gemm": rate / ceilings["xla_gemm_gflops"]}
-  if "torch_gemm_gflops" in ceilings:
-    out["of_torch_gemm"] = rate / ceilings["torch_gemm_gflops"]
-  return out
-
-
-def print_ceilings(c: dict) -> None:
-  line = f"ceilings: XLA f32 GEMM {c['xla_gemm_gflops']:.0f} GFLOP/s"
-  if "torch_gemm_gflops" in c:
-    line += f", torch f32 GEMM {c['torch_gemm_gflops']:.0f} GFLOP/s"
-  line += f", copy bandwidth {c['bandwidth_gbs']:.1f} GB/s (best over the model's matmul shapes"
-  runs = c.get("measurements", [])
-  if len(runs) > 1:  # before and after the timed section
-    line += "; best of runs at " + " / ".join(f"{r['xla_gemm_gflops']:.0f}" for r in runs) + " GFLOP/s"
-  print(line + ")")
+def measured_ceilings(args, cfg, tokens: int, with_torch: bool = True, previous: dict | None = None) -> dict | None:
+  """The machine's GEMM and bandwidth ceilings at `cfg`'s matmul shapes, unless --no_ceilings (`harness.add_arguments`).
+  With `previous` (the same measured before the timed section), the best of both: a shared host's rates drift by
+  tens of percent over minutes, and a ceiling caught in a slow minute would flatter every fraction."""
+  if getattr(args, "no_ceilings", False):
+    return None
+  now = measure_ceilings(model_gemm_shapes(cfg, tokens), with_torch=with_torch)
+  return now if previous is None else best_of(previous, now)
 
 
 def main():
@@ -116,7 +118,6 @@ def main():
   ap.add_argument("--json", default=None)
   args = ap.parse_args()
   import jaxcap.models as M
-  from harness import machine_info
 
   c = measure_ceilings(model_gemm_shapes(M.PRESETS[args.model](), args.tokens))
   print(f"machine: {machine_info().get('cpu_model', '?')}")

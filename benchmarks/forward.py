@@ -1,6 +1,6 @@
 """Prefill throughput: jaxcap's jitted Qwen2.5-VL forward vs `transformers` on the same config, batch and CPU.
 
-    python benchmarks/forward.py [--batch 8] [--image 224] [--pairs 5] [--json forward.json]
+    python -m benchmarks.forward [--batch 8] [--image 224] [--pairs 5] [--json forward.json]
 
 Both run float32 with the same random weights (the HF model is saved and loaded into jaxcap). After one warm-up
 call each (jaxcap's compiles; reported apart), the two forwards are timed interleaved, jaxcap then transformers,
@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+if not __package__:  # run as a file (python benchmarks/forward.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ceilings import measured_ceilings  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
 
 
 def main():
@@ -38,7 +42,7 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
-  from hf_reference import hf_inputs, image_conversations, paired_models
+  from benchmarks.fixtures import hf_inputs, image_conversations, paired_models
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()

@@ -1,13 +1,15 @@
 """GPU/TPU benchmark of a Qwen2.5-VL-3B-shaped student (random weights, bf16): MFU of the RL update step and
 tokens/s of rollouts. A few minutes on one accelerator; prints a JSON summary.
 
-    python benchmarks/gpu.py                      # qwen25vl_3b(), bf16, on jax.devices()[0]
-    python benchmarks/gpu.py --peak_tflops 989    # when the device kind is not in the table
-    python benchmarks/gpu.py --smoke              # tiny() shapes, runs on CPU in seconds (the test uses this)
+    python -m benchmarks.gpu                      # qwen25vl_3b(), bf16, on jax.devices()[0]
+    python -m benchmarks.gpu --peak_tflops 989    # when the device kind is not in the table
+    python -m benchmarks.gpu --smoke              # tiny() shapes, runs on CPU in seconds (the test uses this)
 
-(a) Update: `jax.jit(rl_step)` (state donated) on random prompts + rollouts: --prompts images of --image px
-with a short instruction, G = --group completions of --completion tokens each, split into --micro micro-batches
-(gradient accumulation), AdamW, remat as --remat. Timed over --steps steps after one compile step.
+(a) Update: the trainer's `rl_step` (`RunPrograms.step_fn("rl", ...)` of `jaxcap.train.programs`, jitted, state
+donated) on random prompts + rollouts: --prompts images of --image px with a short instruction, G = --group
+completions of --completion tokens each, split into --micro micro-batches (gradient accumulation), AdamW (constant
+lr 1e-6, clip 1.0), GRPO with the default clipped loss and no KL, remat as --remat. Timed over --steps steps after
+one compile step.
 
 Model FLOPs per update (the PaLM / MFU convention: forward + backward = 3 x forward = 6 x params x tokens, no
 credit for remat recomputation; matmuls only, so norms / softmax / rotary are not counted):
@@ -22,7 +24,7 @@ credit for remat recomputation; matmuls only, so norms / softmax / rotary are no
 MFU = model FLOPs / step time / peak FLOP/s of the device (bf16 dense, table `PEAK_TFLOPS`; --peak_tflops
 overrides). One device only.
 
-(b) Rollouts: `Sampler` with temperature 1 and no stop tokens, so every sequence runs to --new_tokens;
+(b) Rollouts: `Sampler` with temperature 1 (no top-k / top-p) and no stop tokens, so every sequence runs to --new_tokens;
 --rollout_images x --rollout_group sequences; tokens/s = generated tokens / wall time of the second call
 (prefill and vision included; the first call's compile is reported apart).
 """
@@ -30,14 +32,19 @@ overrides). One device only.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from jaxcap.models.flops import model_flops, param_counts, peak_tflops
+if not __package__:  # run as a file (python benchmarks/gpu.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.fixtures import run_config  # noqa: E402
+from jaxcap.models.flops import model_flops, param_counts, peak_tflops  # noqa: E402
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -71,9 +78,9 @@ def bench_update(model, args) -> dict:
   from flax import nnx
 
   from jaxcap.models.vision import vision_layout
-  from jaxcap.rl import PolicyLossConfig
-  from jaxcap.train.state import init_train_state, make_optimizer
-  from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step
+  from jaxcap.train.programs import RunPrograms
+  from jaxcap.train.state import init_train_state
+  from jaxcap.train.step import PromptBatch, RolloutBatch
 
   cfg = model.cfg
   b, g, m, c = args.prompts, args.group, args.micro, args.completion
@@ -108,15 +115,14 @@ def bench_update(model, args) -> dict:
   graphdef = nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(train_cfg, rngs=nnx.Rngs(0))))[0]
   params = nnx.split(model)[1]
   counts = param_counts(params)
-  optimizer = make_optimizer(1e-6, 1000, schedule="constant", grad_clip=1.0)
+  # the loss's Dr.GRPO constant is the completion budget, --completion here
+  programs = RunPrograms(run_config("rl", lr=1e-6, steps=1000, max_new_tokens=c), graphdef)
+  optimizer = programs.optimizer("rl")
   state = init_train_state(params, optimizer, jax.random.key(0))
   del params
-  step = jax.jit(
-    functools.partial(
-      rl_step, graphdef=graphdef, optimizer=optimizer, loss_config=PolicyLossConfig(max_gen_len=c), estimator="grpo"
-    ),
-    donate_argnums=0,
-  )
+  # the trainer's update, jitted with the state donated (not `programs.update`: its out_shardings commit the
+  # state, so the second call, the only timed one under --smoke, would compile again for the committed input)
+  step = jax.jit(programs.step_fn("rl", optimizer), donate_argnums=0)
   t0 = time.perf_counter()
   state, metrics = step(state, prompts, rollouts, layout)
   jax.block_until_ready(metrics["loss"])
@@ -160,11 +166,13 @@ def bench_update(model, args) -> dict:
 def bench_rollouts(model, args) -> dict:
   import jax
 
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import Sampler
+  from jaxcap.train.programs import sampling_config
 
   proc, batch = _inputs(model.cfg, args.rollout_images, args.image, 2)
   n = args.new_tokens
-  sampler = Sampler(model, processor=proc, sampling=SamplingConfig(temperature=1.0, max_new_tokens=n, stop_ids=()))
+  sampling = sampling_config(run_config(max_new_tokens=n), stop_ids=())
+  sampler = Sampler(model, processor=proc, sampling=sampling)
   t0 = time.perf_counter()
   jax.block_until_ready(sampler(batch, jax.random.key(0), num_samples=args.rollout_group).tokens)
   first_s = time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """Shared timing and reporting for the CPU benchmarks that race jaxcap against a reference (`transformers`).
 
-How a figure is taken (forward.py, rollout.py, train_step.py all go through here):
+How a figure is taken (forward, rollout, train_step, mixed_sizes all go through here):
 
 - each side is warmed up once (jaxcap's first call compiles) and that time is reported apart, never mixed in;
 - then the two sides run INTERLEAVED, A B A B ..., for `pairs` pairs, so that a change in machine load or
@@ -12,6 +12,9 @@ How a figure is taken (forward.py, rollout.py, train_step.py all go through here
   warning says when the machine was too busy for the figures to be quoted.
 
 `--json PATH` writes all of it (every call's time too), so README tables can be regenerated from files.
+
+This module imports nothing of benchmarks/: `benchmarks.ceilings` measures the ceilings on top of it, and `report`
+only prints the ceilings record it is handed (`fractions`, `print_ceilings` below).
 """
 
 from __future__ import annotations
@@ -34,18 +37,6 @@ LOAD_AT_START = os.getloadavg()[0]
 BUSY_LOAD_FRACTION = 0.75
 # ... and other processes used at most this fraction of them, on average, during the timed section.
 BUSY_OTHERS_FRACTION = 0.25
-
-
-def measured_ceilings(args, cfg, tokens: int, with_torch: bool = True, previous: dict | None = None) -> dict | None:
-  """The machine's GEMM and bandwidth ceilings at `cfg`'s matmul shapes (benchmarks/ceilings.py), unless
-  --no_ceilings. With `previous` (the same measured before the timed section), the best of both: a shared host's
-  rates drift by tens of percent over minutes, and a ceiling caught in a slow minute would flatter every fraction."""
-  if getattr(args, "no_ceilings", False):
-    return None
-  from ceilings import best_of, measure_ceilings, model_gemm_shapes
-
-  now = measure_ceilings(model_gemm_shapes(cfg, tokens), with_torch=with_torch)
-  return now if previous is None else best_of(previous, now)
 
 
 def add_arguments(ap) -> None:
@@ -237,6 +228,26 @@ def _side(times: list[float], warmup_s: float | None, work: float) -> dict:
   )
 
 
+def fractions(model_flops_per_call: float, seconds: float, ceilings: dict) -> dict:
+  """Model GFLOP/s of a call and its fraction of each GEMM ceiling (a `benchmarks.ceilings` record)."""
+  rate = model_flops_per_call / seconds / 1e9
+  out = {"model_gflops": rate, "of_xla_gemm": rate / ceilings["xla_gemm_gflops"]}
+  if "torch_gemm_gflops" in ceilings:
+    out["of_torch_gemm"] = rate / ceilings["torch_gemm_gflops"]
+  return out
+
+
+def print_ceilings(c: dict) -> None:
+  line = f"ceilings: XLA f32 GEMM {c['xla_gemm_gflops']:.0f} GFLOP/s"
+  if "torch_gemm_gflops" in c:
+    line += f", torch f32 GEMM {c['torch_gemm_gflops']:.0f} GFLOP/s"
+  line += f", copy bandwidth {c['bandwidth_gbs']:.1f} GB/s (best over the model's matmul shapes"
+  runs = c.get("measurements", [])
+  if len(runs) > 1:  # before and after the timed section
+    line += "; best of runs at " + " / ".join(f"{r['xla_gemm_gflops']:.0f}" for r in runs) + " GFLOP/s"
+  print(line + ")")
+
+
 def report(
   title: str,
   work: float,
@@ -273,8 +284,6 @@ def report(
   )
   if flops_per_call and ceilings:
     # model FLOPs/s at each side's min time over the machine's measured GEMM ceilings (MFU-style)
-    from ceilings import fractions
-
     record["model_flops_per_call"] = flops_per_call
     record["ceilings"] = ceilings
     for side in sides.values():
@@ -303,8 +312,6 @@ def report(
       f"({record['ratio_of_medians']:.2f}x from the medians)"
     )
   if "ceilings" in record:
-    from ceilings import print_ceilings
-
     print_ceilings(record["ceilings"])
     for name, side in sides.items():
       f = side["ceiling_fractions"]

@@ -6,7 +6,7 @@ captions (CapRL reward through HttpJudge -> the rule-based OpenAI-compatible ser
 works on step t's captions while the device runs step t+1's work; the loop blocks on step t's rewards only
 after dispatching the next device step. Prints both step times and their ratio (ideal: max/sum).
 
-    python benchmarks/judge_overlap.py --steps 8 --device-ms 300 --judge-latency-ms 300
+    python -m benchmarks.judge_overlap --steps 8 --device-ms 300 --judge-latency-ms 300
 """
 
 from __future__ import annotations

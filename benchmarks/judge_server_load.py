@@ -7,7 +7,7 @@ them are malformed on purpose (bad JSON, wrong types, over the server's 1 MiB bo
 Prints throughput, latency percentiles (seconds, good requests) and status counts; exits 1 if any reply was a 5xx
 or a transport error, or a good request failed. Client and server share this machine's cores.
 
-    python benchmarks/judge_server_load.py --requests 1000 --concurrency 200
+    python -m benchmarks.judge_server_load --requests 1000 --concurrency 200
 """
 
 from __future__ import annotations

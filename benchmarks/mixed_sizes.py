@@ -1,7 +1,7 @@
 """Native-resolution batches: how many programs a stream of mixed image sizes compiles, what the bucket padding
 costs, and how fast a mixed-size batch runs per real token against a same-size batch of equal token count.
 
-    python benchmarks/mixed_sizes.py [--images 1000] [--batch 8] [--micro 2] [--pairs 5] [--json mixed.json]
+    python -m benchmarks.mixed_sizes [--images 1000] [--batch 8] [--micro 2] [--pairs 5] [--json mixed.json]
 
 Part 1 (host only, Qwen2.5-VL-3B geometry and pixel budget 3136 .. 12,845,056 px as its preprocessor_config):
 `--images` COCO-like sizes (70% landscape 640 x 360..640, 20% portrait, 10% any side 200..1000) in steps of
@@ -16,13 +16,15 @@ number of real tokens, interleaved (benchmarks/harness.py); reports the time per
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from pathlib import Path
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, report, warm_up
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+if not __package__:  # run as a file (python benchmarks/mixed_sizes.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
 
 TEXT_TOKENS = 24  # chat template + instruction around the image
 
@@ -98,7 +100,7 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
-  from hf_reference import WORDS
+  from benchmarks.fixtures import WORDS
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import bucket_prompts
 

@@ -9,8 +9,11 @@ the intervals in which the device executed XLA ops (GPU / TPU: the device planes
 Eigen's threads); host time is the rest of the wall time, i.e. when the device waited for the host (image
 loading, host <-> device copies, text decoding, judging not overlapped, metric fetches).
 
-    python benchmarks/rl_host_time.py --steps 6 --warmup 2 --out rl_host_time.json
+    python -m benchmarks.rl_host_time --steps 6 --warmup 2 --out rl_host_time.json
     PYTHONPATH=/tmp/base python benchmarks/rl_host_time.py   # another checkout of jaxcap (e.g. a git worktree)
+
+(The second form runs the file, not the module: `-m` puts the current directory, and so this checkout's jaxcap,
+ahead of PYTHONPATH.)
 
 On a CPU the "device" shares the cores with the host threads (judge, image decoding), so the split is only
 indicative there; the figures that matter come from a GPU / TPU.

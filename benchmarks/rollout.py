@@ -1,6 +1,6 @@
 """Rollout throughput: jaxcap's compiled sampler vs `transformers` generate, same model, images, G and tokens.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout.py --images 8 --samples 4 --new_tokens 64 [--pairs 5]
+    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.rollout --images 8 --samples 4 --new_tokens 64 [--pairs 5]
 
 (PASSIVE keeps torch's OpenMP threads from spin-waiting, which collapses its throughput when other work shares
 the cores; on a quiet machine it makes little difference.)
@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
+
+if not __package__:  # run as a file (python benchmarks/rollout.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ceilings import measured_ceilings  # noqa: E402
+from benchmarks.fixtures import run_config  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, print_ceilings, report, warm_up  # noqa: E402
 
 
 def _images(count: int, size: int):
@@ -59,7 +67,8 @@ def main():
   from jaxcap.checkpoint import load_hf_checkpoint
   from jaxcap.models import mid
   from jaxcap.processing import Processor, word_tokenizer
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import Sampler
+  from jaxcap.train.programs import sampling_config
 
   cfg = mid()
   torch.manual_seed(0)
@@ -89,9 +98,9 @@ def main():
     f"tokens; jax {jax.__version__} on {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}"
   )
 
-  sampler = Sampler(
-    model, processor=processor, sampling=SamplingConfig(temperature=1.0, max_new_tokens=n_new, stop_ids=())
-  )
+  # temperature 1, no top-k / top-p, no stop tokens: every sequence runs to n_new (jaxcap.train.programs)
+  config = run_config(max_new_tokens=n_new)
+  sampler = Sampler(model, processor=processor, sampling=sampling_config(config, stop_ids=()))
   keys = itertools.count()  # a fresh key per call: same shapes, so the same compiled bucket
   lengths = []  # checked after timing, so the check's own dispatch stays out of the timed calls
 
@@ -106,9 +115,9 @@ def main():
     kw = _hf_kwargs(batch, cfg)
     gen = dict(
       do_sample=True,
-      temperature=1.0,
-      top_k=0,
-      top_p=1.0,
+      temperature=config.sampling.temperature,
+      top_k=config.sampling.top_k,
+      top_p=config.sampling.top_p,
       num_return_sequences=args.samples,
       pad_token_id=tokenizer.pad_token_id,
       eos_token_id=cfg.eos_token_id,
@@ -143,8 +152,6 @@ def main():
     json_path=args.json,
   )
   if ceilings is not None:
-    from ceilings import print_ceilings
-
     print_ceilings(ceilings)
     roof = rollout_roofline(cfg, model, batch, n_seq, n_new, ceilings)
     call_s = record["sides"]["jaxcap"]["min_s"]
@@ -157,7 +164,7 @@ def main():
     # The decode step from the call less a measured prefill: the same call with max_new_tokens=1 (prefill, vision
     # and the first token; the decode loop runs no step), so the prefill's own efficiency does not count here.
     # The cache then has 63 fewer slots, which the prefill does not read.
-    one = SamplingConfig(temperature=1.0, max_new_tokens=1, stop_ids=())
+    one = sampling_config(config, max_new_tokens=1, stop_ids=())
     prefill_call = lambda: jax.block_until_ready(
       sampler(batch, jax.random.key(0), num_samples=args.samples, sampling=one).tokens
     )

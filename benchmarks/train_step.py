@@ -1,12 +1,14 @@
 """Update-step throughput: jaxcap's jitted `sft_step` vs `transformers` forward + backward + AdamW step.
 
-    python benchmarks/train_step.py [--batch 8] [--image 224] [--targets 64] [--pairs 5] [--json train_step.json]
+    python -m benchmarks.train_step [--batch 8] [--image 224] [--targets 64] [--pairs 5] [--json train_step.json]
 
 Same `mid()` config and random weights on both sides (the HF model is saved and loaded into jaxcap with
 `load_hf_checkpoint`), same batch (`--batch` prompts of one `--image` px image + text, each followed by
 `--targets` target tokens), float32, same CPU, one process. One update = forward over prompt + targets, token-mean
 NLL of the targets, backward, global-norm clip 1.0 and one AdamW step (lr 1e-5, no weight decay); jaxcap runs it
-as one compiled function with the state donated, transformers as `loss.backward(); clip_grad_norm_; opt.step()`.
+as one compiled function with the state donated (the trainer's `RunPrograms.update("sft", ...)` of
+`jaxcap.train.programs`, from a run config set to those hyper-parameters), transformers as
+`loss.backward(); clip_grad_norm_; opt.step()`.
 
 tokens/s counts every token the forward sees (vision + text prompt + targets) per update. The first-step losses
 of both are printed as a check that the two compute the same thing. Each side is warmed up first and that time
@@ -18,15 +20,19 @@ min and median per side, the ratio of the mins, the machine and its load.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from harness import Section, add_arguments, interleaved, measured_ceilings, report, warm_up
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+if not __package__:  # run as a file (python benchmarks/train_step.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ceilings import measured_ceilings  # noqa: E402
+from benchmarks.fixtures import hf_inputs, image_conversations, paired_models, run_config  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
 
 
 def main():
@@ -50,9 +56,9 @@ def main():
 
   import jaxcap.models as M
   from jaxcap.models.vision import vision_layout
-  from jaxcap.train.state import init_train_state, make_optimizer
-  from jaxcap.train.step import PromptBatch, sft_step
-  from hf_reference import hf_inputs, image_conversations, paired_models
+  from jaxcap.train.programs import RunPrograms
+  from jaxcap.train.state import init_train_state
+  from jaxcap.train.step import PromptBatch
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()
@@ -69,8 +75,9 @@ def main():
   vision_tokens = int(np.prod(batch.grid_thw, -1).sum()) // cfg.vision.spatial_merge_size**2
 
   # ------------------------------------------------------------------ jaxcap
-  optimizer = make_optimizer(1e-5, 1000, schedule="constant", weight_decay=0.0, grad_clip=1.0)
   graphdef, params = nnx.split(ours)
+  programs = RunPrograms(run_config("sft", lr=1e-5, steps=1000), graphdef)
+  optimizer = programs.optimizer("sft")
   state = init_train_state(params, optimizer, jax.random.key(0))
   layout = vision_layout(batch.grid_thw, cfg.vision)
   prompts = PromptBatch(
@@ -81,7 +88,7 @@ def main():
   )
   tgt = jnp.asarray(targets)[None]
   tmask = jnp.ones_like(tgt, dtype=bool)
-  step = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=optimizer), donate_argnums=0)
+  step = programs.update("sft", optimizer, jax.tree.map(lambda x: x.sharding, state))
 
   t0 = time.perf_counter()
   compiled = step.lower(state, prompts, tgt, tmask, layout).compile()
@@ -107,13 +114,14 @@ def main():
     kw["mm_token_type_ids"] = torch.cat([kw["mm_token_type_ids"], torch.zeros_like(tt, dtype=torch.int)], 1)
     kw["labels"] = torch.cat([torch.full((b, p), -100, dtype=torch.long), tt], 1)
     ref.train()
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    o = programs.config.sft.optim  # the same AdamW and clip as jaxcap's (constant lr, no warm-up)
+    opt = torch.optim.AdamW(ref.parameters(), lr=o.lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay)
 
     def hf_update():
       opt.zero_grad(set_to_none=True)
       loss = ref(**kw).loss
       loss.backward()
-      torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+      torch.nn.utils.clip_grad_norm_(ref.parameters(), o.grad_clip)
       opt.step()
       if "transformers" not in losses:
         losses["transformers"] = float(loss.detach())

@@ -1,10 +1,10 @@
 """Where the time goes: a `jax.profiler` trace of one path, each XLA op's wall time attributed to the model part
 its source line belongs to.
 
-    python benchmarks/where_time_goes.py --path update [--scanned] [--calls 3] [--json update_profile.json]
-    python benchmarks/where_time_goes.py --path forward
-    python benchmarks/where_time_goes.py --path decode        # one rollout call: prefill + 63 decode steps
-    python benchmarks/where_time_goes.py --path forward --floor   # + the program's matmuls timed alone
+    python -m benchmarks.where_time_goes --path update [--scanned] [--calls 3] [--json update_profile.json]
+    python -m benchmarks.where_time_goes --path forward
+    python -m benchmarks.where_time_goes --path decode        # one rollout call: prefill + 63 decode steps
+    python -m benchmarks.where_time_goes --path forward --floor   # + the program's matmuls timed alone
 
 Same `mid()` shapes as train_step.py / forward.py / rollout.py (8 prompts of one 224x224 image; update: 64 target
 tokens each; decode: 8 images x 4 samples x 64 new tokens), float32, random weights (no transformers needed).
@@ -29,10 +29,16 @@ import re
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+if not __package__:  # run as a file (python benchmarks/where_time_goes.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ceilings import _best_seconds, measure_ceilings, model_gemm_shapes  # noqa: E402
+from benchmarks.fixtures import image_conversations, run_config  # noqa: E402
+from benchmarks.harness import machine_info  # noqa: E402
 
 _SKIP = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")
 
@@ -220,8 +226,6 @@ def time_dots_alone(dots: list[dict], budget_s: float = 0.3) -> tuple[float, flo
   import jax
   import jax.numpy as jnp
 
-  from ceilings import _best_seconds
-
   def key(d):
     return json.dumps([d["out_dtype"], d["lhs"], d["rhs"]], sort_keys=True)
 
@@ -256,8 +260,6 @@ def _model(scanned: bool):
 
 
 def _batch(processor, images: int, side: int = 224, padding_side="left"):
-  from hf_reference import image_conversations
-
   return processor(image_conversations(images, side, np.random.RandomState(0)), padding_side=padding_side)
 
 
@@ -275,21 +277,21 @@ def _flops(cfg, params, batch, completion: int) -> float:
 
 def update_path(scanned: bool):
   """The sft update of train_step.py: 8 prompts + 64 target tokens each, AdamW, one micro-batch."""
-  import functools
-
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from jaxcap.models.vision import vision_layout
-  from jaxcap.train.state import init_train_state, make_optimizer
-  from jaxcap.train.step import PromptBatch, sft_step
+  from jaxcap.train.programs import RunPrograms
+  from jaxcap.train.state import init_train_state
+  from jaxcap.train.step import PromptBatch
 
   cfg, model, processor = _model(scanned)
   batch = _batch(processor, 8)
   targets = jnp.asarray(np.random.RandomState(1).randint(10, 30000, size=(1, 8, 64)).astype(np.int32))
-  optimizer = make_optimizer(1e-5, 1000, schedule="constant", weight_decay=0.0, grad_clip=1.0)
   graphdef, params = nnx.split(model)
+  programs = RunPrograms(run_config("sft", lr=1e-5, steps=1000), graphdef)
+  optimizer = programs.optimizer("sft")
   state = {"s": init_train_state(params, optimizer, jax.random.key(0))}
   prompts = PromptBatch(
     *(jnp.asarray(x)[None] for x in (batch.input_ids, batch.positions, batch.attention_mask)),
@@ -297,7 +299,7 @@ def update_path(scanned: bool):
   )
   layout = vision_layout(batch.grid_thw, cfg.vision)
   mask = jnp.ones_like(targets, dtype=bool)
-  step = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=optimizer), donate_argnums=0)
+  step = programs.update("sft", optimizer, jax.tree.map(lambda x: x.sharding, state["s"]))
   compiled = step.lower(state["s"], prompts, targets, mask, layout).compile()
 
   def call():
@@ -340,13 +342,13 @@ def decode_path(scanned: bool, images: int = 8, samples: int = 4, new_tokens: in
 
   import jax
 
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import Sampler
+  from jaxcap.train.programs import sampling_config
 
   cfg, model, processor = _model(scanned)
   batch = _batch(processor, images)
-  sampler = Sampler(
-    model, processor=processor, sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, stop_ids=())
-  )
+  sampling = sampling_config(run_config(max_new_tokens=new_tokens), stop_ids=())
+  sampler = Sampler(model, processor=processor, sampling=sampling)
   keys = itertools.count()
   call = lambda: jax.block_until_ready(sampler(batch, jax.random.key(next(keys)), num_samples=samples).tokens)
   call()  # compiles; the HLO of every program it ran is read from the dump below
@@ -359,7 +361,6 @@ PATHS = {"update": update_path, "forward": forward_path, "decode": decode_path}
 def _print_floor(hlo: str, flops: float, wall_ms: float) -> dict:
   """The matmuls-alone floor of a program and the bound it puts on the program's fraction of the GEMM ceiling."""
   import jaxcap.models as M
-  from ceilings import measure_ceilings, model_gemm_shapes
 
   if re.search(r" while\(", hlo):
     raise SystemExit("--floor: the program has a loop (its dots run more than once); use the unrolled layers")
@@ -409,8 +410,6 @@ def main():
   if args.path == "decode":  # several programs (prefill, decode loop): read their HLO from XLA's dump
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
   import jax
-
-  from harness import machine_info
 
   hlo, call, flops = PATHS[args.path](args.scanned)
   texts = [hlo] if hlo else [open(p).read() for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))]

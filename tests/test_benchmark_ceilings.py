@@ -3,8 +3,8 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import ceilings as C  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root, for `benchmarks`
+from benchmarks import ceilings as C  # noqa: E402
 
 
 def _run(xla, torch, bw, per_shape):

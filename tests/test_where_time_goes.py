@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import where_time_goes as W  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root, for `benchmarks`
+from benchmarks import where_time_goes as W  # noqa: E402
 
 
 def _project(x, w):
