@@ -222,7 +222,7 @@ def as_scenes(scenes: Mapping[str, Any]) -> dict[str, Scene]:
   out = {}
   for key, scene in scenes.items():
     try:
-      out[key] = scene if isinstance(scene, Scene) else Scene.from_graph(scene)
+      out[key] = Scene.from_graph(scene) if isinstance(scene, Mapping) else scene  # Scenes (or stand-ins) as they are
     except (KeyError, TypeError, ValueError) as e:
       raise ValueError(f"scene {key!r}: not a scene graph of the synthetic world ({type(e).__name__}: {e})") from e
   return out

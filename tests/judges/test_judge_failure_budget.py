@@ -8,7 +8,7 @@ import pytest
 from judge_servers import closed_port_url, fixed_reply_app, serve_in_thread, slow_app
 
 from jaxcap.world.dataset import generate_dataset, judge_for_manifest
-from jaxcap.judges.budget import FailureBudget, JudgeFailureBudgetError, judged_reward
+from jaxcap.rewards.budget import FailureBudget, JudgeFailureBudgetError, judged_reward
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.factory import judge_config
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
