@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
-from jaxcap.multihost import allgather_ints
+from jaxcap import multihost
 from jaxcap.rewards.stage import RewardStage
 
 KINDS = ("auth", "timeout", "connection", "http_status", "parse")  # always listed, in this order
@@ -130,7 +130,7 @@ class BudgetedReward(RewardStage):
     self._pending = None
     names = (*KINDS, *(k for k in HINTS if k not in KINDS), "unclassified")
     local = [asked, failed, *(int(kinds.get(k, 0)) for k in names)]
-    total = np.sum(allgather_ints(np.asarray(local, np.int64)), axis=0)
+    total = np.sum(multihost.allgather_ints(np.asarray(local, np.int64)), axis=0)
     self.budget.observe(step, int(total[0]), int(total[1]), dict(zip(names, total[2:].tolist())), last)
     super().settle()
 
