@@ -148,7 +148,9 @@ def test_judge_factory_from_config():
     build_judge({"kind": "factory", "factory": "eval_world:make_not_a_judge"})
   with pytest.raises(ValueError, match="needs ground-truth scenes"):
     build_judge({"kind": "rule_based"})
-  with pytest.raises(ValueError, match=r"judge.kind='llm': unknown judge kind; choose one of http, factory, rule_based"):
+  with pytest.raises(
+    ValueError, match=r"judge.kind='llm': unknown judge kind; choose one of http, factory, rule_based"
+  ):
     build_judge({"kind": "llm"})
   # the trainer's, eval's and the CLIs' judge blocks are one config with one vocabulary
   assert set(JUDGE_KINDS) == {"rule_based", "http", "factory"} and judge_config().kind in JUDGE_KINDS
