@@ -247,7 +247,8 @@ def test_phase_with_no_steps_left_and_kl_switched_off_are_refused_even_when_allo
 
 def test_world_is_never_regenerated_under_a_checkpoint(tmp_path):
   """Also without a saved config (a workdir from before it was saved): the world on disk is compared."""
-  from jaxcap.world import student as embedded, resume
+  from jaxcap.train import resume
+  from jaxcap.world import student as embedded
 
   c = _config(**{"world.train_scenes": 4, "world.eval_scenes": 2})
   train, _ = embedded.build_world_manifests(c, tmp_path)
