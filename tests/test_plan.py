@@ -1,17 +1,12 @@
 """`jaxcap.plan` compiles a run's programs ahead of time on a target topology and judges whether they fit."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import jax
 import pytest
 
 from jaxcap.models.config import tiny
 from jaxcap.plan import GIB, format_plan, plan
 from jaxcap.train.config import base_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from processes import cli
 
 
 def _config():
@@ -62,36 +57,23 @@ def test_a_plan_over_budget_says_what_to_change(planned):
   assert "does NOT fit" in text and "rl_step" in text
 
 
+@pytest.mark.slow  # the plan CLI in a subprocess
 def test_cli_prints_a_verdict(tmp_path):
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "jaxcap.plan",
-      f"--config={ROOT / 'configs' / 'caprl.py'}:paper",
-      "--model=tiny",
-      "--topology=cpu:4",
-      "--programs=decode",
-      "--config.sampling.max_new_tokens=8",
-      "--config.data.image_size=56",
-      f"--json={tmp_path / 'plan.json'}",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=600,
-    cwd=ROOT,
+  out = cli(
+    "plan",
+    "--config=configs/caprl.py:paper",
+    "--model=tiny",
+    "--topology=cpu:4",
+    "--programs=decode",
+    "--config.sampling.max_new_tokens=8",
+    "--config.data.image_size=56",
+    f"--json={tmp_path / 'plan.json'}",
   )
-  assert out.returncode == 0, out.stderr[-3000:]
   assert "fits" in out.stdout and "decode" in out.stdout and "fsdp': 4" in out.stdout
   assert (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.slow  # the plan CLI in a subprocess
 def test_cli_needs_a_model_for_the_embedded_student():
-  out = subprocess.run(
-    [sys.executable, "-m", "jaxcap.plan", f"--config={ROOT / 'configs' / 'caprl.py'}"],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,
-  )
+  out = cli("plan", "--config=configs/caprl.py", timeout=300, check=False)
   assert out.returncode != 0 and "pass --model=qwen2.5-vl-3b" in out.stderr

@@ -10,9 +10,8 @@ def test_non_utf8_manifest_line_names_file_and_line(tmp_path):
   path.write_bytes(b'{"id": "a", "image": "a.jpg"}\n{"id": "caf\xe9", "image": "b.jpg"}\n')
   with pytest.raises(ManifestError) as e:
     read_manifest(path)
-  assert str(e.value) == (
-    f"{path}:2 is not UTF-8 (byte 0xe9 at column 12); re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t "
-    "utf-8`) or fix that line."
-  )
+  message = str(e.value)
+  assert message.startswith(f"{path}:2 is not UTF-8") and "0xe9 at column 12" in message, message  # file, line, byte
+  assert "re-encode the file as UTF-8" in message and "iconv" in message and "fix that line" in message  # the fixes
   path.write_bytes('\ufeff{"id": "a", "image": "a.jpg"}\n'.encode())  # a byte-order mark is not an error
   assert [r.id for r in read_manifest(path).records] == ["a"]

@@ -1,9 +1,6 @@
 """The report renders (Markdown + PNG), its JSON round-trips, captioner sources load, and the CLI runs."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from eval_world import builtin, world
@@ -12,9 +9,9 @@ from jaxcap.eval.captioners import CaptionSet, captions_from_fn, load_captioner,
 from jaxcap.eval.evaluate import EvalConfig, evaluate
 from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.report import EvalReport, write_report
+from processes import cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +106,8 @@ def test_cli_compares_jsonl_captioners(tmp_path):
       CaptionSet(name, {r.id: (r.teacher_captions[kind],) for r in records}), tmp_path / f"{name}.jsonl"
     )
   out = tmp_path / "report"
-  cmd = [
-    sys.executable,
-    "-m",
-    "jaxcap.eval",
+  cli(
+    "eval",
     "--config=configs/eval.py",
     f"--config.manifest={manifest}",
     f"--config.out_dir={out}",
@@ -120,9 +115,8 @@ def test_cli_compares_jsonl_captioners(tmp_path):
     "--config.suites=captionqa,dcscore,caparena",
     f"--captioner=sft=jsonl:{tmp_path / 'sft.jsonl'}",
     f"--captioner=rl=jsonl:{tmp_path / 'rl.jsonl'}",
-  ]
-  done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0, done.stderr[-2000:]
+    timeout=120,
+  )
   report = EvalReport.load(out / "report.json")
   assert [m.name for m in report.models] == ["sft", "rl"] and report.redteam == ()
   assert report.model("rl").estimates["bcapscore"].mean > report.model("sft").estimates["bcapscore"].mean

@@ -5,13 +5,11 @@ structure, whose arms differ, and whose rerun reuses the cached start and arms."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from processes import ROOT, cpu_env
+from processes import cli
 
 from jaxcap.eval.metrics import RatioMetric
 from jaxcap.experiments import measure
@@ -91,9 +89,8 @@ def test_pool_seeds_sums_each_image_over_seeds():
 
 @pytest.mark.slow
 def test_smoke_run_writes_the_report_and_its_rerun_reuses_the_cache(tmp_path):
-  cmd = [sys.executable, "-m", "jaxcap.experiments", "--smoke", "--only=cgdpo_vs_grpo", f"--workdir={tmp_path}"]
-  first = subprocess.run(cmd, cwd=ROOT, env=cpu_env(1), capture_output=True, text=True, timeout=600)
-  assert first.returncode == 0, first.stderr[-3000:]
+  args = ["--smoke", "--only=cgdpo_vs_grpo", f"--workdir={tmp_path}"]
+  cli("experiments", *args)
   out = tmp_path / "papers_smoke_cgdpo_vs_grpo"
   report = json.loads((out / "report.json").read_text())
   md = (out / "report.md").read_text()
@@ -111,8 +108,7 @@ def test_smoke_run_writes_the_report_and_its_rerun_reuses_the_cache(tmp_path):
   loss = lambda arm, k: e["arms"][arm]["seeds"][k]["extras"]["train_end/loss"]  # noqa: E731
   assert all(loss("c_gdpo", k) != loss("grpo", k) for k in range(2))
   assert report["trained_s"] > 0
-  again = subprocess.run(cmd, cwd=ROOT, env=cpu_env(1), capture_output=True, text=True, timeout=600)
-  assert again.returncode == 0, again.stderr[-3000:]
+  again = cli("experiments", *args)
   assert "start caption: reused" in again.stdout
   rerun = json.loads((out / "report.json").read_text())
   assert rerun["trained_s"] == 0 and rerun["reused_s"] > 0

@@ -74,8 +74,10 @@ def wait_for_models(url: str, timeout_s: float, process: subprocess.Popen | None
 @contextlib.contextmanager
 def rule_server_process(manifest: str, latency_s: float = 0.0) -> Iterator[tuple[Endpoint, subprocess.Popen]]:
   """`python -m jaxcap.judge serve --rule-based` as a subprocess (so a test can SIGKILL it)."""
+  from processes import start  # here: scripts that import this module may not have tests/ on their path
+
   port = free_port()
-  proc = subprocess.Popen(
+  proc = start(
     [
       sys.executable,
       "-m",
@@ -95,6 +97,7 @@ def rule_server_process(manifest: str, latency_s: float = 0.0) -> Iterator[tuple
     ],
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
+    text=False,
   )
   url = f"http://{HOST}:{port}/v1"
   try:

@@ -127,12 +127,12 @@ def test_budget_resets_on_a_good_step_and_ignores_steps_that_asked_nothing():
   budget.observe(5, 8, 8, {"parse": 8})
   with pytest.raises(JudgeFailureBudgetError) as e:
     budget.observe(6, 4, 3, {"parse": 2})
-  assert str(e.value) == (
-    "Judge failure budget spent: valid judgments stayed below judge.min_valid_fraction=0.5 for 3 consecutive RL "
-    "steps (steps 3-6: 1 of 22 judgments valid); stopping instead of training on masked rewards. Failed judgments "
-    "by kind: auth 0, timeout 0, connection 0, http_status 0, parse 20, unclassified 1. Most are parse: the replies "
-    "do not parse: check judge.model and judge.structured_output." + TOLERATE
-  )
+  message = str(e.value)
+  assert "judge.min_valid_fraction=0.5" in message and "3 consecutive RL steps" in message, message  # the budget
+  assert "(steps 3-6: 1 of 22 judgments valid)" in message  # the streak: steps 4 (nothing asked) and 5 kept it
+  assert "auth 0, timeout 0, connection 0, http_status 0, parse 20, unclassified 1" in message  # the reasons
+  assert "Most are parse" in message and "judge.model" in message and "judge.structured_output" in message
+  assert message.endswith(TOLERATE)  # the fix that tolerates more
 
 
 def test_in_process_judge_failures_count_as_refused_and_zero_turns_the_budget_off(manifest, world):

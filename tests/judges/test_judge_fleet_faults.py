@@ -45,6 +45,7 @@ def _kill_after_requests(fleet, role, proc, count):
   return thread
 
 
+@pytest.mark.slow  # the judge server CLI in a subprocess
 @pytest.mark.parametrize("max_attempts", [3, 1])
 def test_one_of_two_endpoints_killed_mid_run(manifest, world, max_attempts):
   records, captions, direct = world

@@ -33,11 +33,10 @@ def test_dry_run_serves_loopback_with_the_trainers_key_variable(engine):
 def test_a_missing_key_stops_the_script_before_anything_starts(tmp_path):
   out = _run(LOG_DIR=str(tmp_path / "logs"))
   assert out.returncode == 1 and not (tmp_path / "logs").exists()
-  assert out.stderr.strip() == (
-    "JUDGE_API_KEY is not set: the judge servers require an API key and the trainer sends the one in $JUDGE_API_KEY "
-    "(--config.judge.api_key_env). Fix: export JUDGE_API_KEY=$(openssl rand -hex 16) here and on the trainer hosts, "
-    "or NO_API_KEY=1 to serve without one (then --config.judge.api_key_env='')."
-  )
+  message = out.stderr.strip()
+  assert message.startswith("JUDGE_API_KEY is not set") and "--config.judge.api_key_env" in message, message
+  fix = message.split("Fix: ", 1)[1]
+  assert "export JUDGE_API_KEY=" in fix and "NO_API_KEY=1" in fix and "--config.judge.api_key_env=''" in fix
 
 
 def test_no_key_and_all_interfaces_only_when_asked():
@@ -47,6 +46,7 @@ def test_no_key_and_all_interfaces_only_when_asked():
   assert "warning: serving on 0.0.0.0 without an API key" in out.stderr
 
 
+@pytest.mark.slow  # the script starts the judge server CLI in a subprocess
 def test_servers_started_by_the_script_accept_the_trainers_key(tmp_path, monkeypatch):
   """judge_fleet.sh for real, with a stand-in `vllm` that serves the rule-based judge with the --api-key it is
   given: the script waits for it with the key, and the trainer's preflight passes with the same variable."""

@@ -44,6 +44,14 @@ def _preflight(records, **overrides):
     judge.fleet.close()
 
 
+def _names(message, url, cause, *fixes):
+  """`message` is the preflight's error for one failed check: the role and endpoint, the cause and each fix."""
+  assert message.startswith(HEAD) and message.endswith(TAIL), message
+  [check] = message[len(HEAD) : -len(TAIL)].split("\n  - ")
+  assert check.startswith(f"role 'judge' at {url}: ") and cause in check.split("Fix: ")[0], check
+  assert all(fix in check.split("Fix: ", 1)[1] for fix in fixes), check
+
+
 def _stats(endpoint):
   return httpx.get(endpoint.url.replace("/v1", "/stats"), headers={"Authorization": f"Bearer {KEY}"}).json()
 
@@ -53,12 +61,8 @@ def test_unset_key_variable_is_named_with_the_fix_and_nothing_is_sent(keyed_serv
   before = _stats(keyed_server)["requests"]
   with pytest.raises(JudgePreflightError) as e:
     _preflight(records, endpoints=keyed_server.url)
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {keyed_server.url}: the API key variable JAXCAP_TEST_JUDGE_KEY (judge.api_key_env) is "
-    "not set, so no request was sent. Fix: export JAXCAP_TEST_JUDGE_KEY=<the key the judge servers were started "
-    "with> (launch/judge_fleet.sh and `python -m jaxcap.judge serve` read the same variable), or set "
-    f"judge.api_key_env='' for servers without auth{TAIL}"
-  )
+  cause = "JAXCAP_TEST_JUDGE_KEY (judge.api_key_env) is not set"
+  _names(str(e.value), keyed_server.url, cause, "export JAXCAP_TEST_JUDGE_KEY=", "judge.api_key_env=''")
   assert _stats(keyed_server)["requests"] == before
 
 
@@ -67,61 +71,47 @@ def test_closed_port(records, monkeypatch):
   url = closed_port_url()
   with pytest.raises(JudgePreflightError) as e:
     _preflight(records, endpoints=url)
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {url}: cannot connect (ConnectError: All connection attempts failed). Fix: start the "
-    "judge server (launch/judge_fleet.sh, or `python -m jaxcap.judge serve --rule-based ...`) or correct "
-    f"judge.endpoints (the server's /v1 base URL, e.g. http://127.0.0.1:8000/v1){TAIL}"
-  )
+  _names(str(e.value), url, "cannot connect (ConnectError: ", "launch/judge_fleet.sh", "judge.endpoints")
 
 
 def test_wrong_model_name_lists_the_served_ones(keyed_server, records, monkeypatch):
   monkeypatch.setenv("JAXCAP_TEST_JUDGE_KEY", KEY)
   with pytest.raises(JudgePreflightError) as e:
     _preflight(records, endpoints=keyed_server.url, model="Qwen/Qwen2.5-7B-Instruct")
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {keyed_server.url}: model 'Qwen/Qwen2.5-7B-Instruct' is not served here (HTTP 404); "
-    "the server serves ['judge']. Fix: set judge.model=judge (or the role's 'model' in judge.fleet_config), or "
-    "start the server with --served-model-name Qwen/Qwen2.5-7B-Instruct (launch/judge_fleet.sh: "
-    f"SERVED_NAME=Qwen/Qwen2.5-7B-Instruct){TAIL}"
+  message = str(e.value)
+  _names(
+    message, keyed_server.url, "model 'Qwen/Qwen2.5-7B-Instruct' is not served here (HTTP 404)", "judge.model=judge"
   )
+  assert "serves ['judge']" in message  # the served names
+  _names(message, keyed_server.url, "", "--served-model-name Qwen/Qwen2.5-7B-Instruct", "SERVED_NAME=")
 
 
 def test_wrong_key_and_no_key_get_401(keyed_server, records, monkeypatch):
   monkeypatch.setenv("JAXCAP_TEST_JUDGE_KEY", "not-the-key")
   with pytest.raises(JudgePreflightError) as e:
     _preflight(records, endpoints=keyed_server.url)
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {keyed_server.url}: the server refused the API key in $JAXCAP_TEST_JUDGE_KEY "
-    f"(HTTP 401). Fix: export JAXCAP_TEST_JUDGE_KEY=<the key this server was started with (its --api-key)>{TAIL}"
-  )
+  cause = "refused the API key in $JAXCAP_TEST_JUDGE_KEY (HTTP 401)"
+  _names(str(e.value), keyed_server.url, cause, "export JAXCAP_TEST_JUDGE_KEY=")
   with pytest.raises(JudgePreflightError) as e:
     _preflight(records, endpoints=keyed_server.url, api_key_env="")
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {keyed_server.url}: the server requires an API key (HTTP 401) and judge.api_key_env "
-    f"is empty. Fix: export JUDGE_API_KEY=<the server's key> and set judge.api_key_env=JUDGE_API_KEY{TAIL}"
-  )
+  cause = "requires an API key (HTTP 401) and judge.api_key_env is empty"
+  _names(str(e.value), keyed_server.url, cause, "export JUDGE_API_KEY=", "judge.api_key_env=JUDGE_API_KEY")
 
 
 def test_unparseable_reply(records):
   with serve_in_thread(fixed_reply_app("I would rather not say.")) as chatty:
     with pytest.raises(JudgePreflightError) as e:
       _preflight(records, endpoints=chatty.url, api_key_env="")
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {chatty.url}: the reply cannot be used (No JSON object in reply 'I would rather "
-    "not say.'. (after 2 asks)). Fix: point judge.endpoints at an OpenAI-compatible /v1 base URL, use an "
-    "instruction-tuned judge.model, and let the server constrain replies (judge.structured_output=json_schema for "
-    f"vLLM / SGLang, json_object for llama.cpp){TAIL}"
-  )
+  message = str(e.value)
+  _names(message, chatty.url, "the reply cannot be used", "judge.endpoints", "judge.model", "judge.structured_output")
+  assert "'I would rather not say.'" in message and "after 2 asks" in message  # the reply, asked twice
 
 
 def test_timeout(records):
   with serve_in_thread(slow_app(1.0)) as slow:
     with pytest.raises(JudgePreflightError) as e:
       _preflight(records, endpoints=slow.url, api_key_env="", timeout_s=0.3)
-  assert str(e.value) == (
-    f"{HEAD}role 'judge' at {slow.url}: no reply within 0.3 s. Fix: the server may still be loading its model (wait "
-    f"until GET /v1/models answers), or raise judge.timeout_s{TAIL}"
-  )
+  _names(str(e.value), slow.url, "no reply within 0.3 s", "GET /v1/models", "raise judge.timeout_s")
 
 
 def test_every_endpoint_of_every_role_answers_one_judgment(manifest, keyed_server, records, tmp_path, monkeypatch):
@@ -159,13 +149,9 @@ def test_in_process_and_disabled_preflights_send_nothing(records):
 
 
 def test_eval_cli_runs_the_preflight_before_scoring(manifest, tmp_path):
-  import importlib.util
-  from pathlib import Path
+  from processes import load_config
 
-  spec = importlib.util.spec_from_file_location("eval_config", Path(__file__).parents[2] / "configs" / "eval.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config().to_dict()
+  config = load_config("eval").to_dict()
   url = closed_port_url()
   config.update(manifest=manifest, suites="captionqa", baselines={}, honest="", out_dir=str(tmp_path / "report"))
   config["judge"].update(kind="http", endpoints=url, api_key_env="")

@@ -95,12 +95,10 @@ def test_oversized_image_error_names_file_record_and_fix(tmp_path):
   _header_only_png(huge, 20_000, 20_000)  # above Pillow's decompression-bomb guard
   with pytest.raises(ValueError) as e:
     load_image(huge)
-  assert str(e.value) == (
-    f"image {huge} is too large to decode (Pillow's decompression-bomb guard: Image size (400000000 pixels) "
-    "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack); downscale the file (e.g. "
-    "`convert IN -resize 8192x8192\\> OUT`), drop it from the data, or raise the limit "
-    "(VisionPreprocessConfig.max_image_pixels; above twice Pillow's default also PIL.Image.MAX_IMAGE_PIXELS)."
-  )
+  message = str(e.value)
+  assert message.startswith(f"image {huge} is too large to decode") and "decompression-bomb" in message, message
+  for fix in ("downscale the file", "drop it", "VisionPreprocessConfig.max_image_pixels", "PIL.Image.MAX_IMAGE_PIXELS"):
+    assert fix in message, message
   big = tmp_path / "big.png"
   _header_only_png(big, 12_000, 8_000)  # above jaxcap's limit (Pillow only warns): rejected before decoding
   with pytest.raises(ValueError, match=r"image .*big\.png is too large to decode \(12000x8000 = 96,000,000 pixels, "):

@@ -1,7 +1,6 @@
 """`python -m jaxcap.caption`: killed mid-run and restarted, every image is captioned exactly once."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from PIL import Image
 import jaxcap.models as M
 from jaxcap import caption
 from hf_reference import save_tiny_checkpoint
+from processes import start
 
 SIZES = [(56, 56), (56, 84), (84, 56)]  # three resized shapes -> three compiled buckets
 
@@ -66,12 +66,7 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
   errors = out.with_name("captions.errors.jsonl")
   log = root / "first_run.log"
   with open(log, "wb") as stderr:
-    proc = subprocess.Popen(
-      [sys.executable, "-m", "jaxcap.caption", *_args(root, out)],
-      stdout=subprocess.DEVNULL,
-      stderr=stderr,
-      env=os.environ.copy(),
-    )
+    proc = start([sys.executable, "-m", "jaxcap.caption", *_args(root, out)], stdout=subprocess.DEVNULL, stderr=stderr)
   deadline = time.time() + 120
   while len(_rows(out)) < 2 and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)

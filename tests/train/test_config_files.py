@@ -1,20 +1,13 @@
 """Every config file and variant loads and validates; the `:paper` variants carry the papers' numbers."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from jaxcap.train.config import validate
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from processes import load_config
 
 
 def _load(name, variant):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(variant)
+  c = load_config(name, variant)
   if variant == "paper":  # a real run names its data
     c.data.train_manifest, c.data.eval_manifest = "train.jsonl", "heldout.jsonl"
   return c

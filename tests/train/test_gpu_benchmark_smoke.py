@@ -1,24 +1,18 @@
 """benchmarks/gpu.py does not rot: its --smoke mode (tiny shapes) runs on CPU and reports both figures."""
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from processes import ROOT, load_module, run_command
+
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_module(SCRIPT, "gpu_benchmark")
 
 
 def test_peak_table():
@@ -32,15 +26,9 @@ def test_peak_table():
 @pytest.mark.slow
 def test_smoke_runs_on_cpu(tmp_path):
   out = tmp_path / "gpu.json"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   t0 = time.perf_counter()
-  proc = subprocess.run(
-    [sys.executable, str(SCRIPT), "--smoke", "--peak_tflops", "1", "--out", str(out)],
-    env=env,
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=170,
+  proc = run_command(
+    [sys.executable, str(SCRIPT), "--smoke", "--peak_tflops", "1", "--out", str(out)], timeout=170, check=False
   )
   elapsed = time.perf_counter() - t0
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

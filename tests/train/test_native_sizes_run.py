@@ -9,18 +9,18 @@ from PIL import Image
 
 from jaxcap.train.config import base_config
 from jaxcap.world.student import build_world_manifests
-from test_compile_once import COMPILING, RUN, launch_logging_compiles
+from processes import SMALL, compiles, cpu_env, launch, tiny_run
 
 pytestmark = pytest.mark.slow  # a training run in a subprocess
 
+# 6 SFT + 6 RL steps, a checkpoint and a held-out evaluation every 2 RL steps
+RUN = tiny_run({"sft.steps": 6}, base=SMALL)
 SIZES = [(84, 84), (84, 112), (112, 84), (56, 112), (112, 56), (56, 140)]  # 32 .. 48 patches, 6 aspect ratios
 
 
 def test_native_mixed_sizes_train_with_few_programs(tmp_path):
   config = base_config()
-  overrides = dict(a.removeprefix("--config.").split("=") for a in RUN)
-  config.world.train_scenes = int(overrides["world.train_scenes"])
-  config.world.eval_scenes = int(overrides["world.eval_scenes"])
+  config.world.train_scenes, config.world.eval_scenes = SMALL["world.train_scenes"], SMALL["world.eval_scenes"]
   train, heldout = build_world_manifests(config, tmp_path)
   sizes = collections.Counter()
   for manifest in (train, heldout):
@@ -31,8 +31,8 @@ def test_native_mixed_sizes_train_with_few_programs(tmp_path):
         im.convert("RGB").resize((w, h)).save(path)
       sizes[(h, w)] += 1
   assert len(sizes) == len(SIZES)
-  stderr = launch_logging_compiles(tmp_path, RUN + ["--config.data.image_size=0"])
-  by_name = collections.Counter(name for name, _ in COMPILING.findall(stderr))
+  out = launch("caprl", *RUN, "--config.data.image_size=0", workdir=tmp_path, env=cpu_env(1, JAX_LOG_COMPILES="1"))
+  by_name = collections.Counter(name for name, _ in compiles(out.stderr))
   programs = {k: by_name[k] for k in ("sft_step", "rl_step", "sequence_logprobs", "prefill", "decode")}
   print("programs compiled:", programs)
   assert all(n >= 1 for n in programs.values()), programs

@@ -1,9 +1,7 @@
 """One program builder: `jaxcap.plan` compiles the RL step the trainer runs, for the same config (equal lowered
 StableHLO), and the builder's optimizer carries every field of the config's optim block."""
 
-import importlib.util
 import types
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -16,16 +14,11 @@ from jaxcap.plan import plan, program_fingerprint, rl_step_inputs
 from jaxcap.sharding import make_mesh
 from jaxcap.train.phases import RLPhase
 from jaxcap.train.programs import RunPrograms, phase_optimizer
-
-ROOT = Path(__file__).resolve().parents[2]
+from processes import load_config
 
 
 def _config(spec: str):
-  path, _, variant = spec.partition(":")
-  module = importlib.util.spec_from_file_location("run_config", ROOT / path)
-  loaded = importlib.util.module_from_spec(module)
-  module.loader.exec_module(loaded)
-  c = loaded.get_config(variant or "default")
+  c = load_config(spec)
   # tiny shapes: 2 prompts x G 2, one micro-batch, 8 new tokens, one 56 px image per prompt
   c.rl.update(dict(batch_size=2, num_samples=2, micro_batches=1))
   c.sampling.max_new_tokens = 8

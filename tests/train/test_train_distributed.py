@@ -4,46 +4,26 @@ advantages and the loss over the global batch; a small entropy bonus keeps the R
 student's rewards are still flat)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from processes import cpu_env, run_processes
+from processes import cpu_env, launch, launch_command, run_processes, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
-ROOT = Path(__file__).resolve().parents[2]
-COMMON = [
-  "--config.sft.steps=3",
-  "--config.rl.steps=2",
-  "--config.rl.num_samples=2",
-  "--config.sampling.max_new_tokens=8",
-  "--config.rl.loss.entropy_coef=0.01",
-  "--config.world.train_scenes=16",
-  "--config.world.eval_scenes=4",
-  "--config.eval.num_images=0",
-  "--config.model.student.text_layers=1",
-  "--config.model.student.vision_depth=1",
-  "--config.sft.max_target_tokens=16",
-  "--config.checkpoint.every=2",
-  "--config.export.hf=False",
-  "--config.vision_warmup.steps=2",
-  "--config.vision_warmup.batch_size=4",
-]
-
-
-def _cmd(workdir, *extra):
-  return [
-    sys.executable,
-    "-m",
-    "jaxcap.launch",
-    f"--config={ROOT / 'configs' / 'caprl.py'}",
-    f"--config.workdir={workdir}",
-    *COMMON,
-    *extra,
-  ]
+# 3 SFT + 2 RL steps on 16 scenes; the batch sizes are the test's (global vs per process)
+COMMON = tiny_run(
+  {
+    "sft.steps": 3,
+    "sft.batch_size": None,
+    "rl.batch_size": None,
+    "rl.loss.entropy_coef": 0.01,
+    "world.train_scenes": 16,
+    "eval.num_images": 0,
+    "checkpoint.every": 2,
+  }
+)
 
 
 def _losses(workdir):
@@ -52,23 +32,19 @@ def _losses(workdir):
 
 
 def test_two_processes_match_one(tmp_path):
-  one = subprocess.run(
-    _cmd(tmp_path / "one", "--config.sft.batch_size=4", "--config.rl.batch_size=4"),
-    env=cpu_env(2),
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
+  launch(
+    "caprl", *COMMON, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
   )
-  assert one.returncode == 0, one.stderr[-3000:]
   run_processes(
-    lambda i, port: _cmd(
-      tmp_path / "two",
+    lambda i, port: launch_command(
+      "caprl",
+      *COMMON,
       "--config.sft.batch_size=2",
       "--config.rl.batch_size=2",  # per process
       f"--config.distributed.coordinator_address=127.0.0.1:{port}",
       "--config.distributed.num_processes=2",
       f"--config.distributed.process_id={i}",
+      workdir=tmp_path / "two",
     ),
     count=2,
     devices=1,

@@ -1,51 +1,20 @@
-"""The main job end to end on a tiny budget: it runs, checkpoints, and a SIGKILLed run resumes to the same
-metrics as an uninterrupted run of the same seed."""
+"""The main job end to end on a small budget: it runs, checkpoints, compiles each of its programs once, and a
+SIGKILLed run resumes to the same metrics as an uninterrupted run of the same seed."""
 
+import collections
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from processes import SMALL, compiles, cpu_env, launch, launch_command, start, tiny_run
+
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-  "--config.sft.steps=4",
-  "--config.sft.batch_size=8",
-  "--config.rl.steps=6",
-  "--config.rl.batch_size=4",
-  "--config.rl.num_samples=4",
-  "--config.sampling.max_new_tokens=16",
-  "--config.sft.max_target_tokens=32",
-  "--config.world.train_scenes=32",
-  "--config.world.eval_scenes=8",
-  "--config.eval.num_images=8",
-  "--config.eval.every=0",
-  "--config.checkpoint.every=2",
-  "--config.model.student.text_layers=1",
-  "--config.model.student.vision_depth=1",
-  "--config.vision_warmup.steps=2",
-  "--config.vision_warmup.batch_size=4",
-]
-
-
-def _launch(workdir, extra=(), **kw):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  cmd = [
-    sys.executable,
-    "-m",
-    "jaxcap.launch",
-    f"--config={ROOT / 'configs' / 'caprl.py'}",
-    f"--config.workdir={workdir}",
-    *TINY,
-    *extra,
-  ]
-  return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+# 4 SFT + 6 RL steps, a checkpoint every 2 and a held-out evaluation every 2 RL steps, with the HF export
+RUN = tiny_run({"export.hf": None}, base=SMALL)
 
 
 def _metrics(workdir):
@@ -54,12 +23,16 @@ def _metrics(workdir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted_run(tmp_path_factory):
+  """(workdir, stderr) of the run, logging every compilation."""
   workdir = tmp_path_factory.mktemp("full")
-  proc = _launch(workdir)
-  out, _ = proc.communicate(timeout=600)
-  assert proc.returncode == 0, out[-3000:]
-  return workdir
+  out = launch("caprl", *RUN, workdir=workdir, env=cpu_env(1, JAX_LOG_COMPILES="1"))
+  return workdir, out.stderr
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+  return uninterrupted_run[0]
 
 
 def test_run_writes_everything(uninterrupted):
@@ -79,7 +52,8 @@ def test_run_writes_everything(uninterrupted):
 
 def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path):
   workdir = tmp_path / "killed"
-  proc = _launch(workdir)
+  with open(tmp_path / "killed.log", "w") as log:  # a file, not a pipe nobody reads while it runs
+    proc = start(launch_command("caprl", *RUN, workdir=workdir), stdout=log)
   ckpts = workdir / "checkpoints"
   deadline = time.time() + 600
   while time.time() < deadline:  # kill once an RL-phase checkpoint (global step > 4) is on disk
@@ -87,11 +61,24 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
     if any(s >= 6 for s in steps) or proc.poll() is not None:
       break
     time.sleep(0.2)
-  assert proc.poll() is None, "the run ended before it could be killed; make it longer"
+  assert proc.poll() is None, (
+    f"the run ended before it could be killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
+  )
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  rerun = _launch(workdir)
-  out, _ = rerun.communicate(timeout=600)
-  assert rerun.returncode == 0, out[-3000:]
-  assert "resumed rl" in out
+  rerun = launch("caprl", *RUN, workdir=workdir)
+  assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
+
+
+def test_each_program_compiles_once(uninterrupted_run):
+  """The update steps, the log-prob pass and the sampler's prefill / decode (one per sampling configuration: RL's
+  and the greedy evaluation's) compile once each, however many steps, evaluations and checkpoints the run takes
+  (5 checkpoints, 5 evaluations, 2 phases)."""
+  found = compiles(uninterrupted_run[1])
+  by_name = collections.Counter(name for name, _ in found)
+  want = {"sft_step": 1, "rl_step": 1, "sequence_logprobs": 1, "prefill": 2, "decode": 2}
+  assert {k: by_name[k] for k in want} == want, by_name
+  # no program of the run is compiled twice for the same arguments
+  big = [(n, sig) for n, sig in found if n in want]
+  assert len(set(big)) == len(big)
