@@ -150,6 +150,11 @@ def compute_dtype_params(params, dtype):
   return jax.tree.map(cast, params)
 
 
+def static_arguments(graphdef, sampling: SamplingConfig, eos_token_id: int, pad_id: int) -> dict:
+  """The static arguments of `prefill_jit` / `decode_jit`: what the `Sampler` and `jaxcap.plan` pass them."""
+  return dict(graphdef=graphdef, sampling=sampling, pad_id=pad_id, stop_ids=sampling.resolve_stop_ids(eos_token_id))
+
+
 _STATIC = ("graphdef", "sampling", "stop_ids", "pad_id")
 prefill_jit = jax.jit(prefill, static_argnames=_STATIC + ("num_samples",))
 # The state (cache included) is donated: the loop reuses the prefill's buffers instead of copying them.

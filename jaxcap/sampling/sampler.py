@@ -20,7 +20,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.prompt import ModelInputs
 from jaxcap.sampling.distribution import SamplingConfig
-from jaxcap.sampling.generate import decode_jit, prefill_jit
+from jaxcap.sampling.generate import decode_jit, prefill_jit, static_arguments
 from jaxcap.sampling.prompts import Prompts, VisionItems, bucket_prompts, pad_length, pad_patches
 from jaxcap.sharding import logical_to_spec
 
@@ -211,12 +211,7 @@ class Sampler:
       raise ValueError(f"num_samples={num_samples}; ask for at least one sample per prompt")
     sampling = sampling or self.sampling
     batch = self.place(batch)
-    static = dict(
-      graphdef=self.graphdef,
-      sampling=sampling,
-      pad_id=self.pad_id,
-      stop_ids=sampling.resolve_stop_ids(self.cfg.eos_token_id),
-    )
+    static = static_arguments(self.graphdef, sampling, self.cfg.eos_token_id, self.pad_id)
     params = self.params if params is None else params
     state = prefill_jit(params, batch.prompts, key, num_samples=num_samples, **static)
     state = decode_jit(params, state, **static)

@@ -35,6 +35,7 @@ class Phase:
   update: Any  # SFTUpdate / RLUpdate: `prepare(records)` feeds the loader, the call runs one step
 
   eval_every: int = 0  # held-out evaluation within the phase every this many steps (0: only at its start / end)
+  optimizer: Any = None  # set by `new_state`, from the phase's `optim` block
 
   @classmethod
   def build(cls, trainer: Trainer, index: int) -> "Phase":

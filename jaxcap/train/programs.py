@@ -1,5 +1,6 @@
 """The one place a run's programs are built from its config: the optimizer of each phase, the policy loss, the
-sampling settings and the jitted SFT step, RL step, log-prob pass, prefill and decode.
+sampling settings, the jitted SFT step, RL step and log-prob pass, and the static arguments of the sampler's
+prefill and decode.
 
 The trainer, `jaxcap.plan` and the benchmarks all call these, so the program a plan compiles (and says fits) is
 the program the run executes:
@@ -106,20 +107,5 @@ class RunPrograms:
     return sampling_config(self.config, **overrides)
 
   def generation_statics(self, model_cfg, pad_id: int, sampling: SamplingConfig | None = None) -> dict:
-    """The static arguments of `generate.prefill_jit` / `decode_jit` (what `Sampler` passes them)."""
-    sampling = sampling or self.sampling()
-    return dict(
-      graphdef=self.graphdef,
-      sampling=sampling,
-      pad_id=pad_id,
-      stop_ids=sampling.resolve_stop_ids(model_cfg.eos_token_id),
-    )
-
-  def prefill(self, model_cfg, pad_id: int, num_samples: int) -> Callable:
-    """The sampler's prefill: (params, prompts, key) -> decode state."""
-    statics = self.generation_statics(model_cfg, pad_id)
-    return functools.partial(generate.prefill_jit, num_samples=num_samples, **statics)
-
-  def decode(self, model_cfg, pad_id: int) -> Callable:
-    """The sampler's decode loop: (params, state) -> state (donated)."""
-    return functools.partial(generate.decode_jit, **self.generation_statics(model_cfg, pad_id))
+    """The static arguments of the sampler's `generate.prefill_jit` / `decode_jit` for this run's sampling."""
+    return generate.static_arguments(self.graphdef, sampling or self.sampling(), model_cfg.eos_token_id, pad_id)
