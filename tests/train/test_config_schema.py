@@ -8,7 +8,7 @@ import pytest
 
 from jaxcap.config import schema
 from jaxcap.config.changes import flatten
-from jaxcap.config.choices import REMAT_POLICIES
+from jaxcap.choices import REMAT_POLICIES
 from jaxcap.config.fields import ALLOWED, ALTERS, POLICIES, SHAPE, docs, lookup
 from jaxcap.config.run import Run
 from jaxcap.judges.factory import judge_config
