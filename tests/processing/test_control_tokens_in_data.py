@@ -13,7 +13,7 @@ import jaxcap.models as M
 from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 from jaxcap.processing import Processor
 from jaxcap.processing.prompt import IMAGE_PAD, render_chat
-from jaxcap.processing.tokenizer import SPECIAL_TOKENS, special_token_ids, word_tokenizer
+from jaxcap.processing.tokenizer import SPECIAL_TOKENS, word_tokenizer
 from jaxcap.processing.vqa import vqa_prompt
 from jaxcap.train import data as data_lib
 from jaxcap.train.batching import encode_targets
@@ -92,7 +92,7 @@ def test_prompt_texts_that_spell_vision_tokens_stay_text(tmp_path):
   ]
   batch = processor([conv, prompt])
   merged = 56 * 56 // (CFG.vision.patch_size * CFG.vision.spatial_merge_size) ** 2  # 4
-  ids = special_token_ids(CFG)
+  ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
   for row, m in zip(batch.input_ids, batch.attention_mask):
     row = row[m].tolist()
     assert row.count(CFG.image_token_id) == merged  # the image's own tokens, none from the text
