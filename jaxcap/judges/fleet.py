@@ -46,6 +46,9 @@ from jaxcap.judges.roles import (  # noqa: F401  (re-exported: their old home)
 )
 
 
+KEEPALIVE_S = 2.0  # seconds an idle connection stays in the client's pool
+
+
 class JudgeFleet:
   """Roles -> endpoint pools. Sync API (`judge`, `submit`) for callers outside asyncio; use as a context
   manager or call `close()`.
@@ -76,7 +79,10 @@ class JudgeFleet:
     for pool in self._pools.values():
       pool.start()
     total = sum(p.config.max_concurrency for p in self._pools.values())
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=total, max_keepalive_connections=total))
+    # Idle pooled connections are dropped before a server's idle timeout (uvicorn's and vLLM's: 5 s, httpx's own
+    # expiry) can close one just as a request goes out on it (a ReadError and a retry).
+    limits = httpx.Limits(max_connections=total, max_keepalive_connections=total, keepalive_expiry=KEEPALIVE_S)
+    return httpx.AsyncClient(limits=limits)
 
   def _run(self, coro: Coroutine) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
