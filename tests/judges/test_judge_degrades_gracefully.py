@@ -27,8 +27,8 @@ SLOW_S, TIMEOUT_S = 2.0, 0.5
 SLOW = "(slow)"  # captions holding this get their reply after SLOW_S, both copies
 
 
-def slow_for_some_app() -> FastAPI:
-  """Answers "A" at once, or after SLOW_S when the prompt holds SLOW; counts the requests it got."""
+def slow_for_some_app(delay_s: float = SLOW_S) -> FastAPI:
+  """Answers "A" at once, or after `delay_s` when the prompt holds SLOW; counts the requests it got."""
   app = FastAPI()
   app.state.requests = 0
 
@@ -37,7 +37,7 @@ def slow_for_some_app() -> FastAPI:
     app.state.requests += 1
     body = await request.json()
     if SLOW in str(body["messages"]):
-      await asyncio.sleep(SLOW_S)
+      await asyncio.sleep(delay_s)
     return {"choices": [{"message": {"role": "assistant", "content": "A"}}]}
 
   return app
@@ -68,12 +68,15 @@ def _requests(n: int, slow: set[int]) -> list[MultipleChoiceRequest]:
   ]
 
 
-def test_a_slow_reply_costs_its_own_judgment_not_the_batch():
+@pytest.mark.parametrize(
+  "slow_s, timeout_s", [(SLOW_S, TIMEOUT_S), pytest.param(20.0, 5.0, marks=pytest.mark.slow, id="issue-numbers")]
+)
+def test_a_slow_reply_costs_its_own_judgment_not_the_batch(slow_s, timeout_s):
   slow = {0, 3, 6, 9, 12, 15}  # 30% of 20
-  app = slow_for_some_app()
+  app = slow_for_some_app(slow_s)
   with (
     serve_in_thread(app) as endpoint,
-    JudgeFleet({"answerer": RoleConfig((endpoint,), timeout_s=TIMEOUT_S, max_concurrency=16)}) as fleet,
+    JudgeFleet({"answerer": RoleConfig((endpoint,), timeout_s=timeout_s, max_concurrency=16)}) as fleet,
   ):
     start = time.perf_counter()
     replies = HttpJudge(fleet).answer_multiple_choice(_requests(20, slow))
@@ -81,11 +84,13 @@ def test_a_slow_reply_costs_its_own_judgment_not_the_batch():
     m, states = fleet.role_metrics("answerer"), fleet.breaker_states("answerer")
   assert [i for i, r in enumerate(replies) if r.failed] == sorted(slow)  # exactly the slow ones, masked
   assert all(r.reply == "A" for i, r in enumerate(replies) if i not in slow)
-  assert all(r.error.startswith(f"timeout: {endpoint.url}: no reply within 0.5 s") for r in replies if r.failed)
+  assert all(
+    r.error.startswith(f"timeout: {endpoint.url}: no reply within {timeout_s:g} s") for r in replies if r.failed
+  )
   assert m.failed_judgments == 6 and m.failed_by_kind == {"timeout": 6} and m.unsent_judgments == 0  # counted
   assert m.hedges == 6 and m.requests == app.state.requests == 26  # one re-ask each, nothing retried beyond it
   assert list(states.values()) == ["closed"]  # the endpoint kept answering: its breaker never opened
-  assert elapsed < SLOW_S  # hedge (0.25 s) + timeout (0.5 s), not the slow reply
+  assert elapsed < slow_s  # hedge (timeout / 2) + timeout, not the slow reply
 
 
 def test_requests_behind_an_open_breaker_wait_for_its_probe_instead_of_failing_unsent():
