@@ -52,7 +52,8 @@ class RoleMetrics:
       self.in_flight -= 1
       if failure is not None:
         self.failures[failure] += 1
-        self.endpoint_failures[url] += 1
+        # a copy abandoned because the other one answered (a hedge) is no failure of its endpoint
+        self.endpoint_failures[url] += failure != "cancelled"
       else:
         self.latencies_s.append(latency_s or 0.0)
         self.prompt_tokens += prompt_tokens
