@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
   )
   serve.add_argument("--served-model-name", default="judge", help="model name clients ask for (= judge.model)")
   serve.add_argument("--max-body-mb", type=float, default=16.0, help="larger request bodies get HTTP 413")
+  serve.add_argument("--workers", type=int, default=4, help="threads that parse and judge requests")
+  serve.add_argument(
+    "--header-timeout", type=float, default=10.0, help="seconds a connection has to send its request head"
+  )
+  serve.add_argument("--idle-timeout", type=int, default=5, help="seconds an idle kept-alive connection stays open")
+  serve.add_argument(
+    "--max-connections", type=int, default=1024, help="open connections / requests in flight (beyond: 503)"
+  )
   serve.add_argument("--log-level", default="warning")
   args = parser.parse_args(argv)
 
@@ -49,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
   import uvicorn
 
+  from jaxcap.judges.serving import server_config
   from jaxcap.world.judge_server import rule_based_app_for_manifest
 
   key_env = "JUDGE_API_KEY" if args.api_key_env is None else args.api_key_env
@@ -62,12 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     model=args.served_model_name,
     api_key=api_key,
     max_body_bytes=int(args.max_body_mb * 2**20),
+    workers=args.workers,
   )
   auth = f"bearer token from ${key_env}" if api_key else "no authentication (clients: judge.api_key_env='')"
   print(f"rule-based judge on http://{args.host}:{args.port}/v1, {auth}", file=sys.stderr, flush=True)
   if not api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
     print(f"warning: serving on {args.host} without an API key; export JUDGE_API_KEY first", file=sys.stderr)
-  uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+  config = server_config(
+    app,
+    args.host,
+    args.port,
+    header_timeout_s=args.header_timeout,
+    idle_timeout_s=args.idle_timeout,
+    max_connections=args.max_connections,
+    log_level=args.log_level,
+  )
+  uvicorn.Server(config).run()
   return 0
 
 

@@ -1,10 +1,11 @@
-"""One OpenAI-compatible server of a judge role, and the circuit breaker that tracks its health."""
+"""One OpenAI-compatible server of a judge role (its circuit breaker: `jaxcap.judges.breaker`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import time
+
+from jaxcap.judges.breaker import CircuitBreaker  # noqa: F401  (re-exported: its old home)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,48 +46,3 @@ class Endpoint:
         "(--api-key-env '') for servers without auth."
       )
     return {"Authorization": f"Bearer {key}"}
-
-
-class CircuitBreaker:
-  """Closed -> open after `failure_threshold` consecutive failures; after `cooldown_s` one probe is let
-  through (half-open): success closes it, failure reopens it for another cooldown.
-
-  Keeps a dead or overloaded endpoint from eating every request's timeout while others are healthy.
-  """
-
-  def __init__(self, failure_threshold: int = 3, cooldown_s: float = 5.0, clock=time.monotonic):
-    if failure_threshold < 1:
-      raise ValueError(f"failure_threshold={failure_threshold}: must be >= 1.")
-    self.failure_threshold = failure_threshold
-    self.cooldown_s = cooldown_s
-    self._clock = clock
-    self.consecutive_failures = 0
-    self.opened_at: float | None = None
-    self.probing = False
-    self.times_opened = 0
-
-  @property
-  def state(self) -> str:
-    if self.opened_at is None:
-      return "closed"
-    return "half_open" if self._clock() - self.opened_at >= self.cooldown_s else "open"
-
-  def allows(self) -> bool:
-    """Whether a request may go to this endpoint now (half-open: only one probe at a time)."""
-    state = self.state
-    return state == "closed" or (state == "half_open" and not self.probing)
-
-  def on_send(self) -> None:
-    if self.state == "half_open":
-      self.probing = True
-
-  def on_success(self) -> None:
-    self.consecutive_failures, self.opened_at, self.probing = 0, None, False
-
-  def on_failure(self) -> None:
-    self.consecutive_failures += 1
-    was_probe, self.probing = self.probing, False
-    if was_probe or self.consecutive_failures >= self.failure_threshold:
-      if self.opened_at is None or was_probe:
-        self.times_opened += self.opened_at is None
-      self.opened_at = self._clock()

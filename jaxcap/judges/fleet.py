@@ -1,9 +1,10 @@
 """The judge fleet: per-role pools of OpenAI-compatible endpoints behind one background event loop.
 
 For each judgment the fleet picks the role's endpoint with the fewest outstanding requests among those whose
-circuit breaker allows traffic, bounds concurrency per role, times out, retries retryable failures with
-exponential backoff and full jitter (tenacity), re-asks when the reply does not parse, and caches parsed
-replies by (prompt, sampling params). A judgment that still has no parsed reply is returned as a failure
+circuit breaker allows traffic (waiting for a probe while every breaker is open: `jaxcap.judges.pool`), bounds
+concurrency per role, times out, hedges a slow request once and retries other retryable failures with
+exponential backoff and full jitter (`jaxcap.judges.sending`), re-asks when the reply does not parse, and caches
+parsed replies by (prompt, sampling params). A judgment that still has no parsed reply is returned as a failure
 with its cause — the caller masks it and the fleet counts it by kind (`failures_by_kind`); nothing here ever
 substitutes a default answer.
 
@@ -17,167 +18,35 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours: see the end)
-import dataclasses
 import threading
 import warnings
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Coroutine, Mapping, Sequence
 
 import httpx
-import tenacity
 
 from jaxcap.judges.chat_client import (
-  HINT_FIELD,
-  HINT_REQUIRED,
-  ChatReply,
   EndpointError,
   failure_kind,
   get_models,
-  post_chat,
 )
-from jaxcap.judges.endpoint import CircuitBreaker, Endpoint
+from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.metrics import RoleMetrics
 from jaxcap.judges.parsing import ReplyParseError
+from jaxcap.judges.pool import RolePool
 from jaxcap.judges.reply_cache import ReplyCache, cache_key
-
-STRUCTURED_OUTPUT_MODES = ("json_schema", "json_object", "none")
-REQUEST_HINT_MODES = ("auto", "always", "never")
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleConfig:
-  """How one judge role (answerer, judge, verifier, ...) is served and asked.
-
-  Times are seconds. `structured_output`: "json_schema" sends OpenAI's response_format with the reply's JSON
-  schema (vLLM, SGLang, OpenAI), "json_object" sends {"type": "json_object", "schema": ...} (llama.cpp's
-  server), "none" relies on the prompt alone. `send_images` attaches the image for primitives that look at
-  it (set for MLLM judges; text-only LLMs leave it off). `request_hint`: when to add the structured copy of the
-  judge request (body field "jaxcap_request") that `python -m jaxcap.judge serve --rule-based` answers from:
-  "auto" to endpoints whose GET /models says they read it (LLM servers never get it, so vLLM logs no
-  ignored-field warnings), "always", or "never".
-  """
-
-  endpoints: tuple[Endpoint, ...]
-  model: str = "judge"
-  temperature: float = 0.0
-  max_tokens: int = 512
-  extra_sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"top_p": 0.9}
-  max_concurrency: int = 16
-  timeout_s: float = 60.0
-  max_attempts: int = 3  # sends per judgment for endpoint failures (timeouts, 5xx, dead or malformed)
-  parse_attempts: int = 2  # fresh asks when a reply does not parse
-  retry_temperature: float = 0.7  # temperature of re-asks, so a deterministic judge can answer differently
-  backoff_s: float = 0.05
-  max_backoff_s: float = 2.0
-  breaker_failures: int = 3
-  breaker_cooldown_s: float = 5.0
-  structured_output: str = "json_schema"
-  send_images: bool = False
-  request_hint: str = "auto"
-
-  def __post_init__(self):
-    object.__setattr__(
-      self, "endpoints", tuple(e if isinstance(e, Endpoint) else Endpoint(str(e)) for e in self.endpoints)
-    )
-    if not self.endpoints:
-      raise ValueError("RoleConfig needs at least one endpoint, e.g. Endpoint('http://127.0.0.1:8000/v1').")
-    if self.structured_output not in STRUCTURED_OUTPUT_MODES:
-      raise ValueError(f"structured_output={self.structured_output!r}: use one of {STRUCTURED_OUTPUT_MODES}.")
-    if self.request_hint not in REQUEST_HINT_MODES:
-      raise ValueError(f"request_hint={self.request_hint!r}: use one of {REQUEST_HINT_MODES}.")
-    for name in ("max_concurrency", "max_attempts", "parse_attempts"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"RoleConfig.{name}={getattr(self, name)}: must be >= 1.")
-    if self.timeout_s <= 0:
-      raise ValueError(f"RoleConfig.timeout_s={self.timeout_s}: must be > 0.")
-
-  def sampling(self) -> dict[str, Any]:
-    return {
-      "model": self.model,
-      "temperature": self.temperature,
-      "max_tokens": self.max_tokens,
-      **dict(self.extra_sampling),
-    }
-
-  @classmethod
-  def from_json(cls, row: Mapping[str, Any]) -> "RoleConfig":
-    row = dict(row)
-    if "send_request_header" in row:  # the old name: the copy used to travel in a header
-      row.setdefault("request_hint", "auto" if row.pop("send_request_header") else "never")
-    endpoints = []
-    for e in row.pop("endpoints"):
-      endpoints.append(Endpoint(e) if isinstance(e, str) else Endpoint(**e))
-    unknown = set(row) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise ValueError(
-        f"Unknown role options {sorted(unknown)}; known: {sorted(f.name for f in dataclasses.fields(cls))}."
-      )
-    return cls(endpoints=tuple(endpoints), **row)
+from jaxcap.judges.sending import Tries, send_with_retries
+from jaxcap.judges.roles import (  # noqa: F401  (re-exported: their old home)
+  REQUEST_HINT_MODES,
+  STRUCTURED_OUTPUT_MODES,
+  JudgeCall,
+  Outcome,
+  RoleConfig,
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class JudgeCall:
-  """One judgment to obtain: chat `messages`, the reply's JSON `schema` (None for free text), a `parse`
-  that turns reply text into a value or raises ReplyParseError, and an optional structured `hint`."""
-
-  messages: tuple[Mapping[str, Any], ...]
-  parse: Callable[[str], Any]
-  schema: Mapping[str, Any] | None = None
-  hint: Mapping[str, Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """A parsed value, or `failed` with the error text and its `cause` (a chat_client.FAILURE_KINDS key), never
-  both; `status` is the HTTP status of the last failed attempt, if it got one."""
-
-  value: Any = None
-  failed: bool = False
-  error: str = ""
-  cause: str = ""
-  status: int | None = None
-
-  @property
-  def kind(self) -> str:
-    """The failure budget's kind: auth, timeout, connection, http_status, parse, image, refused or other."""
-    return failure_kind(self.cause) if self.failed else ""
-
-
-class _EndpointState:
-  def __init__(self, endpoint: Endpoint, config: RoleConfig):
-    self.endpoint = endpoint
-    self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
-    self.outstanding = 0
-    self.hint: bool | None = {"always": True, "never": False}.get(config.request_hint)  # None: ask GET /models
-    self.last_failure = ""  # cause of the last retryable failure (what opens the breaker)
-    self.probe: asyncio.Lock | None = None  # created inside the loop
-
-
-class _RolePool:
-  """Endpoints of one role with their breakers, the role's semaphore and metrics (event-loop side)."""
-
-  def __init__(self, role: str, config: RoleConfig):
-    self.role = role
-    self.config = config
-    self.endpoints = [_EndpointState(e, config) for e in config.endpoints]
-    self.metrics = RoleMetrics(role)
-    self.semaphore: asyncio.Semaphore | None = None  # created inside the loop
-
-  def pick(self) -> _EndpointState:
-    """The allowed endpoint with the fewest outstanding requests (ties: configuration order)."""
-    allowed = [e for e in self.endpoints if e.breaker.allows()]
-    if not allowed:
-      causes = sorted({e.last_failure for e in self.endpoints if e.last_failure})
-      error = EndpointError(
-        "all_endpoints_open",
-        f"role {self.role!r}: every endpoint's circuit breaker is open ({[e.endpoint.url for e in self.endpoints]}; "
-        f"they failed with {', '.join(causes) or 'errors'})",
-      )
-      # counted under what opened the breakers (e.g. timeout), not as a kind of its own
-      error.budget_kind = failure_kind(causes[0]) if len(causes) == 1 else "connection"
-      raise error
-    return min(allowed, key=lambda e: e.outstanding)
+KEEPALIVE_S = 2.0  # seconds an idle connection stays in the client's pool
 
 
 class JudgeFleet:
@@ -197,7 +66,7 @@ class JudgeFleet:
       raise ValueError(f"fallback_role {fallback_role!r} is not among the roles {sorted(roles)}.")
     self.fallback_role = fallback_role if fallback_role is not None else next(iter(roles))
     self.cache = cache if cache is not None else ReplyCache()
-    self._pools = {name: _RolePool(name, cfg) for name, cfg in roles.items()}
+    self._pools = {name: RolePool(name, cfg) for name, cfg in roles.items()}
     self._closed = False
     self.last_error = ""  # the error of the last failed judgment, "<cause>: <message>"
     self._loop = asyncio.new_event_loop()
@@ -208,11 +77,12 @@ class JudgeFleet:
 
   async def _start(self) -> httpx.AsyncClient:
     for pool in self._pools.values():
-      pool.semaphore = asyncio.Semaphore(pool.config.max_concurrency)
-      for state in pool.endpoints:
-        state.probe = asyncio.Lock()
+      pool.start()
     total = sum(p.config.max_concurrency for p in self._pools.values())
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=total, max_keepalive_connections=total))
+    # Idle pooled connections are dropped before a server's idle timeout (uvicorn's and vLLM's: 5 s, httpx's own
+    # expiry) can close one just as a request goes out on it (a ReadError and a retry).
+    limits = httpx.Limits(max_connections=total, max_keepalive_connections=total, keepalive_expiry=KEEPALIVE_S)
+    return httpx.AsyncClient(limits=limits)
 
   def _run(self, coro: Coroutine) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -248,8 +118,13 @@ class JudgeFleet:
         out[kind] = out.get(kind, 0) + count
     return out
 
+  def unsent_judgments(self) -> int:
+    """Failed judgments of every role that no endpoint took (every breaker open through a probe), cumulative."""
+    return sum(pool.metrics.unsent_judgments for pool in self._pools.values())
+
   def judgment_counts(self) -> tuple[int, int, dict[str, int]]:
-    """(judgments asked, judgments failed, failed by kind) over every role, cumulative."""
+    """(judgments tried, tried judgments failed, failed by kind) over every role, cumulative (`unsent_judgments`
+    are masked and counted apart: no request of theirs was tried)."""
     asked = sum(pool.metrics.counts()[0] for pool in self._pools.values())
     failed = sum(pool.metrics.counts()[1] for pool in self._pools.values())
     return asked, failed, self.failures_by_kind()
@@ -310,10 +185,10 @@ class JudgeFleet:
 
   # -- event-loop side ------------------------------------------------------------------------------------
 
-  async def _judge_all(self, pool: _RolePool, calls: list[JudgeCall]) -> list[Outcome]:
+  async def _judge_all(self, pool: RolePool, calls: list[JudgeCall]) -> list[Outcome]:
     return list(await asyncio.gather(*(self._judge_one(pool, call) for call in calls)))
 
-  async def _judge_one(self, pool: _RolePool, call: JudgeCall) -> Outcome:
+  async def _judge_one(self, pool: RolePool, call: JudgeCall) -> Outcome:
     cfg, metrics = pool.config, pool.metrics
     metrics.record(judgment=True)
     sampling = cfg.sampling()
@@ -327,14 +202,15 @@ class JudgeFleet:
       except ReplyParseError:
         pass  # the parser changed since this was cached: ask again
     error = ""
+    tries = Tries()
     for ask in range(cfg.parse_attempts):
       params = sampling if ask == 0 else {**sampling, "temperature": max(cfg.temperature, cfg.retry_temperature)}
       try:
-        reply = await self._send_with_retries(pool, call, params)
+        reply = await send_with_retries(self._client, pool, call, params, tries)
       except EndpointError as e:
-        metrics.record(failed=True, failed_kind=e.budget_kind or failure_kind(e.kind))
+        metrics.record(failed=True, failed_kind=e.budget_kind or failure_kind(e.kind), sent=tries.sent)
         self.last_error = f"{e.kind}: {e}"
-        return Outcome(failed=True, error=f"{e.kind}: {e}", cause=e.kind, status=e.status)
+        return Outcome(failed=True, error=f"{e.kind}: {e}", cause=e.kind, status=e.status, sent=tries.sent)
       try:
         value = call.parse(reply.text)
       except ReplyParseError as e:
@@ -346,91 +222,6 @@ class JudgeFleet:
     metrics.record(failed=True, failed_kind=failure_kind("unparseable_reply"))
     self.last_error = error
     return Outcome(failed=True, error=f"{error} (after {cfg.parse_attempts} asks)", cause="unparseable_reply")
-
-  async def _send_with_retries(self, pool: _RolePool, call: JudgeCall, params: Mapping[str, Any]) -> ChatReply:
-    cfg = pool.config
-    body: dict[str, Any] = {"messages": list(call.messages), **params}
-    if call.schema is not None and cfg.structured_output == "json_schema":
-      body["response_format"] = {
-        "type": "json_schema",
-        "json_schema": {"name": "judgment", "schema": dict(call.schema)},
-      }
-    elif call.schema is not None and cfg.structured_output == "json_object":
-      body["response_format"] = {"type": "json_object", "schema": dict(call.schema)}
-    retrying = tenacity.AsyncRetrying(
-      stop=tenacity.stop_after_attempt(cfg.max_attempts),
-      wait=tenacity.wait_random_exponential(multiplier=cfg.backoff_s, max=cfg.max_backoff_s),
-      retry=tenacity.retry_if_exception(lambda e: isinstance(e, EndpointError) and e.retryable),
-      reraise=True,
-    )
-    async for attempt in retrying:
-      with attempt:
-        return await self._send_once(pool, body, call.hint)
-    raise AssertionError("unreachable: tenacity reraises the last error")
-
-  async def _wants_hint(self, state: _EndpointState, config: RoleConfig) -> bool:
-    """Whether this endpoint reads the structured request copy: asked once per endpoint (GET /models)."""
-    if state.hint is None:
-      assert state.probe is not None
-      async with state.probe:
-        if state.hint is None:
-          try:
-            models = await get_models(self._client, state.endpoint, min(config.timeout_s, 10.0))
-            state.hint = any(m.get(HINT_FIELD) for m in models)
-          except EndpointError:
-            state.hint = False  # the chat request reports what is wrong; a 400 asking for the copy turns it on
-    return state.hint
-
-  async def _send_once(self, pool: _RolePool, body: Mapping[str, Any], hint: Mapping[str, Any] | None) -> ChatReply:
-    assert pool.semaphore is not None
-    async with pool.semaphore:
-      try:
-        state = pool.pick()
-      except EndpointError as e:
-        pool.metrics.record(failure=e.kind)
-        raise
-      url = state.endpoint.url
-      state.outstanding += 1
-      state.breaker.on_send()
-      pool.metrics.record_request_start(url)
-      try:
-        try:
-          with_hint = hint is not None and await self._wants_hint(state, pool.config)
-          sent = {**body, HINT_FIELD: dict(hint)} if with_hint else body
-          reply = await post_chat(self._client, state.endpoint, sent, pool.config.timeout_s)
-        except EndpointError as e:
-          if not (hint is not None and not with_hint and e.status == 400 and HINT_REQUIRED in e.body):
-            raise
-          if pool.config.request_hint == "never":
-            raise EndpointError(
-              e.kind,
-              f"{e} (the server needs the structured request copy; set request_hint='auto' for this role)",
-              retryable=False,
-              status=e.status,
-              body=e.body,
-            ) from None
-          state.hint = True  # the rule-based server came up after the first probe: send the copy from now on
-          reply = await post_chat(self._client, state.endpoint, {**body, HINT_FIELD: dict(hint)}, pool.config.timeout_s)
-      except EndpointError as e:
-        # A refused request (4xx) says nothing about the endpoint's health.
-        if e.retryable:
-          state.breaker.on_failure()
-          state.last_failure = e.kind
-        else:
-          state.breaker.on_success()
-        pool.metrics.record_request_end(url, failure=e.kind)
-        raise
-      except BaseException:
-        state.breaker.probing = False
-        pool.metrics.record_request_end(url, failure="cancelled")
-        raise
-      finally:
-        state.outstanding -= 1
-      state.breaker.on_success()
-      pool.metrics.record_request_end(
-        url, latency_s=reply.latency_s, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens
-      )
-      return reply
 
 
 # Fleets not closed yet. At interpreter exit (before threads are joined, so a reward thread blocked on a judgment is

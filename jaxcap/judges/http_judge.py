@@ -95,11 +95,16 @@ class HttpJudge:
     return out
 
   def judgment_counts(self) -> tuple[int, int, dict[str, int]]:
-    """(judgments asked, judgments failed, failed by kind), cumulative; what the failure budget reads."""
+    """(judgments tried, judgments failed, failed by kind), cumulative; what the failure budget reads."""
     asked, failed, _ = self.fleet.judgment_counts()
     with self._lock:
       local = sum(self._local_failures.values())
     return asked + local, failed + local, self.failures_by_kind()
+
+  def unsent_judgments(self) -> int:
+    """Failed judgments no endpoint took (breakers open through a probe), cumulative; masked, and left out of
+    `judgment_counts`, which counts the judgments that were tried."""
+    return self.fleet.unsent_judgments()
 
   def last_failure(self) -> str:
     """The error of the last failed judgment ("" if none)."""

@@ -16,7 +16,9 @@ class RoleMetrics:
     self.role = role
     self._lock = threading.Lock()
     self.judgments = 0  # judge calls asked for (one per request of a primitive)
-    self.failed_judgments = 0  # judgments that ended failed after all retries
+    self.failed_judgments = 0  # judgments that ended failed after all retries (unsent ones included)
+    self.unsent_judgments = 0  # failed judgments none of whose requests reached an endpoint (breakers open)
+    self.hedges = 0  # second copies sent of requests not answered within the hedge delay
     self.requests = 0  # HTTP requests sent (retries included)
     self.cache_hits = 0
     self.failures: collections.Counter[str] = collections.Counter()  # cause -> count, per attempt
@@ -50,7 +52,8 @@ class RoleMetrics:
       self.in_flight -= 1
       if failure is not None:
         self.failures[failure] += 1
-        self.endpoint_failures[url] += 1
+        # a copy abandoned because the other one answered (a hedge) is no failure of its endpoint
+        self.endpoint_failures[url] += failure != "cancelled"
       else:
         self.latencies_s.append(latency_s or 0.0)
         self.prompt_tokens += prompt_tokens
@@ -64,21 +67,29 @@ class RoleMetrics:
     cache_hit: bool = False,
     failure: str | None = None,
     failed_kind: str = "other",
+    sent: bool = True,
+    hedge: bool = False,
   ) -> None:
-    """`failed`: a judgment ended without a parsed reply, of kind `failed_kind`; `failure`: one attempt's cause."""
+    """`failed`: a judgment ended without a parsed reply, of kind `failed_kind` (`sent` False: none of its requests
+    reached an endpoint); `failure`: one attempt's cause; `hedge`: a hedged copy was sent."""
     with self._lock:
       self.judgments += judgment
       self.failed_judgments += failed
       self.cache_hits += cache_hit
-      if failed:
+      self.hedges += hedge
+      if failed and sent:
         self.failed_by_kind[failed_kind] += 1
+      elif failed:
+        self.unsent_judgments += 1
       if failure is not None:
         self.failures[failure] += 1
 
   def counts(self) -> tuple[int, int, dict[str, int]]:
-    """(judgments asked, judgments failed, failed judgments by kind), cumulative."""
+    """(judgments tried, tried judgments failed, those by kind), cumulative: what the failure budget reads. A
+    judgment that was never sent (`unsent_judgments`) is masked and counted there, not as a judge failure."""
     with self._lock:
-      return self.judgments, self.failed_judgments, dict(self.failed_by_kind)
+      tried = self.judgments - self.unsent_judgments
+      return tried, self.failed_judgments - self.unsent_judgments, dict(self.failed_by_kind)
 
   def snapshot(self) -> dict[str, float]:
     """Flat scalars for logging, keys "judge/<role>/<name>"; latencies in seconds."""
@@ -87,6 +98,8 @@ class RoleMetrics:
       out = {
         "judgments": self.judgments,
         "failed_judgments": self.failed_judgments,
+        "unsent_judgments": self.unsent_judgments,
+        "hedges": self.hedges,
         "requests": self.requests,
         "cache_hits": self.cache_hits,
         "prompt_tokens": self.prompt_tokens,

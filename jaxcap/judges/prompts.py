@@ -3,6 +3,12 @@
 A template has a `### system` and a `### user` section; rendering gives
 [{"role": "system", "content": str}, {"role": "user", "content": str}]. Users edit the files in place or pass
 their own directory (same file names) to `PromptLibrary`.
+
+Variables are data (captions, references, questions, options, criteria): the sections are split from the
+template's source before rendering, so a caption holding a "### user" line cannot add a turn, and strings that
+spell a chat control token ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "[/INST]", ...) get an invisible break
+after their first character (`plain_text`), so the judge server's tokenizer reads characters, not the end of
+the turn.
 """
 
 from __future__ import annotations
@@ -16,6 +22,20 @@ import jinja2
 DEFAULT_PROMPT_DIR = pathlib.Path(__file__).parent / "prompts"
 LETTERS = "ABCDEFGHI"
 _SECTION_RE = re.compile(r"^### (system|user)[ \t]*$", re.M)
+# Chat control tokens of the common judge families: ChatML / Llama 3 / Phi "<|...|>", Gemma's turn markers,
+# Llama 2 / Mistral's "[INST]" and "</s>".
+_CONTROL_RE = re.compile(r"<\|[^\s|<>]{1,64}\|>|</?(?:s|start_of_turn|end_of_turn|bos|eos|pad)>|\[/?INST\]")
+_BREAK = "\u200b"  # zero-width space: the text reads the same, no tokenizer matches the control token
+
+
+def plain_text(value):
+  """`value` (a string, or lists / tuples of them, nested) with every control-token spelling broken by a
+  zero-width space after its first character; other values unchanged."""
+  if isinstance(value, str):
+    return _CONTROL_RE.sub(lambda m: m.group(0)[0] + _BREAK + m.group(0)[1:], value)
+  if isinstance(value, (list, tuple)):
+    return type(value)(plain_text(v) for v in value)
+  return value
 
 
 class PromptLibrary:
@@ -34,23 +54,31 @@ class PromptLibrary:
       keep_trailing_newline=True,
       autoescape=False,
     )
+    self._compiled: dict[tuple[str, str], dict[str, jinja2.Template]] = {}
 
   def names(self) -> list[str]:
     return sorted(p.stem for p in self.directory.glob("*.jinja"))
 
+  def _sections(self, name: str) -> dict[str, jinja2.Template]:
+    """The template's sections, split from its source before any data is in and compiled (cached per source)."""
+    source, _, _ = self._env.loader.get_source(self._env, f"{name}.jinja")
+    if (name, source) not in self._compiled:
+      parts = _SECTION_RE.split(source)  # [preamble, "system", body, "user", body]
+      bodies = {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+      if "user" not in bodies:
+        raise ValueError(f"Prompt template {name}.jinja has no '### user' line; add one before the user text.")
+      self._compiled[(name, source)] = {k: self._env.from_string(b) for k, b in bodies.items()}
+    return self._compiled[(name, source)]
+
   def render(self, name: str, **variables) -> list[dict[str, str]]:
     """Chat messages for template `name` ("caprl_answer", ...)."""
     try:
-      template = self._env.get_template(f"{name}.jinja")
+      self._env.get_template(f"{name}.jinja")  # checks the whole file's syntax
     except jinja2.TemplateNotFound:
       raise FileNotFoundError(
         f"No prompt template {name}.jinja in {self.directory}; available: {self.names()}."
       ) from None
-    text = template.render(letters=LETTERS, **variables)
-    parts = _SECTION_RE.split(text)
-    # parts = [preamble, "system", body, "user", body]
-    sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-    if "user" not in sections:
-      raise ValueError(f"Prompt template {name}.jinja has no '### user' line; add one before the user text.")
-    messages = [{"role": "system", "content": sections["system"]}] if sections.get("system") else []
-    return messages + [{"role": "user", "content": sections["user"]}]
+    data = {k: plain_text(v) for k, v in variables.items()}
+    text = {k: t.render(letters=LETTERS, **data).strip() for k, t in self._sections(name).items()}
+    messages = [{"role": "system", "content": text["system"]}] if text.get("system") else []
+    return messages + [{"role": "user", "content": text["user"]}]

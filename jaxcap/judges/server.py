@@ -10,7 +10,12 @@ device).
 
 Bad requests get an OpenAI-style JSON error and a 4xx status, never a 500 (clients retry 5xx): 400 body not
 JSON or no "jaxcap_request", 401 missing / wrong bearer token (when `api_key` is set), 404 a model it does not
-serve, 413 body over `max_body_bytes`, 422 fields of the wrong type or a judgment the judge refuses.
+serve, 408 a body not received within `body_timeout_s`, 413 body over `max_body_bytes`, 422 fields of the wrong
+type or a judgment the judge refuses.
+
+Hostile or careless clients: parsing and judging run in a worker pool (`workers` threads), off the event loop, so
+one large request does not stall the others; `jaxcap.judges.serving.server_config` gives uvicorn its connection
+limits (idle and request-head timeouts, a connection cap).
 """
 
 from __future__ import annotations
@@ -21,79 +26,20 @@ import hmac
 import json
 import logging
 import time
-import typing
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from jaxcap.judges import protocol as P
+from jaxcap.judges.chat_requests import RequestError, parse_chat, read_body, request_from_hint
 from jaxcap.judges.chat_client import HINT_FIELD, HINT_REQUIRED
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # a 100 kB caption or an attached image fit; a 50 MB body does not
+DEFAULT_WORKERS = 4  # threads that parse and judge requests, off the event loop
+DEFAULT_BODY_TIMEOUT_S = 30.0  # a body must arrive within this (408 after)
 log = logging.getLogger(__name__)
-
-_REQUEST_TYPES: dict[str, type] = {
-  "answer_multiple_choice": P.MultipleChoiceRequest,
-  "answer_visual_questions": P.VisualQuestionRequest,
-  "check_criteria": P.CriterionRequest,
-  "write_criteria": P.CriteriaWritingRequest,
-  "split_claims": P.CaptionRequest,
-  "verify_claims": P.ClaimVerificationRequest,
-  "match_reference_units": P.CoverageRequest,
-  "rate_language": P.CaptionRequest,
-  "compare_captions": P.PairwiseRequest,
-  "score_likert": P.LikertRequest,
-}
-
-
-class RequestError(ValueError):
-  """A request the server refuses: HTTP `status`, OpenAI-style error `code`."""
-
-  def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
-    super().__init__(message)
-    self.status = status
-    self.code = code
-
-
-def _typed(value: Any, annotation: Any, where: str) -> Any:
-  """`value` checked against a request field's annotation (str, bool, tuple[str, ...], X | None); lists become
-  tuples. Raises RequestError(422) naming the field."""
-  args = typing.get_args(annotation)
-  if type(None) in args:
-    if value is None:
-      return None
-    annotation = next(a for a in args if a is not type(None))
-    args = typing.get_args(annotation)
-  if typing.get_origin(annotation) is tuple:
-    if not isinstance(value, list | tuple):
-      raise RequestError(422, f"{where}: expected a list, got {type(value).__name__}")
-    return tuple(_typed(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-  if annotation is bool and isinstance(value, bool) or annotation is str and isinstance(value, str):
-    return value
-  names = {str: "a string", bool: "true or false"}
-  raise RequestError(422, f"{where}: expected {names.get(annotation, annotation)}, got {type(value).__name__}")
-
-
-def _request_from_hint(hint: Any) -> tuple[str, Any]:
-  """(primitive, request dataclass) from the body's "jaxcap_request"; RequestError(422) on any bad field."""
-  if not isinstance(hint, dict):
-    raise RequestError(422, f"{HINT_FIELD} must be an object, got {type(hint).__name__}")
-  primitive = hint.get("primitive")
-  if primitive not in _REQUEST_TYPES:
-    raise RequestError(422, f"{HINT_FIELD}.primitive: unknown primitive {primitive!r}; known: {sorted(_REQUEST_TYPES)}")
-  raw = hint.get("request", {})
-  if not isinstance(raw, dict):
-    raise RequestError(422, f"{HINT_FIELD}.request must be an object, got {type(raw).__name__}")
-  cls = _REQUEST_TYPES[primitive]
-  hints = typing.get_type_hints(cls)
-  fields = {}
-  for f in dataclasses.fields(cls):
-    if f.name in raw:
-      fields[f.name] = _typed(raw[f.name], hints[f.name], f"{HINT_FIELD}.request.{f.name}")
-    elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-      raise RequestError(422, f"{HINT_FIELD}.request: missing field {f.name!r} for {primitive}")
-  return primitive, cls(**fields)
 
 
 class RuleBasedBackend:
@@ -138,46 +84,15 @@ class ServerStats:
 
 
 def _error(status: int, message: str, code: str = "invalid_request_error", headers=None) -> JSONResponse:
-  kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLarge"}
+  kind = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    408: "RequestTimeout",
+    413: "RequestTooLarge",
+  }
   body = {"error": {"message": message, "type": kind.get(status, "UnprocessableEntityError"), "code": code}}
   return JSONResponse(body, status_code=status, headers=headers)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-  """The request body, refusing (413) one longer than `limit` bytes before reading it when Content-Length says
-  so, else as soon as the stream passes the limit."""
-  declared = request.headers.get("content-length")
-  if declared is not None and declared.isdigit() and int(declared) > limit:
-    raise RequestError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes", "too_large")
-  chunks, size = [], 0
-  async for chunk in request.stream():
-    size += len(chunk)
-    if size > limit:
-      raise RequestError(413, f"request body exceeds the limit of {limit} bytes", "too_large")
-    chunks.append(chunk)
-  return b"".join(chunks)
-
-
-def _parse_chat(raw: bytes, served: Sequence[str]) -> dict[str, Any]:
-  """The chat request as a dict, its model and messages checked; RequestError on anything malformed."""
-  try:
-    body = json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise RequestError(400, f"request body is not valid JSON: {e}") from None
-  if not isinstance(body, dict):
-    raise RequestError(422, f"request body must be a JSON object, got {type(body).__name__}")
-  model = body.get("model")
-  if model is not None and not isinstance(model, str):
-    raise RequestError(422, f"model: expected a string, got {type(model).__name__}")
-  if model is not None and model not in served:
-    raise RequestError(404, f"The model `{model}` does not exist; this server serves {list(served)}", "model_not_found")
-  messages = body.get("messages")
-  if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-    raise RequestError(422, "messages: expected a non-empty list of {role, content} objects")
-  for i, m in enumerate(messages):
-    if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str | list | None):
-      raise RequestError(422, f"messages[{i}]: role must be a string and content a string or a list of parts")
-  return body
 
 
 class _Guard:
@@ -230,14 +145,22 @@ def make_app(
   added_latency_s: float = 0.0,
   api_key: str | None = None,
   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+  workers: int = DEFAULT_WORKERS,
+  body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
   """FastAPI app with GET /v1/models, POST /v1/chat/completions, GET /stats and GET /health (no auth).
 
   model: the name(s) it serves (a request naming another gets 404, like vLLM); api_key: when set, /v1/* and
-  /stats need "Authorization: Bearer <api_key>"; max_body_bytes: larger bodies get 413.
+  /stats need "Authorization: Bearer <api_key>"; max_body_bytes: larger bodies get 413; workers: threads that
+  parse and judge (off the event loop); body_timeout_s: a body not received within it gets 408. Serve it with
+  `server_config` (uvicorn's connection limits).
   """
+  if workers < 1:
+    raise ValueError(f"workers={workers}: must be >= 1 (threads that parse and judge requests).")
   served = [model] if isinstance(model, str) else list(model)
   app = FastAPI(title="jaxcap rule-based judge")
+  pool = ThreadPoolExecutor(workers, thread_name_prefix="judge-worker")
+  app.state.workers = pool
   stats = ServerStats()
   app.state.stats = stats
   expected = f"Bearer {api_key}".encode() if api_key else None
@@ -257,38 +180,28 @@ def make_app(
   async def get_stats():
     return dataclasses.asdict(stats)
 
-  @app.post("/v1/chat/completions")
-  async def chat(request: Request):
-    stats.requests += 1
-    stats.in_flight += 1
-    stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+  def judge(raw: bytes) -> dict[str, Any]:
+    """One request, parsed, judged and answered (a worker thread); raises RequestError."""
+    body = parse_chat(raw, served)
+    if HINT_FIELD not in body:
+      raise RequestError(
+        400,
+        f"the rule-based judge needs the '{HINT_FIELD}' body field that jaxcap's HttpJudge sends (RoleConfig."
+        "request_hint='auto' or 'always'); it cannot read free-form prompts",
+        HINT_REQUIRED,
+      )
+    primitive, judge_request = request_from_hint(body[HINT_FIELD])
+    if added_latency_s > 0:
+      time.sleep(added_latency_s)  # a worker's time, as a slow judge spends it
     try:
-      body = _parse_chat(await _read_body(request, max_body_bytes), served)
-      if HINT_FIELD not in body:
-        raise RequestError(
-          400,
-          f"the rule-based judge needs the '{HINT_FIELD}' body field that jaxcap's HttpJudge sends (RoleConfig."
-          "request_hint='auto' or 'always'); it cannot read free-form prompts",
-          HINT_REQUIRED,
-        )
-      primitive, judge_request = _request_from_hint(body[HINT_FIELD])
-      if added_latency_s > 0:
-        await asyncio.sleep(added_latency_s)
-      try:
-        text = backend.reply(primitive, judge_request)
-      except (ValueError, TypeError, LookupError) as e:
-        raise RequestError(422, f"the judge gave no judgment: {e}", "judgment_refused") from None
-      except Exception as e:  # noqa: BLE001 - deterministic for this request: a retry (5xx) would fail again
-        log.exception("rule-based judge failed on a %s request", primitive)
-        raise RequestError(422, f"the judge failed on this request ({type(e).__name__}: {e})", "judge_error") from None
-    except RequestError as e:
-      stats.refused[e.status] = stats.refused.get(e.status, 0) + 1
-      return _error(e.status, str(e), e.code)
-    finally:
-      stats.in_flight -= 1
+      text = backend.reply(primitive, judge_request)
+    except (ValueError, TypeError, LookupError) as e:
+      raise RequestError(422, f"the judge gave no judgment: {e}", "judgment_refused") from None
+    except Exception as e:  # noqa: BLE001 - deterministic for this request: a retry (5xx) would fail again
+      log.exception("rule-based judge failed on a %s request", primitive)
+      raise RequestError(422, f"the judge failed on this request ({type(e).__name__}: {e})", "judge_error") from None
     prompt_words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
     return {
-      "id": f"chatcmpl-{stats.requests}",
       "object": "chat.completion",
       "created": int(time.time()),
       "model": body.get("model") or served[0],
@@ -299,5 +212,21 @@ def make_app(
         "total_tokens": prompt_words + len(text.split()),
       },
     }
+
+  @app.post("/v1/chat/completions")
+  async def chat(request: Request):
+    stats.requests += 1
+    number = stats.requests
+    stats.in_flight += 1
+    stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+    try:
+      raw = await read_body(request, max_body_bytes, body_timeout_s)
+      reply = await asyncio.get_running_loop().run_in_executor(pool, judge, raw)
+    except RequestError as e:
+      stats.refused[e.status] = stats.refused.get(e.status, 0) + 1
+      return _error(e.status, str(e), e.code)
+    finally:
+      stats.in_flight -= 1
+    return {"id": f"chatcmpl-{number}", **reply}
 
   return app

@@ -13,6 +13,7 @@ import numpy as np
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.rope_index import rope_index
 from jaxcap.models.vision import VisionLayout, vision_layout
+from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
 from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 
@@ -28,13 +29,20 @@ def read_prompt_settings(directory) -> dict:
   return json.loads(path.read_text()) if path.exists() else {}
 
 
-def render_chat(
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CONTROL_TOKENS = (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+
+
+def chat_pieces(
   messages: Sequence[dict], add_generation_prompt: bool = True, system: str | None = DEFAULT_SYSTEM
-) -> str:
-  """The Qwen2.5-VL chat template (ChatML with vision markers), one placeholder per image/video."""
-  out = []
+) -> list[tuple[str, bool]]:
+  """The Qwen2.5-VL chat template (ChatML with vision markers, one placeholder per image/video) as pieces
+  (text, is_control): control pieces are the template's special tokens, every other piece (roles, the system
+  prompt, message texts) is text, whatever characters it holds."""
+  out: list[tuple[str, bool]] = []
+  turn = lambda role, parts: [(IM_START, True), (f"{role}\n", False), *parts, (IM_END, True), ("\n", False)]
   if system is not None and (not messages or messages[0]["role"] != "system"):
-    out.append(f"<|im_start|>system\n{system}<|im_end|>\n")
+    out += turn("system", [(system, False)])
   for msg in messages:
     content = msg["content"]
     if isinstance(content, str):
@@ -43,17 +51,23 @@ def render_chat(
     for item in content:
       kind = item.get("type")
       if kind == "text":
-        parts.append(item["text"])
-      elif kind == "image":
-        parts.append(VISION_START + IMAGE_PAD + VISION_END)
-      elif kind == "video":
-        parts.append(VISION_START + VIDEO_PAD + VISION_END)
+        parts.append((item["text"], False))
+      elif kind in ("image", "video"):
+        parts += [(VISION_START, True), (IMAGE_PAD if kind == "image" else VIDEO_PAD, True), (VISION_END, True)]
       else:
         raise ValueError(f"message content item of type {kind!r}; use 'text', 'image' or 'video'")
-    out.append(f"<|im_start|>{msg['role']}\n{''.join(parts)}<|im_end|>\n")
+    out += turn(msg["role"], parts)
   if add_generation_prompt:
-    out.append("<|im_start|>assistant\n")
-  return "".join(out)
+    out += [(IM_START, True), ("assistant\n", False)]
+  return out
+
+
+def render_chat(
+  messages: Sequence[dict], add_generation_prompt: bool = True, system: str | None = DEFAULT_SYSTEM
+) -> str:
+  """The Qwen2.5-VL chat template as one string (what transformers' processor renders; `Processor` tokenizes
+  `chat_pieces` instead, so text that spells a control token stays text)."""
+  return "".join(text for text, _ in chat_pieces(messages, add_generation_prompt, system))
 
 
 @dataclasses.dataclass
@@ -103,7 +117,8 @@ class Processor:
     system: str | None = DEFAULT_SYSTEM,
     video_cfg: VideoPreprocessConfig | None = None,
   ):
-    self.tokenizer, self.cfg, self.system = tokenizer, cfg, system
+    # Everything that encodes with this tokenizer (targets, answers, lengths) encodes data: control tokens stay text.
+    self.tokenizer, self.cfg, self.system = text_only_tokenizer(tokenizer), cfg, system
     self.vision_cfg = vision_cfg or VisionPreprocessConfig(
       patch_size=cfg.vision.patch_size,
       temporal_patch_size=cfg.vision.temporal_patch_size,
@@ -187,31 +202,20 @@ class Processor:
     """Builds a batch from B conversations (HF message format; image items carry 'image': path / PIL / uint8
     array, video items 'video': a file path or frames, see `video`; an optional 'record' id names the item
     in errors)."""
-    merge = self.vision_cfg.merge_size**2
-    texts, images, videos, seconds = [], [], [], []
-    for messages in conversations:
-      text = render_chat(messages, add_generation_prompt, system=self.system)
+    ids, images, videos, seconds = [], [], [], []
+    for index, messages in enumerate(conversations):
+      own: list = []  # this conversation's vision inputs, in placeholder order
       for msg in messages:
         for item in msg["content"] if not isinstance(msg["content"], str) else ():
           if item.get("type") == "image":
-            images.append(preprocess_image(item["image"], self.vision_cfg, record=item.get("record")))
+            own.append(preprocess_image(item["image"], self.vision_cfg, record=item.get("record")))
+            images.append(own[-1])
           elif item.get("type") == "video":
             patches, grid, spg = self.video(item)
-            videos.append((patches, grid))
+            own.append((patches, grid))
+            videos.append(own[-1])
             seconds.append(spg)
-      texts.append(text)
-    # Expand each placeholder to one token per merged patch, in order.
-    counters = {IMAGE_PAD: iter(images), VIDEO_PAD: iter(videos)}
-    expanded = []
-    for text in texts:
-      pieces = []
-      for chunk in _split_keep(text, (IMAGE_PAD, VIDEO_PAD)):
-        if chunk in counters:
-          pieces.append(chunk * int(np.prod(next(counters[chunk])[1]) // merge))
-        else:
-          pieces.append(chunk)
-      expanded.append("".join(pieces))
-    ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in expanded]
+      ids.append(self._encode(chat_pieces(messages, add_generation_prompt, self.system), own, index, messages))
     input_ids, mask = pad_batch(ids, self.tokenizer.pad_token_id or 0, padding_side, pad_to_multiple_of)
     image_grid = np.stack([g for _, g in images]) if images else None
     video_grid = np.stack([g for _, g in videos]) if videos else None
@@ -226,20 +230,39 @@ class Processor:
       out.layout = vision_layout(out.grid_thw, self.cfg.vision)
     return out
 
-
-def _split_keep(text: str, tokens: tuple[str, ...]) -> list[str]:
-  out, i = [], 0
-  while i < len(text):
-    j = min((k for k in (text.find(t, i) for t in tokens) if k >= 0), default=-1)
-    if j < 0:
-      out.append(text[i:])
-      break
-    if j > i:
-      out.append(text[i:j])
-    tok = next(t for t in tokens if text.startswith(t, j))
-    out.append(tok)
-    i = j + len(tok)
-  return out
+  def _encode(self, pieces: list[tuple[str, bool]], vision: list, index: int, messages) -> list[int]:
+    """Token ids of one conversation: control pieces by id (each vision placeholder expanded to one token per
+    merged patch), runs of text through `encode_text` (special-token parsing off). The runs are exactly the text
+    between control tokens that transformers tokenizes, so ids equal its processor's for ordinary text."""
+    merge = self.vision_cfg.merge_size**2
+    control_id = {t: self.tokenizer.convert_tokens_to_ids(t) for t in CONTROL_TOKENS}
+    grids = iter(grid for _, grid in vision)
+    out: list[int] = []
+    run: list[str] = []
+    for text, control in [*pieces, ("", True)]:
+      if not control:
+        run.append(text)
+        continue
+      if run and "".join(run):
+        out += encode_text(self.tokenizer, "".join(run))
+      run = []
+      if text in (IMAGE_PAD, VIDEO_PAD):
+        out += [control_id[text]] * int(np.prod(next(grids)) // merge)
+      elif text:
+        out.append(control_id[text])
+    want = sum(int(np.prod(grid)) // merge for _, grid in vision)
+    got = sum(int(i in (self.cfg.image_token_id, self.cfg.video_token_id)) for i in out)
+    if got != want:
+      record = next(
+        (item.get("record") for m in messages if not isinstance(m["content"], str) for item in m["content"]), None
+      )
+      raise ValueError(
+        f"conversation {index}{f' (record {record!r})' if record else ''} encodes to {got} vision placeholder tokens "
+        f"but its {len(vision)} image(s)/video(s) need {want}: its text spells a vision token that this tokenizer "
+        "still reads as one (a non-special added token); load a tokenizer whose <|image_pad|> and <|video_pad|> "
+        "are special tokens (the checkpoint's own), or remove the token from the text."
+      )
+    return out
 
 
 def pad_batch(

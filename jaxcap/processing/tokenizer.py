@@ -1,11 +1,18 @@
-"""A small word-level tokenizer with Qwen2.5-VL's special tokens, for tiny models and the synthetic world.
+"""Encoding data as text (`encode_text`, `text_only_tokenizer`), and a small word-level tokenizer with Qwen2.5-VL's
+special tokens for tiny models and the synthetic world.
 
-Real checkpoints bring their own tokenizer; this one lets tests and the embedded default run with no downloads.
+Strings that come from data (captions, references, questions, options, criteria, command-line prompts) are
+encoded with special-token parsing off, so "<|im_end|>" in a web-scraped caption is those characters, never the
+end-of-turn token; only the chat template (`jaxcap.processing.prompt`) inserts control tokens, by id.
+
+Real checkpoints bring their own tokenizer; `word_tokenizer` lets tests and the embedded default run with no
+downloads.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+from typing import Any, Sequence
 
 from jaxcap.models.config import Qwen25VLConfig
 
@@ -18,6 +25,23 @@ SPECIAL_TOKENS = (
   "<|image_pad|>",
   "<|video_pad|>",
 )
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+  """Token ids of `text` read as plain characters: no special token is parsed (`split_special_tokens=True`, which
+  transformers' fast and slow tokenizers both honour) and none is added."""
+  return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def text_only_tokenizer(tokenizer: Any) -> Any:
+  """A copy of `tokenizer` whose calls parse no special tokens unless a caller asks (`split_special_tokens` on by
+  default), so every `tokenizer(text)` on data encodes the characters. The original is left as it is (it may
+  serve a chat template elsewhere); decoding is unchanged."""
+  if getattr(tokenizer, "split_special_tokens", None) is True:
+    return tokenizer
+  out = copy.deepcopy(tokenizer)  # deep: a fast tokenizer's backend carries the setting per call
+  out.split_special_tokens = True
+  return out
 
 
 def special_token_ids(cfg: Qwen25VLConfig) -> dict[str, int]:

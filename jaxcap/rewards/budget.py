@@ -3,10 +3,13 @@ on masked rewards (loss 0, no signal) and exiting 0.
 
     reward = judged_reward(reward, judge, config.judge)    # raises JudgeFailureBudgetError from the reward call
 
-Per RL step the budget reads how many judgments the judge was asked and how many failed, by kind (the judge's
-cumulative `judgment_counts()`; HttpJudge and RuleBasedJudge keep them). When the share of valid judgments stays
-below `judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. A step that asked
-no judgment (e.g. no image had questions) neither counts against the budget nor resets it.
+Per RL step the budget reads how many judgments the judge tried and how many of those failed, by kind (the
+judge's cumulative `judgment_counts()`; HttpJudge and RuleBasedJudge keep them). A judgment that was never sent
+(every endpoint's breaker open through a probe: `unsent_judgments()`) is masked and logged, but is no failure of
+the judge's answers, so it is left out of the share. When the share of valid judgments stays below
+`judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. A step that tried no
+judgment (e.g. no image had questions) neither counts against the budget nor resets it. Steps are numbered as
+metrics.jsonl numbers them, from 1.
 """
 
 from __future__ import annotations
@@ -56,14 +59,21 @@ class FailureBudget:
 
   def _reset(self) -> None:
     self.bad_steps: list[int] = []
-    self.asked = self.failed = 0
+    self.asked = self.failed = self.unsent = 0
     self.by_kind: collections.Counter[str] = collections.Counter()
 
   def observe(
-    self, step: int, asked: int, failed: int, by_kind: Mapping[str, int] | None = None, last_error: str = ""
+    self,
+    step: int,
+    asked: int,
+    failed: int,
+    by_kind: Mapping[str, int] | None = None,
+    last_error: str = "",
+    unsent: int = 0,
   ) -> float:
-    """Records one step's judgments; returns its valid share (NaN when none was asked). Raises when the budget
-    is spent."""
+    """Records step `step`'s judgments (numbered as metrics.jsonl numbers steps, from 1): `asked` tried, `failed`
+    of them failed, `unsent` more never sent; returns its valid share (NaN when none was tried). Raises when the
+    budget is spent."""
     if asked <= 0:
       return float("nan")
     valid = (asked - failed) / asked
@@ -73,6 +83,7 @@ class FailureBudget:
     self.bad_steps.append(int(step))
     self.asked += asked
     self.failed += failed
+    self.unsent += unsent
     self.by_kind.update({k: int(v) for k, v in (by_kind or {}).items() if v})
     if len(self.bad_steps) >= self.patience:
       raise JudgeFailureBudgetError(self.message(last_error))
@@ -90,8 +101,9 @@ class FailureBudget:
     text = (
       f"Judge failure budget spent: valid judgments stayed below judge.min_valid_fraction="
       f"{self.min_valid_fraction:g} for {len(steps)} consecutive RL steps (steps {steps[0]}-{steps[-1]}: "
-      f"{self.asked - self.failed} of {self.asked} judgments valid); stopping instead of training on masked "
-      f"rewards. Failed judgments by kind: {listed}."
+      f"{self.asked - self.failed} of {self.asked} judgments valid"
+      + (f"; {self.unsent} more not sent, every endpoint's breaker open" if self.unsent else "")
+      + f"); stopping instead of training on masked rewards. Failed judgments by kind: {listed}."
     )
     if main in HINTS:
       text += f" Most are {main}: {HINTS[main]}."
@@ -108,10 +120,17 @@ def judgment_counts(judge: Any) -> tuple[int, int, dict[str, int]] | None:
   return counts() if callable(counts) else None
 
 
+def unsent_judgments(judge: Any) -> int:
+  """The judge's cumulative failed judgments that were never sent (0 for judges that send nothing)."""
+  unsent = getattr(judge, "unsent_judgments", None)
+  return int(unsent()) if callable(unsent) else 0
+
+
 class BudgetedReward(RewardStage):
   """A reward function whose every call feeds the failure budget with the judgments it cost; same `names`. Each
-  batch's `extras` (logged with the step's metrics) gain judge/valid_fraction (NaN when nothing was asked) and
-  judge/failed/<kind> for this call's failed judgments."""
+  batch's `extras` (logged with the step's metrics) gain judge/valid_fraction (NaN when nothing was tried),
+  judge/failed/<kind> for this call's failed judgments and judge/unsent for those never sent. `step` is the
+  loop's 0-based step index; the budget reports step + 1, the number metrics.jsonl gives it."""
 
   def __init__(self, reward_fn: Any, judge: Any, budget: FailureBudget):
     super().__init__(reward_fn)
@@ -126,18 +145,19 @@ class BudgetedReward(RewardStage):
     stop at the same step, with the same counts. A no-op with one process (the call itself fed the budget)."""
     if self._pending is None:
       return super().settle()
-    step, asked, failed, kinds, last = self._pending
+    step, asked, failed, kinds, last, unsent = self._pending
     self._pending = None
     names = (*KINDS, *(k for k in HINTS if k not in KINDS), "unclassified")
-    local = [asked, failed, *(int(kinds.get(k, 0)) for k in names)]
+    local = [asked, failed, unsent, *(int(kinds.get(k, 0)) for k in names)]
     total = np.sum(multihost.allgather_ints(np.asarray(local, np.int64)), axis=0)
-    self.budget.observe(step, int(total[0]), int(total[1]), dict(zip(names, total[2:].tolist())), last)
+    by_kind = dict(zip(names, total[3:].tolist()))
+    self.budget.observe(step + 1, int(total[0]), int(total[1]), by_kind, last, unsent=int(total[2]))
     super().settle()
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0):
-    before = judgment_counts(self.judge)
+    before, unsent_before = judgment_counts(self.judge), unsent_judgments(self.judge)
     batch = self.inner(captions, records, step=step)
-    after = judgment_counts(self.judge)
+    after, unsent = judgment_counts(self.judge), unsent_judgments(self.judge) - unsent_before
     if before is not None and after is not None:
       asked, failed = after[0] - before[0], after[1] - before[1]
       kinds = {k: v - before[2].get(k, 0) for k, v in after[2].items()}
@@ -147,11 +167,11 @@ class BudgetedReward(RewardStage):
     last = getattr(self.judge, "last_failure", None)
     last = last() if callable(last) else ""
     if jax.process_count() > 1:  # every process must stop at the same step: counts agreed in `settle`
-      self._pending = (step, asked, failed, kinds, last)
+      self._pending = (step, asked, failed, kinds, last, unsent)
       self.last_valid_fraction = (asked - failed) / asked if asked > 0 else float("nan")
     else:
-      self.last_valid_fraction = self.budget.observe(step, asked, failed, kinds, last)
-    extras = {"judge/valid_fraction": self.last_valid_fraction}
+      self.last_valid_fraction = self.budget.observe(step + 1, asked, failed, kinds, last, unsent=unsent)
+    extras = {"judge/valid_fraction": self.last_valid_fraction, "judge/unsent": float(unsent)}
     extras.update({f"judge/failed/{k}": 0.0 for k in KINDS})
     extras.update({f"judge/failed/{k}": float(v) for k, v in kinds.items() if v})
     return dataclasses.replace(batch, extras={**batch.extras, **extras})

@@ -8,7 +8,7 @@ from typing import Sequence
 from fastapi import FastAPI
 
 from jaxcap.data.manifest import read_manifest
-from jaxcap.judges.server import DEFAULT_MAX_BODY_BYTES, RuleBasedBackend, make_app
+from jaxcap.judges.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_WORKERS, RuleBasedBackend, make_app
 from jaxcap.world.judge import RuleBasedJudge
 
 
@@ -21,6 +21,7 @@ def rule_based_app_for_manifest(
   model: str | Sequence[str] = "judge",
   api_key: str | None = None,
   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+  workers: int = DEFAULT_WORKERS,
 ) -> FastAPI:
   """The app for a dataset manifest whose rows carry their scene graph (synthetic world); the keyword options
   are `make_app`'s."""
@@ -32,4 +33,11 @@ def rule_based_app_for_manifest(
     )
   judge = RuleBasedJudge(scenes, failure_rate=failure_rate, seed=seed)
   backend = RuleBasedBackend(judge, {r.id: r.reference_caption for r in records})
-  return make_app(backend, model=model, added_latency_s=added_latency_s, api_key=api_key, max_body_bytes=max_body_bytes)
+  return make_app(
+    backend,
+    model=model,
+    added_latency_s=added_latency_s,
+    api_key=api_key,
+    max_body_bytes=max_body_bytes,
+    workers=workers,
+  )

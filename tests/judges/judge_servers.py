@@ -31,12 +31,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[Endpoint]:
-  """Runs `app` with uvicorn on a fresh loopback port; yields its Endpoint (".../v1")."""
+def serve_in_thread(app: FastAPI, config: uvicorn.Config | None = None) -> Iterator[Endpoint]:
+  """Runs `app` with uvicorn (its `config`, default uvicorn's own) on a fresh loopback port; yields its Endpoint
+  (".../v1")."""
   sock = socket.socket()
   sock.bind((HOST, 0))
   port = sock.getsockname()[1]
-  server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+  server = uvicorn.Server(config or uvicorn.Config(app, log_level="error", lifespan="off"))
   thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
   thread.start()
   deadline = time.monotonic() + 10

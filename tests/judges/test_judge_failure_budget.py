@@ -17,7 +17,7 @@ from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.overlap import OverlappedReward
 
-FAST = dict(backoff_s=0.01, max_backoff_s=0.02, breaker_cooldown_s=60.0)
+FAST = dict(backoff_s=0.01, max_backoff_s=0.02, breaker_cooldown_s=0.2)
 CAPRL = {"caprl": {"questions_per_caption": 1}}  # one judgment per caption
 TOLERATE = " To tolerate more failures, lower judge.min_valid_fraction (0 = off) or raise judge.failure_patience."
 
@@ -65,7 +65,7 @@ def test_refused_judgments_stop_the_run_as_http_status(manifest, world):
     step, error = _run_steps(fleet, world, 5)
   hint = "http_status: the servers refuse the requests: see the messages in their logs"
   last = f"http_status: {endpoint.url}: HTTP 422: the judge gave no judgment: injected failure"
-  assert step == 2 and error == _expected("0-2", 12, {"http_status": 12}, hint, last)
+  assert step == 2 and error == _expected("1-3", 12, {"http_status": 12}, hint, last)
 
 
 def test_wrong_key_stops_the_run_as_auth(manifest, world, monkeypatch):
@@ -82,7 +82,7 @@ def test_wrong_key_stops_the_run_as_auth(manifest, world, monkeypatch):
     "was started with (client: export the variable judge.api_key_env names)"
   )
   assert step == 2 and sent == 12  # an auth failure is final: no retries
-  assert error == _expected("0-2", 12, {"auth": 12}, hint, last)
+  assert error == _expected("1-3", 12, {"auth": 12}, hint, last)
 
 
 def test_mixed_kinds_are_counted_each_where_they_happened(world):
@@ -99,11 +99,19 @@ def test_mixed_kinds_are_counted_each_where_they_happened(world):
   ):
     step, error = _run_steps(fleet, world, 5, {**CAPRL, "likert_direct": {}})
     by_kind = HttpJudge(fleet).failures_by_kind()
+    unsent = HttpJudge(fleet).unsent_judgments()
     metrics = fleet.metrics()
-  assert step == 2 and by_kind == {"connection": 12, "parse": 12}
-  assert "(steps 0-2: 0 of 24 judgments valid)" in error
-  assert "Failed judgments by kind: auth 0, timeout 0, connection 12, http_status 0, parse 12. " in error
-  assert metrics["judge/answerer/failed/connection"] == 12 and metrics["judge/judge/failed/parse"] == 12
+  # Behind the closed port's open breaker, a judgment waits for the probe; when the probe fails it is not sent:
+  # masked and counted apart, not a failure of a tried request.
+  tried = by_kind["connection"]
+  assert step == 2 and set(by_kind) == {"connection", "parse"} and by_kind["parse"] == 12
+  assert tried >= 3 + 2 and tried + unsent == 12  # the 3 that opened it, a probe per later step
+  assert (
+    f"(steps 1-3: 0 of {12 + tried} judgments valid; {unsent} more not sent, every endpoint's breaker open)" in error
+  )
+  assert f"Failed judgments by kind: auth 0, timeout 0, connection {tried}, http_status 0, parse 12. " in error
+  assert metrics["judge/answerer/failed/connection"] == tried and metrics["judge/judge/failed/parse"] == 12
+  assert metrics["judge/answerer/unsent_judgments"] == unsent
 
 
 def test_timeouts_behind_an_open_breaker_count_as_timeouts(world):
@@ -112,9 +120,12 @@ def test_timeouts_behind_an_open_breaker_count_as_timeouts(world):
     JudgeFleet({"answerer": RoleConfig((slow,), timeout_s=0.2, max_attempts=1, **FAST)}) as fleet,
   ):
     step, error = _run_steps(fleet, world, 5)
-    failures = fleet.role_metrics("answerer").failures
-  assert failures["timeout"] >= 3 and failures["all_endpoints_open"] > 0  # the breaker opened after 3
-  assert step == 2 and "Failed judgments by kind: auth 0, timeout 12, connection 0, http_status 0, parse 0." in error
+    m = fleet.role_metrics("answerer")
+  assert m.failures["timeout"] >= 3 and m.failures["all_endpoints_open"] > 0  # the breaker opened after 3
+  # step 1: 4 tried (each hedged once); steps 2 and 3: one probe tried, the 3 waiting behind it not sent
+  assert m.counts()[:2] == (6, 6) and m.unsent_judgments == 6 and m.failed_judgments == 12
+  assert step == 2 and "(steps 1-3: 0 of 6 judgments valid; 6 more not sent, every endpoint's breaker open)" in error
+  assert "Failed judgments by kind: auth 0, timeout 6, connection 0, http_status 0, parse 0." in error
 
 
 def test_budget_resets_on_a_good_step_and_ignores_steps_that_asked_nothing():

@@ -55,7 +55,7 @@ def test_a_judge_that_keeps_failing_stops_the_run_with_the_reasons_counted(tmp_p
   [error] = [line for line in out.splitlines() if line.startswith("error: ")]
   assert error.startswith("error: JudgeFailureBudgetError: "), out[-3000:]
   assert "judge.min_valid_fraction" in error and "2 consecutive RL steps" in error  # the budget and the patience
-  assert "(steps 0-1: 0 of " in error  # the steps it was spent on, none of their judgments valid
+  assert "(steps 1-2: 0 of " in error  # the steps it was spent on, as metrics.jsonl numbers them
   # the reasons counted: every failure is a refusal (the rule-based judge's injected failures)
   counts = dict(kv.split(" ") for kv in error.split("Failed judgments by kind: ")[1].split(".")[0].split(", "))
   assert all(counts[k] == "0" for k in ("auth", "timeout", "connection", "http_status", "parse")), counts
