@@ -5,6 +5,7 @@ its programs (programs.py), its phases (phases.py) and its working directory (ru
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from jaxcap.sampling import Sampler
 from jaxcap.train.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
 from jaxcap.train.batching import Batcher
 from jaxcap.train.data import record_loader
+from jaxcap.train.guard import StepGuard, max_entropy
 from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
 from jaxcap.train.metrics import MetricsWriter, StepLog, plot_curves, to_json
 from jaxcap.train.phases import Phase, run_phases
@@ -135,7 +137,8 @@ class Trainer:
     evaluation and checkpoints at their cadence."""
     c, mesh = self.config, self.setup.mesh
     step_fn = phase.step_fn(self, state)
-    self._log = log = StepLog(self.metrics, phase.name, phase.steps, int(state.step), is_lead_process())
+    check = self.step_guard().check
+    self._log = log = StepLog(self.metrics, phase.name, phase.steps, int(state.step), is_lead_process(), check)
     for step in range(int(state.step), phase.steps):
       t0 = time.perf_counter()
       batch = next(loader)
@@ -156,6 +159,24 @@ class Trainer:
         self.rundir.save(phase.checkpoint_base + done, state, json.loads(to_json(meta)))
     log.close()
     return state
+
+  def step_guard(self) -> StepGuard:
+    """The phase's guard on its steps (`train` block): a refused step stops the run naming the last checkpoint."""
+    t = self.config.train
+    directory = self.rundir.checkpoints.manager.directory
+
+    def last_checkpoint():
+      step = self.rundir.latest_step()
+      return None if step is None else str(directory / str(step))
+
+    return StepGuard(
+      t.on_nonfinite,
+      t.max_skips,
+      t.collapse_steps,
+      max_entropy(self.setup.model.cfg.text.vocab_size),
+      last_checkpoint,
+      warn=lambda line: print(line, file=sys.stderr, flush=True) if is_lead_process() else None,
+    )
 
   def warm_up_vision(self, params):
     """The embedded student's vision warm-up (`jaxcap.world.vision_warmup`), logged as phase "vision"."""

@@ -25,6 +25,7 @@ from jaxcap.multihost import is_lead_process
 from jaxcap.train import resume as resume_check
 from jaxcap.train.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
 from jaxcap.train.checkpointing import RunCheckpointer
+from jaxcap.train.guard import nonfinite_weights
 
 Closer = tuple[str, Callable[[], Any] | None]  # (what it closes, for the warning line; close function or None)
 
@@ -102,6 +103,11 @@ class RunDirectory:
   def export(self, params, graphdef, processor) -> None:
     """The policy as an HF checkpoint in <workdir>/export (with the tokenizer and prompt settings it was trained
     with); bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights."""
+    bad, total = nonfinite_weights(params)
+    if bad:  # the step guard keeps training finite; this catches weights that started out broken
+      raise ValueError(
+        f"refusing to export to {self.path / 'export'}: {bad} of {total} weights are not finite (NaN or inf)"
+      )
     c = self.config
     src = c.model.checkpoint or str(self.path / "tokenizer")
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
