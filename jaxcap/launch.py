@@ -154,11 +154,10 @@ def fail(error: BaseException, workdir: str | None) -> None:
   """Prints `error` as one readable line (its traceback goes to <workdir>/error.log) and exits non-zero, within
   EXIT_GRACE_S even if library threads are still winding down."""
   from jaxcap.locking import LockHeldError
-  from jaxcap.train.resume import ConfigChangedError
 
   where = None
-  # a refused start says all there is to say, and the workdir may be another run's: no traceback file
-  if workdir and not isinstance(error, (LockHeldError, ConfigChangedError)):
+  # every failed start leaves its error in the workdir, except where the workdir is another live run's
+  if workdir and not isinstance(error, LockHeldError):
     try:
       import jax
 

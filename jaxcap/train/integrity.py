@@ -93,8 +93,15 @@ def fits(step_dir: Path, state: Any) -> bool:
     saved = saved_shapes(step_dir)
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return False
-  want = {_key(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+  want = {_key(p): _saved_shape(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
   return saved == want
+
+
+def _saved_shape(x) -> tuple[int, ...]:
+  """The shape an array is saved with (a PRNG key as its key data)."""
+  if jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return tuple(jax.eval_shape(jax.random.key_data, x).shape)
+  return tuple(x.shape)
 
 
 def set_aside(step_dir: Path, workdir: Path) -> Path:

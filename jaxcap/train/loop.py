@@ -22,6 +22,7 @@ from jaxcap.train.batching import Batcher
 from jaxcap.train.data import record_loader
 from jaxcap.train.guard import StepGuard, max_entropy
 from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
+from jaxcap.train.integrity import CheckpointDamagedError
 from jaxcap.train.metrics import MetricsWriter, StepLog, plot_curves, to_json
 from jaxcap.train.phases import Phase, run_phases
 from jaxcap.train.programs import RunPrograms
@@ -99,7 +100,11 @@ class Trainer:
       state = phase.new_state(self, params, jax.random.fold_in(key, phase.index))
       meta = None
       if resume is not None:
-        state, meta = self.rundir.restore(resume, state, phase.name)
+        try:
+          state, meta = self.rundir.restore(resume, state, phase.name)
+        except CheckpointDamagedError as e:  # nothing has run yet: start again from the newest intact checkpoint
+          self.rundir.set_aside(e)
+          return self._run()
         self.rundir.record_config()
         self.summary.update(meta.get("summary", {}))
         self.metrics.truncate_after(phase.name, int(meta["step"]))

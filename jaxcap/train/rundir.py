@@ -21,7 +21,8 @@ from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
 from jaxcap.locking import lock_workdir
-from jaxcap.multihost import is_lead_process
+from jaxcap.multihost import first_process_then_others, is_lead_process
+from jaxcap.train import integrity
 from jaxcap.train import resume as resume_check
 from jaxcap.train.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
 from jaxcap.train.checkpointing import RunCheckpointer
@@ -43,14 +44,52 @@ class RunDirectory:
     self.path.mkdir(parents=True, exist_ok=True)
     self.lock = lock_workdir(self.path, jax.process_index())
     try:
-      self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
-      self._notes = resume_check.check(config, self.path, self.position())
+      # before the checkpoint manager lists the steps: a damaged one is not a config change, and is not resumed
+      notes = first_process_then_others(self._set_aside_unreadable, "jaxcap: checkpoint integrity")
+      self._open(notes)
     except BaseException:
       self.abort()
       raise
+
+  def _open(self, notes: list[str]) -> None:
+    """Opens the checkpoint manager, checks a resume against the latest step and prints `notes` and the check's."""
+    self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=self.config.checkpoint.max_to_keep)
     if is_lead_process():
-      for line in self._notes:
+      for line in notes:
         print(line, file=sys.stderr, flush=True)
+    self._notes = notes + resume_check.check(self.config, self.path, self.position())
+    if is_lead_process():
+      for line in self._notes[len(notes) :]:
+        print(line, file=sys.stderr, flush=True)
+
+  # -- damaged checkpoints -----------------------------------------------------------------------------------
+
+  def _set_aside_unreadable(self) -> list[str]:
+    """Moves aside each newest checkpoint whose files cannot be read (jaxcap.train.integrity) until an intact one
+    is the latest; returns a note for each."""
+    notes = []
+    for step_dir in integrity.step_dirs(self.path / "checkpoints"):
+      why = integrity.problems(step_dir)
+      if not why:
+        break
+      notes.append(self._moved(step_dir, "; ".join(why)))
+    return notes
+
+  def _moved(self, step_dir: Path, why: str) -> str:
+    moved = integrity.set_aside(step_dir, self.path)
+    left = integrity.step_dirs(step_dir.parent)
+    then = f"resuming from checkpoint {left[0].name}" if left else "no checkpoint is left: the run starts over"
+    return f"note: checkpoint {step_dir.name} in {step_dir.parent} cannot be read ({why}); moved it to {moved}; {then}"
+
+  def set_aside(self, error: integrity.CheckpointDamagedError) -> None:
+    """After a restore found checkpoint `error.step` damaged: moves it aside and reopens the run at the newest
+    remaining checkpoint (checking the config against that one)."""
+    self.checkpoints.close()
+    note = first_process_then_others(
+      lambda: [self._moved(error.directory, error.why)] if error.directory.exists() else [],
+      "jaxcap: damaged checkpoint",
+    )
+    self._open(note)
 
   # -- where the run stands ----------------------------------------------------------------------------------
 
@@ -85,6 +124,9 @@ class RunDirectory:
       return self.checkpoints.restore(step, state)
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
+      step_dir = Path(self.checkpoints.manager.directory) / str(step)
+      if integrity.fits(step_dir, state):  # the saved tree is the one this config builds: its data is damaged
+        raise integrity.CheckpointDamagedError(step, step_dir, f"{type(e).__name__}: {detail}") from e
       saved = self.path / resume_check.CONFIG_FILE
       started = f"the config saved in {saved}" if saved.exists() else "the config the run was started with"
       raise resume_check.ConfigChangedError(
