@@ -13,6 +13,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from jaxcap.config.cli import ConfigError
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
@@ -86,7 +87,7 @@ class Trainer:
     c = self.config
     phases = run_phases(self)
     if not phases:
-      raise ValueError("nothing to do: sft.steps and rl.steps are both 0")
+      raise ConfigError("nothing to do: sft.steps and rl.steps are both 0; set --config.sft.steps or --config.rl.steps")
     resume = self.rundir.latest_step()
     params = self.params0
     if resume is None:
