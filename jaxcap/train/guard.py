@@ -44,15 +44,20 @@ def keep_if(ok: jax.Array, new, old):
   return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
 
 
+def describe(quantity: str) -> str:
+  """What went wrong with a refused step, in words, from its QUANTITIES entry."""
+  if quantity.endswith("(diverged)"):
+    return "diverged (update norm above train.max_update_ratio x the parameters' norm)"
+  return f"non-finite {quantity}"
+
+
 class NonFiniteError(RuntimeError):
   """A step the guard refused (non-finite or diverged) stopped the run. `phase`, `step` (1-based, as
   metrics.jsonl), `quantity` (QUANTITIES), `checkpoint`: the last good checkpoint's directory, or None."""
 
   def __init__(self, phase: str, step: int, quantity: str, checkpoint: str | None, skipped: int = 0):
     self.phase, self.step, self.quantity, self.checkpoint = phase, step, quantity, checkpoint
-    what = "diverged (update norm above train.max_update_ratio x the parameters' norm)" if quantity.endswith(
-      "(diverged)"
-    ) else f"non-finite {quantity}"
+    what = describe(quantity)
     after = f" after {skipped} skipped steps in a row (train.max_skips)" if skipped else ""
     last = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was saved before it"
     super().__init__(
@@ -91,8 +96,10 @@ class StepGuard:
       if self.on_nonfinite != "skip" or self.skips > self.max_skips:
         skipped = self.skips - 1 if self.on_nonfinite == "skip" else 0
         return row, NonFiniteError(phase, step, quantity, self.last_checkpoint(), skipped)
-      self.warn(f"warning: {phase} step {step}: {quantity} not finite or diverged; step skipped "
-                f"({self.skips} of at most {self.max_skips} in a row, train.max_skips)")
+      self.warn(
+        f"warning: {phase} step {step}: {describe(quantity)}; the step was skipped "
+        f"({self.skips} of at most {self.max_skips} in a row, train.max_skips)"
+      )
       return row, None
     self.skips = 0
     self._collapse(phase, step, row)

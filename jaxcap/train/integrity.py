@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,34 @@ def step_dirs(directory: Path) -> list[Path]:
   if not directory.is_dir():
     return []
   return sorted((p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: -int(p.name))
+
+
+def read_error(error: BaseException) -> str:
+  """A restore's error in one short line (TensorStore appends its whole spec to a read error)."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  text = text.split(" See full TensorStore details")[0].rstrip(":. ")
+  return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+# An Orbax restore that fails leaves its other array reads behind: when their event loop has closed they are
+# reported as unraisable "RuntimeError: Event loop is closed" tracebacks and "never awaited" warnings, dozens of
+# them, that say nothing the restore's own error does not.
+_ABANDONED = "_read_array_index_and_device_put"
+_quiet = False
+
+
+def quiet_abandoned_reads() -> None:
+  """Silences exactly those reports, for the rest of the process (installed once a restore has failed)."""
+  global _quiet
+  if _quiet:
+    return
+  _quiet = True
+  warnings.filterwarnings("ignore", message=f"coroutine '{_ABANDONED}' was never awaited", category=RuntimeWarning)
+  previous = sys.unraisablehook
+
+  def hook(report):
+    closed = isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed"
+    if not (closed or _ABANDONED in repr(report.object)):
+      previous(report)
+
+  sys.unraisablehook = hook

@@ -51,15 +51,18 @@ class RunDirectory:
       self.abort()
       raise
 
-  def _open(self, notes: list[str]) -> None:
-    """Opens the checkpoint manager, checks a resume against the latest step and prints `notes` and the check's."""
+  def _open(self, notes: list[str], printed: Sequence[str] = ()) -> None:
+    """Opens the checkpoint manager, checks a resume against the latest step and prints `notes` and the check's
+    (but those already `printed`)."""
     self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=self.config.checkpoint.max_to_keep)
-    if is_lead_process():
-      for line in notes:
-        print(line, file=sys.stderr, flush=True)
+    self._print([n for n in notes if n not in printed])
     self._notes = notes + resume_check.check(self.config, self.path, self.position())
+    self._print([n for n in self._notes[len(notes) :] if n not in printed])
+
+  @staticmethod
+  def _print(lines: Sequence[str]) -> None:
     if is_lead_process():
-      for line in self._notes[len(notes) :]:
+      for line in lines:
         print(line, file=sys.stderr, flush=True)
 
   # -- damaged checkpoints -----------------------------------------------------------------------------------
@@ -89,7 +92,7 @@ class RunDirectory:
       lambda: [self._moved(error.directory, error.why)] if error.directory.exists() else [],
       "jaxcap: damaged checkpoint",
     )
-    self._open(note)
+    self._open(note, printed=self._notes)
 
   # -- where the run stands ----------------------------------------------------------------------------------
 
@@ -124,9 +127,10 @@ class RunDirectory:
       return self.checkpoints.restore(step, state)
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
+      integrity.quiet_abandoned_reads()
       step_dir = Path(self.checkpoints.manager.directory) / str(step)
       if integrity.fits(step_dir, state):  # the saved tree is the one this config builds: its data is damaged
-        raise integrity.CheckpointDamagedError(step, step_dir, f"{type(e).__name__}: {detail}") from e
+        raise integrity.CheckpointDamagedError(step, step_dir, integrity.read_error(e)) from e
       saved = self.path / resume_check.CONFIG_FILE
       started = f"the config saved in {saved}" if saved.exists() else "the config the run was started with"
       raise resume_check.ConfigChangedError(

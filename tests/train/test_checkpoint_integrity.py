@@ -130,3 +130,25 @@ def test_a_second_damaged_copy_of_a_step_is_kept_beside_the_first(workdir):
   second = integrity.set_aside(workdir / "checkpoints" / "2", workdir)
   assert (first.name, second.name) == ("2", "2-1") and first.is_dir() and second.is_dir()
   assert json.loads((second / "meta" / "metadata").read_text())["step"] == 1
+
+
+def test_abandoned_reads_of_a_failed_restore_are_silenced_and_nothing_else(monkeypatch):
+  import sys
+  import types
+
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda report: seen.append(str(report.exc_value)))
+  monkeypatch.setattr(integrity, "_quiet", False)
+  integrity.quiet_abandoned_reads()
+  report = lambda exc, obj: types.SimpleNamespace(
+    exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=None, object=obj
+  )
+  sys.unraisablehook(report(RuntimeError("Event loop is closed"), "a tensorstore callback"))
+  sys.unraisablehook(report(ValueError("x"), "<coroutine object _read_array_index_and_device_put at 0x1>"))
+  sys.unraisablehook(report(ValueError("something else"), "another object"))
+  assert seen == ["something else"]
+
+
+def test_read_error_drops_the_tensorstore_spec():
+  error = Exception("Encountered error while reading array index: (slice(0, 1, 1),). See full TensorStore details: <")
+  assert integrity.read_error(error) == "Exception: Encountered error while reading array index: (slice(0, 1, 1),)"

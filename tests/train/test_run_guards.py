@@ -52,7 +52,9 @@ def test_diverging_run_stops_at_its_first_diverged_step_keeping_the_last_good_ch
   assert out.returncode == 1, out.stderr[-3000:]
   [error] = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
   # warm-up: step 1 runs at lr 0, step 2 at lr 50, whose update dwarfs the weights
-  assert error.startswith("error: NonFiniteError: sft step 2: diverged (update norm above train.max_update_ratio"), error
+  assert error.startswith("error: NonFiniteError: sft step 2: diverged (update norm above train.max_update_ratio"), (
+    error
+  )
   assert f"the last good checkpoint is {workdir}/checkpoints/1." in error and "resume_changes=allow" in error
   assert out.stderr.endswith(f"{error}\n(traceback: {workdir}/error.log)\n")
   assert _checkpoints(workdir) == ["1"] and not (workdir / "export").exists()

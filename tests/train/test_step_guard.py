@@ -86,7 +86,7 @@ def _toy(lr, grads=(0.5, -0.25, 1.0, 2.0), loss=1.0, max_update_ratio=1.0):
   opt = make_optimizer(lr, 10, schedule="constant", grad_clip=1.0)
   state = init_train_state({"w": jnp.full((4,), 0.1)}, opt, jax.random.key(0))
   g = {"w": jnp.asarray(grads, jnp.float32)}
-  after, metrics = jax.jit(lambda s, g, l: _apply(s, g, opt, "exact", l, max_update_ratio))(state, g, jnp.float32(loss))
+  after, metrics = jax.jit(lambda s, g, x: _apply(s, g, opt, "exact", x, max_update_ratio))(state, g, jnp.float32(loss))
   return _host(state), _host(after), jax.device_get(metrics)
 
 
