@@ -10,6 +10,7 @@ truncated files, unreadable metadata) is moved aside, never deleted, and the run
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import warnings
@@ -152,8 +153,14 @@ def quiet_abandoned_reads() -> None:
   previous = sys.unraisablehook
 
   def hook(report):
-    closed = isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed"
+    closed = _is_closed_loop((None, report.exc_value))
     if not (closed or _ABANDONED in repr(report.object)):
       previous(report)
 
   sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(lambda record: not _is_closed_loop(record.exc_info))
+
+
+def _is_closed_loop(exc_info) -> bool:
+  error = exc_info[1] if exc_info else None
+  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
