@@ -70,26 +70,31 @@ class RunDirectory:
   def _set_aside_unreadable(self) -> list[str]:
     """Moves aside each newest checkpoint whose files cannot be read (jaxcap.train.integrity) until an intact one
     is the latest; returns a note for each."""
-    notes = []
+    damaged = []
     for step_dir in integrity.step_dirs(self.path / "checkpoints"):
       why = integrity.problems(step_dir)
       if not why:
         break
-      notes.append(self._moved(step_dir, "; ".join(why)))
-    return notes
+      damaged.append((step_dir, "; ".join(why)))
+    return self._moved(damaged)
 
-  def _moved(self, step_dir: Path, why: str) -> str:
-    moved = integrity.set_aside(step_dir, self.path)
-    left = integrity.step_dirs(step_dir.parent)
+  def _moved(self, damaged: Sequence[tuple[Path, str]]) -> list[str]:
+    """Moves each (checkpoint directory, why it cannot be read) aside; a note for each, saying where it went and
+    which checkpoint the run resumes from."""
+    moved = [(d, why, integrity.set_aside(d, self.path)) for d, why in damaged]
+    left = integrity.step_dirs(self.path / "checkpoints")
     then = f"resuming from checkpoint {left[0].name}" if left else "no checkpoint is left: the run starts over"
-    return f"note: checkpoint {step_dir.name} in {step_dir.parent} cannot be read ({why}); moved it to {moved}; {then}"
+    return [
+      f"note: checkpoint {d.name} in {d.parent} cannot be read ({why}); moved it to {to}; {then}"
+      for d, why, to in moved
+    ]
 
   def set_aside(self, error: integrity.CheckpointDamagedError) -> None:
     """After a restore found checkpoint `error.step` damaged: moves it aside and reopens the run at the newest
     remaining checkpoint (checking the config against that one)."""
     self.checkpoints.close()
     note = first_process_then_others(
-      lambda: [self._moved(error.directory, error.why)] if error.directory.exists() else [],
+      lambda: self._moved([(error.directory, error.why)] if error.directory.exists() else []),
       "jaxcap: damaged checkpoint",
     )
     self._open(note, printed=self._notes)

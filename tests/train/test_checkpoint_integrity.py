@@ -152,3 +152,17 @@ def test_abandoned_reads_of_a_failed_restore_are_silenced_and_nothing_else(monke
 def test_read_error_drops_the_tensorstore_spec():
   error = Exception("Encountered error while reading array index: (slice(0, 1, 1),). See full TensorStore details: <")
   assert integrity.read_error(error) == "Exception: Encountered error while reading array index: (slice(0, 1, 1),)"
+
+
+def test_every_unreadable_checkpoint_is_moved_and_with_none_left_the_run_starts_over(workdir, capfd):
+  _damage(workdir / "checkpoints" / "2", "empty meta")
+  _damage(workdir / "checkpoints" / "1", "no state/_METADATA")
+  run = _rundir(workdir)
+  try:
+    assert run.latest_step() is None and run.position() is None
+  finally:
+    run.abort()
+  assert sorted(p.name for p in (workdir / "checkpoints_damaged").iterdir()) == ["1", "2"]
+  notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note: checkpoint ")]
+  assert [n.split()[2] for n in notes] == ["2", "1"]
+  assert all(n.endswith("; no checkpoint is left: the run starts over") for n in notes)
