@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import pathlib
+import shutil
+import stat
 import sys
 import zlib
 from typing import Iterable, Sequence
@@ -40,15 +43,59 @@ class ImageItem:
   path: str
 
 
-def list_images(source: str | os.PathLike) -> list[ImageItem]:
-  """Every image of a directory / .jsonl manifest / .txt list, sorted by id; duplicate ids are an error."""
+def scan_directory(source: pathlib.Path) -> tuple[list[ImageItem], list[tuple[str, str]]]:
+  """The images and videos under a directory (recursively; symbolic links to files followed, to directories not)
+  and (path, why) of every other path passed over: a directory or a broken / looping link with a media suffix, a
+  link to a directory, a file without a media suffix."""
+  items, skipped = [], []
+  media = IMAGE_SUFFIXES | VIDEO_SUFFIXES
+  for p in sorted(source.rglob("*")):
+    rel = p.relative_to(source).as_posix()
+    try:
+      st = p.stat()  # follows links: a loop raises ELOOP, a dangling link FileNotFoundError
+    except OSError as e:
+      if not p.is_symlink():
+        why = f"cannot be read ({e.strerror})"
+      elif e.errno == errno.ELOOP:
+        why = "a symbolic link loop"
+      else:
+        why = f"a symbolic link to a missing file ({os.readlink(p)})"
+      skipped.append((str(p), why))
+      continue
+    if stat.S_ISDIR(st.st_mode):
+      if p.is_symlink():
+        skipped.append((str(p), "a symbolic link to a directory (not followed)"))
+      elif p.suffix.lower() in media:
+        skipped.append((str(p), f"a directory named like a {p.suffix} file"))
+    elif not stat.S_ISREG(st.st_mode):
+      skipped.append((str(p), "not a regular file"))
+    elif p.suffix.lower() in media:
+      items.append(ImageItem(rel, str(p)))
+    else:
+      skipped.append((str(p), "not an image or video suffix"))
+  return items, skipped
+
+
+def log_skipped(skipped: Sequence[tuple[str, str]], out=None) -> None:
+  """One stderr line per path passed over (those without a media suffix: one line with their count and a few)."""
+  out = out or sys.stderr
+  plain = [p for p, why in skipped if why == "not an image or video suffix"]
+  for path, why in skipped:
+    if why != "not an image or video suffix":
+      print(f"jaxcap.caption: skipped {path}: {why}", file=out)
+  if plain:
+    shown = ", ".join(plain[:3]) + (", ..." if len(plain) > 3 else "")
+    print(f"jaxcap.caption: skipped {len(plain)} files without an image or video suffix: {shown}", file=out)
+
+
+def list_images(source: str | os.PathLike, log=log_skipped) -> list[ImageItem]:
+  """Every image of a directory / .jsonl manifest / .txt list, sorted by id; duplicate ids are an error. Paths of
+  a directory that are not taken go to `log` (scan_directory's (path, why) pairs)."""
   source = pathlib.Path(source)
   if source.is_dir():
-    items = [
-      ImageItem(p.relative_to(source).as_posix(), str(p))
-      for p in source.rglob("*")
-      if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES
-    ]
+    items, skipped = scan_directory(source)
+    if skipped:
+      log(skipped)
   elif source.suffix == ".jsonl":
     items = []
     for n, line in enumerate(source.read_text().splitlines(), 1):
@@ -105,13 +152,40 @@ def finished_ids(path: pathlib.Path) -> set[str]:
   return ids
 
 
+class DiskFullError(OSError):
+  """No space left for a write of `needed` bytes to `path` (`free` bytes left on its filesystem)."""
+
+  def __init__(self, path: pathlib.Path, needed: int, free: int | None):
+    self.path, self.needed, self.free = path, needed, free
+    left = f", {free} bytes free" if free is not None else ""
+    super().__init__(
+      errno.ENOSPC,
+      f"no space left on the device writing {path}: {needed} bytes needed for this batch{left}. Free some space "
+      "and rerun the same command: the lines written are kept and the run resumes after them",
+    )
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
 def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
-  """Appends rows in one write and syncs, so a kill leaves at most one torn final line."""
+  """Appends rows in one write and syncs, so a kill leaves at most one torn final line; a full disk is a
+  DiskFullError naming the file and the bytes it needed."""
   if rows:
-    with open(path, "a") as f:
-      f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-      f.flush()
-      os.fsync(f.fileno())
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    try:
+      with open(path, "a") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as e:
+      if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise
+      try:
+        free = shutil.disk_usage(path.parent).free
+      except OSError:
+        free = None
+      raise DiskFullError(path, len(data.encode()), free) from None
 
 
 def sort_by_size(items: Iterable[ImageItem], processor) -> tuple[list[ImageItem], list[dict]]:
@@ -184,7 +258,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = parse_args(argv)
+  try:
+    return annotate(parse_args(argv))
+  except DiskFullError as e:  # one line: the output written so far is whole and the rerun resumes after it
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 1
+
+
+def annotate(args: argparse.Namespace) -> int:
+  """Captions every pending image of `args` (parse_args); 0 when done."""
   import jax
   from tqdm import tqdm
   from jaxcap.checkpoint import load_hf_checkpoint

@@ -12,7 +12,8 @@ The workdir is locked (<workdir>/jaxcap.lock) while a trainer runs in it.
 
 On an error the checkpoint being written is completed (or removed), the error is printed as one line with its
 traceback in <workdir>/error.log, and the process exits with status 1 (2 for an invalid config, 130 on Ctrl-C, 143
-on SIGTERM).
+on SIGTERM); a config error exits 2 whichever layer finds it (a flag value of the wrong type, a config file that does
+not load, validate(), a config that leaves nothing to do).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from absl import app
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from jaxcap.config import cli as config_cli
 from jaxcap.registry import describe
 from jaxcap.train.config import REGISTRIES
 
@@ -137,7 +139,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a named error (and the closest existing keys) for an override of a missing field,
   where ml_collections raises AttributeError."""
   try:
-    return app.parse_flags_with_usage(argv)
+    return config_cli.parse_flags(argv)  # a value of the wrong type: exit 2 naming the flag
   except (AttributeError, KeyError):
     message = unknown_override_error(argv)
     if message is None:
@@ -154,11 +156,10 @@ def fail(error: BaseException, workdir: str | None) -> None:
   """Prints `error` as one readable line (its traceback goes to <workdir>/error.log) and exits non-zero, within
   EXIT_GRACE_S even if library threads are still winding down."""
   from jaxcap.locking import LockHeldError
-  from jaxcap.train.resume import ConfigChangedError
 
   where = None
-  # a refused start says all there is to say, and the workdir may be another run's: no traceback file
-  if workdir and not isinstance(error, (LockHeldError, ConfigChangedError)):
+  # every failed start leaves its error in the workdir, except where the workdir is another live run's
+  if workdir and not isinstance(error, LockHeldError):
     try:
       import jax
 
@@ -172,7 +173,8 @@ def fail(error: BaseException, workdir: str | None) -> None:
   elif isinstance(error, Terminated):
     message, status = "terminated by SIGTERM; the last complete checkpoint is kept", 143
   else:
-    message, status = f"{type(error).__name__}: {error}", 1
+    message = f"{type(error).__name__}: {error}"
+    status = config_cli.CONFIG_ERROR_STATUS if isinstance(error, config_cli.ConfigError) else 1
   print(f"error: {message}" + (f"\n(traceback: {where})" if where else ""), file=sys.stderr, flush=True)
   sys.stdout.flush()
   # a daemon thread keeps running while the interpreter waits for non-daemon ones at exit: it bounds that wait
@@ -187,11 +189,12 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
   from jaxcap.train.config import validate
 
+  config = config_cli.loaded(config)
   try:
     validate(config)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(config_cli.CONFIG_ERROR_STATUS)
   absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax and JAX are chatty at INFO
   signal.signal(signal.SIGTERM, _on_sigterm)
   try:

@@ -423,4 +423,6 @@ def main(argv, f: dict):
 
 
 if __name__ == "__main__":
-  app.run(functools.partial(main, f=_define_flags()))
+  from jaxcap.config.cli import parse_flags
+
+  app.run(functools.partial(main, f=_define_flags()), flags_parser=parse_flags)  # a bad --config.x value: exit 2

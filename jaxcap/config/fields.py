@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -115,6 +116,8 @@ def _type_error(value, tp) -> str | None:
     return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
   if origin is float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and not math.isfinite(value):  # lr=inf trains NaN; no field has a use for inf or nan
+      return "must be a finite number"
     return None if ok else "must be a number"
   if origin is str:
     return None if isinstance(value, str) else "must be a string"
@@ -125,6 +128,18 @@ def _type_error(value, tp) -> str | None:
     ok = isinstance(value, dict) and (not args or all(_type_error(v, args[1]) is None for v in value.values()))
     return None if ok else "must be a block of fields" + (f" with {args[1].__name__} values" if args else "")
   raise TypeError(f"the config schema has no type check for {tp}")
+
+
+def _nonfinite(value, path: str) -> Iterator[tuple[str, float]]:
+  """(path, value) of every inf / nan float in a dict or list value, its keys joined to `path` with dots."""
+  if isinstance(value, float) and not math.isfinite(value):
+    yield path, value
+  elif isinstance(value, dict):
+    for k, v in value.items():
+      yield from _nonfinite(v, f"{path}.{k}")
+  elif isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      yield from _nonfinite(v, f"{path}[{i}]")
 
 
 def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str]) -> Block:
@@ -154,6 +169,9 @@ def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str
       bad.add(path)
     else:
       values[f.name] = data[f.name]
+      for where, v in _nonfinite(data[f.name], path):  # inside dict / list fields (reward weights, options)
+        errors.append(f"{where}={v!r}: must be a finite number")
+        bad.add(path)
     if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
       values[f.name] = data.get(f.name)  # a required field: the block is built, its checks are skipped (in `bad`)
   return cls(**values)

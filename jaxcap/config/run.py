@@ -12,7 +12,7 @@ from jaxcap.choices import RESUME_CHANGES
 from jaxcap.config.fields import ALLOWED, Block, field
 from jaxcap.config.judging import Judge, Rubrics
 from jaxcap.config.model import Data, Model, World
-from jaxcap.config.training import Rl, Sampling, Sft, VisionWarmup
+from jaxcap.config.training import Rl, Sampling, Sft, Train, VisionWarmup
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import MESH_AXES
 
@@ -116,6 +116,7 @@ class Run(Block):
   sampling: Sampling = field(Sampling(), "RL sampling")
   sft: Sft = field(Sft(), "supervised fine-tuning")
   rl: Rl = field(Rl(), "reinforcement learning")
+  train: Train = field(Train(), "guards on every update step (non-finite / diverged / collapsed)")
   eval: Eval = field(Eval(), "held-out evaluation")
   checkpoint: Checkpoint = field(Checkpoint(), "checkpoints")
   export: Export = field(Export(), "the final export")

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from jaxcap.config import fields
+from jaxcap.config.cli import ConfigError
 from jaxcap.config.fields import Block
 from jaxcap.config.run import Run
 from jaxcap.registry import Registry
@@ -33,7 +34,7 @@ def defaults() -> dict:
 
 
 def validate(config: Any) -> Run:
-  """The typed run config from a ConfigDict (or its `to_dict()`); raises ValueError("invalid config: ...") listing
+  """The typed run config from a ConfigDict (or its `to_dict()`); raises ConfigError("invalid config: ...") listing
   every unknown or missing key, wrong type, out-of-range value and inconsistent pair of fields, each naming the
   field and the fix."""
   data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -42,7 +43,7 @@ def validate(config: Any) -> Run:
   run = fields.build(Run, data, "", errors, bad)
   fields.check_tree(run, run, "", errors, bad)
   if errors:
-    raise ValueError("invalid config:\n  - " + "\n  - ".join(errors))
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
   return run
 
 

@@ -5,6 +5,7 @@ its programs (programs.py), its phases (phases.py) and its working directory (ru
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from jaxcap.config.cli import ConfigError
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
@@ -19,7 +21,9 @@ from jaxcap.sampling import Sampler
 from jaxcap.train.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
 from jaxcap.train.batching import Batcher
 from jaxcap.train.data import record_loader
+from jaxcap.train.guard import StepGuard, max_entropy
 from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
+from jaxcap.train.integrity import CheckpointDamagedError
 from jaxcap.train.metrics import MetricsWriter, StepLog, plot_curves, to_json
 from jaxcap.train.phases import Phase, run_phases
 from jaxcap.train.programs import RunPrograms
@@ -83,7 +87,7 @@ class Trainer:
     c = self.config
     phases = run_phases(self)
     if not phases:
-      raise ValueError("nothing to do: sft.steps and rl.steps are both 0")
+      raise ConfigError("nothing to do: sft.steps and rl.steps are both 0; set --config.sft.steps or --config.rl.steps")
     resume = self.rundir.latest_step()
     params = self.params0
     if resume is None:
@@ -97,7 +101,11 @@ class Trainer:
       state = phase.new_state(self, params, jax.random.fold_in(key, phase.index))
       meta = None
       if resume is not None:
-        state, meta = self.rundir.restore(resume, state, phase.name)
+        try:
+          state, meta = self.rundir.restore(resume, state, phase.name)
+        except CheckpointDamagedError as e:  # nothing has run yet: start again from the newest intact checkpoint
+          self.rundir.set_aside(e)
+          return self._run()
         self.rundir.record_config()
         self.summary.update(meta.get("summary", {}))
         self.metrics.truncate_after(phase.name, int(meta["step"]))
@@ -135,7 +143,8 @@ class Trainer:
     evaluation and checkpoints at their cadence."""
     c, mesh = self.config, self.setup.mesh
     step_fn = phase.step_fn(self, state)
-    self._log = log = StepLog(self.metrics, phase.name, phase.steps, int(state.step), is_lead_process())
+    check = self.step_guard().check
+    self._log = log = StepLog(self.metrics, phase.name, phase.steps, int(state.step), is_lead_process(), check)
     for step in range(int(state.step), phase.steps):
       t0 = time.perf_counter()
       batch = next(loader)
@@ -156,6 +165,24 @@ class Trainer:
         self.rundir.save(phase.checkpoint_base + done, state, json.loads(to_json(meta)))
     log.close()
     return state
+
+  def step_guard(self) -> StepGuard:
+    """The phase's guard on its steps (`train` block): a refused step stops the run naming the last checkpoint."""
+    t = self.config.train
+    directory = self.rundir.checkpoints.manager.directory
+
+    def last_checkpoint():
+      step = self.rundir.latest_step()
+      return None if step is None else str(directory / str(step))
+
+    return StepGuard(
+      t.on_nonfinite,
+      t.max_skips,
+      t.collapse_steps,
+      max_entropy(self.setup.model.cfg.text.vocab_size),
+      last_checkpoint,
+      warn=lambda line: print(line, file=sys.stderr, flush=True) if is_lead_process() else None,
+    )
 
   def warm_up_vision(self, params):
     """The embedded student's vision warm-up (`jaxcap.world.vision_warmup`), logged as phase "vision"."""

@@ -8,7 +8,7 @@ import math
 import shutil
 from pathlib import Path
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -27,17 +27,35 @@ def to_scalars(metrics: Mapping) -> dict[str, float]:
   return out
 
 
+# How a measured value that is not finite is logged: a JSON string, so it stays apart from null (= not measured)
+# and every JSON parser reads it; float(v) turns it back into the number.
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def measured(value: float) -> float | str:
+  """A measured value as metrics.jsonl logs it: a finite float as is, NaN / +-infinity as 'nan' / 'inf' / '-inf'."""
+  if math.isfinite(value):
+    return value
+  return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def is_number(value) -> bool:
+  """Whether a logged value is a finite number (not null, not a NONFINITE string)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclasses.dataclass
 class PendingMetrics:
   """A step's metrics as the update left them: `device` values (jax arrays, possibly still being computed) and
   `host` floats. `result()` fetches the device values once and returns `to_scalars(device)` followed by `host`,
-  the record the step logs."""
+  the record the step logs. Device values are measured: a non-finite one is logged as such (`measured`); a host
+  NaN is a value nobody measured (e.g. no valid judgment) and is logged as null."""
 
   device: Mapping
   host: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   def result(self) -> dict[str, float]:
-    out = to_scalars(self.device)
+    out: dict = {k: measured(v) for k, v in to_scalars(self.device).items()}
     out.update(self.host)
     return out
 
@@ -45,12 +63,21 @@ class PendingMetrics:
 class StepLog:
   """A phase's step records, each written one step late: `defer` holds step t's PendingMetrics while step t+1 is
   dispatched, so fetching them never leaves the device idle; `flush` writes the held one (with its wall time,
-  time/step_s) to `writer` and advances the progress bar."""
+  time/step_s) to `writer` and advances the progress bar. `check(phase, step, row) -> (row, error or None)` (the
+  step guard, jaxcap.train.guard) sees each record first; its error is raised once the record is written."""
 
-  def __init__(self, writer: "MetricsWriter", phase: str, total: int, initial: int, enabled: bool = True):
+  def __init__(
+    self,
+    writer: "MetricsWriter",
+    phase: str,
+    total: int,
+    initial: int,
+    enabled: bool = True,
+    check: Callable[[str, int, dict], tuple[dict, BaseException | None]] | None = None,
+  ):
     from tqdm.auto import tqdm
 
-    self.writer, self.phase = writer, phase
+    self.writer, self.phase, self.check = writer, phase, check
     self.progress = tqdm(total=total, initial=initial, desc=phase, disable=not enabled, dynamic_ncols=True)
     self._pending: tuple[int, PendingMetrics, float] | None = None
 
@@ -65,10 +92,16 @@ class StepLog:
     step, metrics, t0 = self._pending
     self._pending = None
     row = metrics.result()
+    error = None
+    if self.check is not None:
+      row, error = self.check(self.phase, step + 1, row)
     row["time/step_s"] = (time.perf_counter() if end is None else end) - t0
     self.writer.write(self.phase, step + 1, row)
     self.progress.update(1)
-    self.progress.set_postfix({k: f"{row[k]:.3f}" for k in ("loss", "reward/mean", "length/mean") if k in row})
+    shown = ("loss", "reward/mean", "length/mean")
+    self.progress.set_postfix({k: f"{row[k]:.3f}" if is_number(row[k]) else str(row[k]) for k in shown if k in row})
+    if error is not None:
+      raise error
 
   def close(self) -> None:
     self.flush()
@@ -79,7 +112,8 @@ class MetricsWriter:
   """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to TensorBoard (process 0).
 
   The JSONL log is strict JSON: a value that was not measured (NaN, e.g. no valid judgment) is written as null
-  and left out of TensorBoard. TensorBoard's event files are rebuilt from the log whenever records are dropped
+  and left out of TensorBoard; a measured value that is not finite (a step's loss or gradient norm, `measured`) is
+  the string "nan", "inf" or "-inf", also left out of TensorBoard. TensorBoard's event files are rebuilt from the log whenever records are dropped
   or replaced, so a resumed run never shows a step twice. A held-out evaluation record (only `eval/` keys)
   logged again at the same (phase, step), as when a finished run is rerun, replaces the earlier one."""
 
@@ -149,7 +183,7 @@ class MetricsWriter:
 
   def _add_scalars(self, phase: str, step: int, metrics: Mapping[str, float | None]) -> None:
     for k, v in metrics.items():
-      if v is not None and math.isfinite(v):  # no point for a value that was not measured
+      if is_number(v):  # no point for a value that was not measured, or not finite
         self._tb.add_scalar(f"{phase}/{k}", v, step)
 
   def close(self) -> None:
@@ -165,7 +199,7 @@ def _is_eval(row: Mapping) -> bool:
 def to_json(obj, **kw) -> str:
   """Strict JSON (summaries, checkpoint metadata, metric records): numpy scalars and arrays become numbers and
   lists, and NaN / infinity become null (a value that was not measured), never bare `NaN` that JSON parsers
-  reject."""
+  reject (a measured non-finite value is passed in as its NONFINITE string, `measured`)."""
   return json.dumps(_finite(obj), default=_jsonable, allow_nan=False, **kw)
 
 
@@ -211,7 +245,7 @@ def plot_curves(
   fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4 * max(1, len(present)), 3.2), squeeze=False)
   for ax, key in zip(axes[0], present):
     for phase, style in (("sft", "--"), ("rl", "-")):
-      pts = [(r["step"] + offset[phase], r[key]) for r in rows if r["phase"] == phase and r.get(key) is not None]
+      pts = [(r["step"] + offset[phase], r[key]) for r in rows if r["phase"] == phase and is_number(r.get(key))]
       if pts:
         ax.plot(*zip(*pts), style, marker="o" if len(pts) < 30 else None, ms=3, label=phase)
     ax.set_title(key)

@@ -82,7 +82,11 @@ class RunPrograms:
     c = self.config
     if phase == "sft":
       return functools.partial(
-        sft_step, graphdef=self.graphdef, optimizer=optimizer, master_update=c.sft.optim.master_update
+        sft_step,
+        graphdef=self.graphdef,
+        optimizer=optimizer,
+        master_update=c.sft.optim.master_update,
+        max_update_ratio=float(c.train.max_update_ratio),
       )
     if phase == "rl":
       return functools.partial(
@@ -92,6 +96,7 @@ class RunPrograms:
         loss_config=policy_loss_config(c),
         estimator=c.rl.estimator,
         master_update=c.rl.optim.master_update,
+        max_update_ratio=float(c.train.max_update_ratio),
       )
     raise ValueError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
 

@@ -21,10 +21,12 @@ from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
 from jaxcap.locking import lock_workdir
-from jaxcap.multihost import is_lead_process
+from jaxcap.multihost import first_process_then_others, is_lead_process
+from jaxcap.train import integrity
 from jaxcap.train import resume as resume_check
 from jaxcap.train.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
 from jaxcap.train.checkpointing import RunCheckpointer
+from jaxcap.train.guard import nonfinite_weights
 
 Closer = tuple[str, Callable[[], Any] | None]  # (what it closes, for the warning line; close function or None)
 
@@ -42,14 +44,60 @@ class RunDirectory:
     self.path.mkdir(parents=True, exist_ok=True)
     self.lock = lock_workdir(self.path, jax.process_index())
     try:
-      self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
-      self._notes = resume_check.check(config, self.path, self.position())
+      # before the checkpoint manager lists the steps: a damaged one is not a config change, and is not resumed
+      notes = first_process_then_others(self._set_aside_unreadable, "jaxcap: checkpoint integrity")
+      self._open(notes)
     except BaseException:
       self.abort()
       raise
+
+  def _open(self, notes: list[str], printed: Sequence[str] = ()) -> None:
+    """Opens the checkpoint manager, checks a resume against the latest step and prints `notes` and the check's
+    (but those already `printed`)."""
+    self.checkpoints = RunCheckpointer(self.path / "checkpoints", max_to_keep=self.config.checkpoint.max_to_keep)
+    self._print([n for n in notes if n not in printed])
+    self._notes = notes + resume_check.check(self.config, self.path, self.position())
+    self._print([n for n in self._notes[len(notes) :] if n not in printed])
+
+  @staticmethod
+  def _print(lines: Sequence[str]) -> None:
     if is_lead_process():
-      for line in self._notes:
+      for line in lines:
         print(line, file=sys.stderr, flush=True)
+
+  # -- damaged checkpoints -----------------------------------------------------------------------------------
+
+  def _set_aside_unreadable(self) -> list[str]:
+    """Moves aside each newest checkpoint whose files cannot be read (jaxcap.train.integrity) until an intact one
+    is the latest; returns a note for each."""
+    damaged = []
+    for step_dir in integrity.step_dirs(self.path / "checkpoints"):
+      why = integrity.problems(step_dir)
+      if not why:
+        break
+      damaged.append((step_dir, "; ".join(why)))
+    return self._moved(damaged)
+
+  def _moved(self, damaged: Sequence[tuple[Path, str]]) -> list[str]:
+    """Moves each (checkpoint directory, why it cannot be read) aside; a note for each, saying where it went and
+    which checkpoint the run resumes from."""
+    moved = [(d, why, integrity.set_aside(d, self.path)) for d, why in damaged]
+    left = integrity.step_dirs(self.path / "checkpoints")
+    then = f"resuming from checkpoint {left[0].name}" if left else "no checkpoint is left: the run starts over"
+    return [
+      f"note: checkpoint {d.name} in {d.parent} cannot be read ({why}); moved it to {to}; {then}"
+      for d, why, to in moved
+    ]
+
+  def set_aside(self, error: integrity.CheckpointDamagedError) -> None:
+    """After a restore found checkpoint `error.step` damaged: moves it aside and reopens the run at the newest
+    remaining checkpoint (checking the config against that one)."""
+    self.checkpoints.close()
+    note = first_process_then_others(
+      lambda: self._moved([(error.directory, error.why)] if error.directory.exists() else []),
+      "jaxcap: damaged checkpoint",
+    )
+    self._open(note, printed=self._notes)
 
   # -- where the run stands ----------------------------------------------------------------------------------
 
@@ -84,6 +132,10 @@ class RunDirectory:
       return self.checkpoints.restore(step, state)
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
+      integrity.quiet_abandoned_reads()
+      step_dir = Path(self.checkpoints.manager.directory) / str(step)
+      if integrity.fits(step_dir, state):  # the saved tree is the one this config builds: its data is damaged
+        raise integrity.CheckpointDamagedError(step, step_dir, integrity.read_error(e)) from e
       saved = self.path / resume_check.CONFIG_FILE
       started = f"the config saved in {saved}" if saved.exists() else "the config the run was started with"
       raise resume_check.ConfigChangedError(
@@ -102,6 +154,11 @@ class RunDirectory:
   def export(self, params, graphdef, processor) -> None:
     """The policy as an HF checkpoint in <workdir>/export (with the tokenizer and prompt settings it was trained
     with); bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights."""
+    bad, total = nonfinite_weights(params)
+    if bad:  # the step guard keeps training finite; this catches weights that started out broken
+      raise ValueError(
+        f"refusing to export to {self.path / 'export'}: {bad} of {total} weights are not finite (NaN or inf)"
+      )
     c = self.config
     src = c.model.checkpoint or str(self.path / "tokenizer")
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None

@@ -19,7 +19,7 @@ from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
 from jaxcap.rl import PolicyLossConfig, group_advantages, policy_loss
 from jaxcap.sharding import shard_like_params
-from jaxcap.train import precision
+from jaxcap.train import guard, precision
 from jaxcap.train.logprobs import completion_logprobs
 from jaxcap.train.state import TrainState
 
@@ -110,14 +110,25 @@ def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
 
 
 def _apply(
-  state: TrainState, grads, optimizer: optax.GradientTransformation, master_update: str = "exact"
+  state: TrainState,
+  grads,
+  optimizer: optax.GradientTransformation,
+  master_update: str = "exact",
+  loss: jax.Array | None = None,
+  max_update_ratio: float = 0.0,
 ) -> tuple[TrainState, dict]:
   """One optimizer update; `master_update` says how it lands on bfloat16 params (jaxcap.train.precision), with
-  stochastic rounding drawing its bits from the state's key and step."""
+  stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.guard): a step whose
+  `loss`, gradients or update is non-finite, or whose update diverged, keeps the params and optimizer state (the
+  step counter still advances, with the data position) and says so in metrics[guard.HEALTH]."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   key = None if master_update == "exact" else precision.update_key(state.key, state.step)
   params = precision.apply_updates(state.params, updates, mode=master_update, key=key)
   metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
+  loss = jnp.zeros((), jnp.float32) if loss is None else loss
+  health = guard.step_health(loss, metrics["grad_norm"], metrics["update_norm"], state.params, max_update_ratio)
+  params, opt_state = guard.keep_if(health == 0, (params, opt_state), (state.params, state.opt_state))
+  metrics[guard.HEALTH] = health
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -161,6 +172,7 @@ def rl_step(
   loss_config: PolicyLossConfig,
   estimator: str = "grpo",
   master_update: str = "exact",
+  max_update_ratio: float = 0.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
   over micro-batches, one optimizer step (landing on the params as `master_update`, the phase's
@@ -191,7 +203,7 @@ def rl_step(
   else:
     weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
   loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
-  state, opt_metrics = _apply(state, grads, optimizer, master_update)
+  state, opt_metrics = _apply(state, grads, optimizer, master_update, loss, max_update_ratio)
   return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
 
 
@@ -205,6 +217,7 @@ def sft_step(
   graphdef,
   optimizer: optax.GradientTransformation,
   master_update: str = "exact",
+  max_update_ratio: float = 0.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """Supervised fine-tuning on target captions: token-mean negative log-likelihood; `master_update` as in
   `rl_step`.
@@ -222,5 +235,5 @@ def sft_step(
   weights = jnp.sum(target_mask, axis=(1, 2))
   batches = (prompts, per_micro(layout, targets.shape[0]), targets, target_mask)
   loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
-  state, opt_metrics = _apply(state, grads, optimizer, master_update)
+  state, opt_metrics = _apply(state, grads, optimizer, master_update, loss, max_update_ratio)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -43,6 +43,7 @@ KEYS = {
   "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batches", "steps", "targets"]
   + ["vqa_fraction"],
   "sft.optim": OPTIM,
+  "train": ["collapse_steps", "max_skips", "max_update_ratio", "on_nonfinite"],
   "vision_warmup": ["batch_size", "lr", "steps"],
   "world": ["clip_fraction", "curate_questions", "eval_scenes", "image_size", "max_objects", "min_objects"]
   + ["train_scenes", "vocab_size"],

@@ -149,7 +149,7 @@ def test_state_structure_change_is_refused_in_words_also_without_a_saved_config(
   assert error.startswith(f"error: ConfigChangedError: checkpoint 2 in {workdir}/checkpoints does not fit"), error
   assert "sft.freeze_vision" in error and "rl.loss.kl_coef" in error  # the fields that change the state's tree
   assert "started with" in error and "--config.workdir" in error  # the fixes
-  assert "Traceback" not in out.stderr and out.stderr.endswith(error + "\n")
+  assert "Traceback" not in out.stderr and out.stderr.endswith(f"{error}\n(traceback: {workdir}/error.log)\n")
   assert not (workdir / "config.json").exists() and _checkpoints(workdir) == ["1", "2"]
 
 
