@@ -23,6 +23,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
 from jaxcap.processing import Processor
+from jaxcap.processing.tokenizer import encode_text
 from jaxcap.sampling.prompts import bucket_prompts
 from jaxcap.sampling.sampler import SampledArrays, SamplerBatch, place_batch
 from jaxcap.sharding import logical_to_spec
@@ -246,7 +247,7 @@ def encode_targets(tokenizer, captions: Sequence[str], length: int, eos_id: int)
   ids = np.zeros((len(captions), length), np.int32)
   mask = np.zeros((len(captions), length), bool)
   for i, c in enumerate(captions):
-    t = tokenizer(c, add_special_tokens=False)["input_ids"][: length - 1] + [eos_id]
+    t = encode_text(tokenizer, c)[: length - 1] + [eos_id]
     ids[i, : len(t)] = t
     mask[i, : len(t)] = True
   return ids, mask
