@@ -254,7 +254,7 @@ def generate(
     slot_emitted = np.asarray(emitted, np.int64)
 
   if stats is not None:
-    stats.update(segments=segments, pages=total_pages, traces=dict(programs.TRACE_COUNTS))
+    stats.update(segments=segments, pages=total_pages, free_pages=len(alloc.free), traces=dict(programs.TRACE_COUNTS))
   return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
 
 
