@@ -10,3 +10,4 @@ SCHEDULES = ("cosine", "linear", "constant")  # *.optim.schedule, after the line
 RUBRIC_SOURCES = ("policy", "manifest")  # rubrics.source
 RESUME_CHANGES = ("refuse", "allow")  # resume_changes
 MASTER_UPDATES = ("exact", "stochastic_rounding")  # *.optim.master_update: how updates land on bf16 masters
+ROLLOUT_ENGINES = ("static", "paged")  # rollout.engine: the static-batch sampler or the paged engine

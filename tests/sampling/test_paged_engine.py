@@ -12,11 +12,11 @@ from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.sampling.paged_cache import paged_attention
 from jaxcap.sampling.paged_decode import _draw, sample_uniforms
+from hf_reference import hf_inputs
+from sampling_fixtures import PADDED_BATCH, image, tiny_checkpoint, user
 
 draw = jax.jit(_draw, static_argnums=(4, 5))
 uniforms = jax.jit(sample_uniforms, static_argnums=(3,))
-from hf_reference import hf_inputs
-from sampling_fixtures import PADDED_BATCH, image, tiny_checkpoint, user
 
 NEW, G = 10, 2
 # few slots and short segments: samples are admitted, finish, free their pages and are replaced mid-rollout
