@@ -219,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
   # Data parallel over this process's devices; other processes work on other images, no collectives needed.
-  mesh = make_mesh({"data": -1}, devices=jax.local_devices())
+  # (the paged engine decodes on one device for now)
+  mesh = make_mesh({"data": -1}, devices=jax.local_devices()[: 1 if args.engine == "paged" else None])
   processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
   budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
   processor.vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
