@@ -48,7 +48,7 @@ def main():
   ap.add_argument("--sigma", type=float, default=0.5, help="lognormal shape of the long-tailed lengths")
   ap.add_argument("--cap", type=int, default=2048, help="longest caption, tokens")
   ap.add_argument("--image_size", type=int, default=224)
-  ap.add_argument("--slots", type=int, default=64, help="the engine's decode slots")
+  ap.add_argument("--slots", type=int, default=0, help="the engine's decode slots (0 = one per sample)")
   ap.add_argument("--page_size", type=int, default=16)
   ap.add_argument("--segment_steps", type=int, default=32)
   ap.add_argument("--cases", default="long-tailed,uniform")
@@ -87,7 +87,7 @@ def main():
   ]
   g = args.samples
   rows = args.prompts * g
-  engine = EngineConfig(slots=args.slots, page_size=args.page_size, segment_steps=args.segment_steps)
+  engine = EngineConfig(slots=args.slots or rows, page_size=args.page_size, segment_steps=args.segment_steps)
   keys = itertools.count()
   schedules = stop_schedule(rows, args.median, args.sigma, args.cap)
   print(
