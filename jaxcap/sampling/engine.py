@@ -9,8 +9,8 @@ A call queues every sample (G per prompt, prompt-major) and loops:
 3. compact: when the queue has run dry, live slots move into the smallest row bucket (a power of two) that holds
    them, so a long tail decodes at its own size;
 4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the
-   next power of two of the pages any live slot can fill in the segment), returning early once enough slots
-   have finished to refill (1/8 of them) or, draining, to compact;
+   pages any live slot can fill in the segment, up `jaxcap.buckets.ladder` at 2 sizes per octave), returning
+   early once enough slots have finished to refill (1/8 of them) or, draining, to compact;
 5. finished samples free their pages (a prompt's when its last sample finishes).
 
 Pages are allocated whole at admission (a sample's own pages for its worst case), so a call never runs out of
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcap.buckets import batch_bucket
+from jaxcap.buckets import batch_bucket, ladder
 from jaxcap.sampling import paged_decode as programs
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool
@@ -221,9 +221,9 @@ def generate(
       slot_row, slot_table = pick(slot_row, -1), pick(slot_table, 0)
       slot_base, slot_start, slot_emitted = pick(slot_base, 0), pick(slot_start, 0), pick(slot_emitted, 0)
       slot_pages = [slot_pages[k] if k >= 0 else [] for k in index]
-    # the live bucket: pages any live slot can fill during this segment, rounded up to a power of two
+    # the live bucket: pages any live slot can fill during this segment, up the ladder (2 sizes per octave)
     reach = np.where(slot_row >= 0, slot_base + slot_emitted - 1 + engine.segment_steps, 0)
-    width = min(batch_bucket(max(1, int(math.ceil(reach.max() / z)))), slot_table.shape[1])
+    width = min(ladder(max(1, int(math.ceil(reach.max() / z))), 1, 2), slot_table.shape[1])
     if draining:
       stop_live = batch_bucket(live) // 2 if rows > 1 else 0
     else:

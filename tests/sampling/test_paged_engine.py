@@ -149,8 +149,8 @@ def test_paged_attention_equals_cached_attention():
   """The jnp reference over scattered pages equals `cached_attention` over the same keys laid out contiguously."""
   r, n_heads, kv_heads, h, z, n = 3, 4, 2, 8, 4, 5
   rng = np.random.RandomState(0)
-  pool_k = rng.randn(20, z, kv_heads, h).astype(np.float32)
-  pool_v = rng.randn(20, z, kv_heads, h).astype(np.float32)
+  pool_k = rng.randn(kv_heads, 20, z, h).astype(np.float32)
+  pool_v = rng.randn(kv_heads, 20, z, h).astype(np.float32)
   table = np.stack([rng.permutation(np.arange(1, 20))[:n] for _ in range(r)]).astype(np.int32)
   start, length = np.asarray([1, 0, 3]), np.asarray([17, 9, 20])
   visible = (np.arange(n * z) >= start[:, None]) & (np.arange(n * z) < length[:, None])
@@ -158,8 +158,8 @@ def test_paged_attention_equals_cached_attention():
   got = paged_attention(
     jnp.asarray(q), jnp.asarray(pool_k), jnp.asarray(pool_v), jnp.asarray(table), jnp.asarray(visible), 0.3
   )
-  keys = pool_k[table].reshape(r, n * z, kv_heads, h)
-  values = pool_v[table].reshape(r, n * z, kv_heads, h)
+  keys = pool_k[:, table].reshape(kv_heads, r, n * z, h).transpose(1, 2, 0, 3)  # [R, S, K, H]
+  values = pool_v[:, table].reshape(kv_heads, r, n * z, h).transpose(1, 2, 0, 3)
   want = cached_attention(
     jnp.asarray(q[:, None]),
     jnp.asarray(keys.transpose(0, 2, 3, 1)),
