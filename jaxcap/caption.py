@@ -251,6 +251,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--process_index", type=int, default=None, help="default: jax.process_index()")
   ap.add_argument("--process_count", type=int, default=None, help="default: jax.process_count()")
   ap.add_argument("--no_progress", action="store_true", help="no progress bar")
+  ap.add_argument(
+    "--engine", choices=("static", "paged"), default="static", help="paged: decode slots refilled as captions end"
+  )
+  ap.add_argument("--slots", type=int, default=None, help="paged engine: decode slots (default: --batch_size)")
+  ap.add_argument("--page_size", type=int, default=16, help="paged engine: tokens per KV-cache page")
+  ap.add_argument("--segment_steps", type=int, default=32, help="paged engine: decode steps between refills")
   args = ap.parse_args(argv)
   if args.batch_size < 1:
     ap.error(f"--batch_size={args.batch_size}; use at least 1")
@@ -295,7 +301,8 @@ def annotate(args: argparse.Namespace) -> int:
     return 0
 
   # Data parallel over this process's devices; other processes work on other images, no collectives needed.
-  mesh = make_mesh({"data": -1}, devices=jax.local_devices())
+  # (the paged engine decodes on one device for now)
+  mesh = make_mesh({"data": -1}, devices=jax.local_devices()[: 1 if args.engine == "paged" else None])
   processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
   budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
   processor.vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
@@ -308,7 +315,14 @@ def annotate(args: argparse.Namespace) -> int:
   bar.update(len(errors))
   n_errors = len(errors)
   with jax.set_mesh(mesh):
-    sampler = Sampler(load_hf_checkpoint(args.checkpoint, mesh=mesh), processor=processor, sampling=sampling)
+    model = load_hf_checkpoint(args.checkpoint, mesh=mesh)
+    if args.engine == "paged":
+      from jaxcap.sampling.engine import EngineConfig, PagedSampler
+
+      engine = EngineConfig(args.slots or args.batch_size, args.page_size, args.segment_steps)
+      sampler = PagedSampler(model, processor=processor, sampling=sampling, engine=engine)
+    else:
+      sampler = Sampler(model, processor=processor, sampling=sampling)
     for start in range(0, len(ordered), args.batch_size):
       loaded, bad = load_images(ordered[start : start + args.batch_size], processor)
       append_lines(err_path, bad)

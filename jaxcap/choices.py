@@ -11,3 +11,4 @@ RUBRIC_SOURCES = ("policy", "manifest")  # rubrics.source
 RESUME_CHANGES = ("refuse", "allow")  # resume_changes
 MASTER_UPDATES = ("exact", "stochastic_rounding")  # *.optim.master_update: how updates land on bf16 masters
 NONFINITE_ACTIONS = ("stop", "skip")  # train.on_nonfinite: what a non-finite or diverged step does to the run
+ROLLOUT_ENGINES = ("static", "paged")  # rollout.engine: the static-batch sampler or the paged engine

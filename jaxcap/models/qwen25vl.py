@@ -118,6 +118,9 @@ class Attention(nnx.Module):
     if kv is None:
       out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=scale)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
+    if hasattr(kv, "attend"):  # a paged cache's view of this layer (jaxcap.sampling.paged_cache.PagedLayer)
+      out, kv = kv.attend(q, k, v, scale)
+      return self.o_proj(out.reshape(b, t, -1)), kv
     k_cache, v_cache, *prefix = kv
     own_index = cache_index - (prefix[1].shape[2] if prefix else 0)
     k_new = k.transpose(0, 2, 3, 1).astype(k_cache.dtype)  # [B, K, H, T]

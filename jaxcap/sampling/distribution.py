@@ -70,8 +70,10 @@ def filtered_logits(logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, 
   return z, ids
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Draws one token per row of logits float32 [B, V].
+def sample_tokens(
+  key: jax.Array | None, logits: jax.Array, cfg: SamplingConfig, uniform: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Draws one token per row of logits float32 [B, V], from `key` or, given, the rows' own uniforms [B] in [0, 1).
 
   Returns (tokens int32 [B], sample_logprobs float32 [B], policy_logprobs float32 [B]):
   sample_logprobs are log-probabilities under the distribution actually sampled from (tempered and filtered;
@@ -84,7 +86,7 @@ def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tup
     sample_lp = jnp.zeros(tokens.shape, jnp.float32)
   else:
     z, ids = filtered_logits(logits, cfg)
-    choice, sample_lp = categorical_with_logprob(key, z)
+    choice, sample_lp = categorical_with_logprob(key, z, uniform=uniform)
     tokens = (choice if ids is None else _take(ids, choice)).astype(jnp.int32)
     if cfg.temperature == 1 and cfg.top_p == 1 and ids is None:  # unfiltered, untempered: the policy itself
       return tokens, sample_lp, sample_lp
@@ -98,8 +100,12 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
   return categorical_with_logprob(key, logits, block)[0]
 
 
-def categorical_with_logprob(key: jax.Array, logits: jax.Array, block: int = 128) -> tuple[jax.Array, jax.Array]:
-  """One draw per row from softmax(logits) float32 [B, C] (-inf = excluded), by two-level inverse CDF.
+def categorical_with_logprob(
+  key: jax.Array | None, logits: jax.Array, block: int = 128, uniform: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+  """One draw per row from softmax(logits) float32 [B, C] (-inf = excluded), by two-level inverse CDF of one
+  uniform per row: drawn from `key`, or the rows' own `uniform` [B] in [0, 1) (the paged engine's per-sample
+  streams).
 
   Returns (choice int32 [B], its log-probability float32 [B]). The log-probability is logits[choice] - logsumexp,
   with the log-sum-exp taken from the draw's own normaliser (the sum of exp(logits - max)), so the vocabulary is
@@ -116,7 +122,8 @@ def categorical_with_logprob(key: jax.Array, logits: jax.Array, block: int = 128
   block_mass = p.sum(-1)  # [B, C / block]
   block_cdf = jnp.cumsum(block_mass, axis=-1)
   total = block_cdf[:, -1:]
-  target = (1.0 - jax.random.uniform(key, (b, 1))) * total  # u in (0, 1]: never picks mass 0
+  u = jax.random.uniform(key, (b, 1)) if uniform is None else uniform.reshape(b, 1)
+  target = (1.0 - u) * total  # u in (0, 1]: never picks mass 0
   j = jnp.minimum(jnp.sum(block_cdf < target, axis=-1), block_cdf.shape[1] - 1)  # first block reaching it
   inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [B, block]
   cdf = jnp.cumsum(inner, axis=-1) + _take(block_cdf - block_mass, j)[:, None]

@@ -4,6 +4,7 @@ its programs (programs.py), its phases (phases.py) and its working directory (ru
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -18,6 +19,7 @@ from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
 from jaxcap.sampling import Sampler
+from jaxcap.sampling.engine import PagedSampler
 from jaxcap.train.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
 from jaxcap.train.batching import Batcher
 from jaxcap.train.data import record_loader
@@ -26,7 +28,7 @@ from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
 from jaxcap.train.integrity import CheckpointDamagedError
 from jaxcap.train.metrics import MetricsWriter, StepLog, plot_curves, to_json
 from jaxcap.train.phases import Phase, run_phases
-from jaxcap.train.programs import RunPrograms
+from jaxcap.train.programs import RunPrograms, rollout_engine
 from jaxcap.train.rundir import RunDirectory
 from jaxcap.train.setup import build
 from jaxcap.train.size_groups import record_patches
@@ -51,7 +53,8 @@ class Trainer:
     self.graphdef, self.params0 = nnx.split(setup.model)
     self.programs = RunPrograms(c, self.graphdef)
     self.batcher = Batcher(setup.processor, c, setup.mesh)
-    self.sampler = Sampler(
+    engine = rollout_engine(c)  # None: the static sampler
+    self.sampler = (Sampler if engine is None else functools.partial(PagedSampler, engine=engine))(
       setup.model,
       processor=setup.processor,
       sampling=self.programs.sampling(),

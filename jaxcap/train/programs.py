@@ -57,6 +57,16 @@ def sampling_config(config: ml_collections.ConfigDict, **overrides) -> SamplingC
   return SamplingConfig(**(fields | overrides))
 
 
+def rollout_engine(config: ml_collections.ConfigDict):
+  """The paged engine's settings (`rollout` block) or None for rollout.engine='static'."""
+  from jaxcap.sampling.engine import EngineConfig
+
+  r = config.rollout
+  if r.engine == "static":
+    return None
+  return EngineConfig(slots=r.slots, page_size=r.page_size, segment_steps=r.segment_steps, pages=r.pages)
+
+
 def policy_loss_config(config: ml_collections.ConfigDict) -> PolicyLossConfig:
   """The policy-gradient loss (`rl.loss`), with Dr.GRPO's constant set by the completion budget."""
   return PolicyLossConfig(max_gen_len=config.sampling.max_new_tokens, **config.rl.loss.to_dict())

@@ -122,7 +122,8 @@ class RLUpdate:
     batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
     g, m = self.num_samples, self.micro_batches
     placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
-    rollouts = self.sampler(placed, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
+    source = batch.prompts if getattr(self.sampler, "wants_host_batch", False) else placed  # the paged engine's
+    rollouts = self.sampler(source, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
     prompts, layout = self.batcher.prompt_batch(placed, m)

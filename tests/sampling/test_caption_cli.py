@@ -114,8 +114,12 @@ def test_listing_sources(setup, tmp_path):
     caption.list_images(tmp_path / "missing")
 
 
-def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path):
-  """One batch of images of three sizes and an mp4 clip: each caption equals greedy decoding of that item alone."""
+@pytest.mark.parametrize(
+  "engine", [[], ["--engine", "paged", "--slots", "2", "--page_size", "4"]], ids=["static", "paged"]
+)
+def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine):
+  """One batch of images of three sizes and an mp4 clip: each caption equals greedy decoding of that item alone
+  (static sampler), with either engine (the paged one with fewer slots than items: refilled mid-batch)."""
   import av
   import jax
 
@@ -137,7 +141,7 @@ def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path):
     container.mux(stream.encode())
   out = tmp_path / "captions.jsonl"
   args = ["--checkpoint", str(root / "ckpt"), "--images", str(folder), "--out", str(out), "--batch_size", "4"]
-  assert caption.main([*args, "--max_new_tokens", "5", "--prompt", "describe .", "--no_progress"]) == 0
+  assert caption.main([*args, "--max_new_tokens", "5", "--prompt", "describe .", "--no_progress", *engine]) == 0
   got = {r["id"]: r["caption"] for r in _rows(out)}
   assert sorted(got) == ["clip.mp4", "img0.png", "img1.png", "img2.png"]
   sampler = Sampler.from_checkpoint(root / "ckpt", sampling=SamplingConfig(temperature=0, max_new_tokens=5))

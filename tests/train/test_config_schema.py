@@ -38,6 +38,7 @@ KEYS = {
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "dual_clip_c", "entropy_coef", "eps_high", "eps_low", "kl_coef", "kl_estimator"],
   "rl.optim": OPTIM,
+  "rollout": ["engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
   "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batches", "steps", "targets"]

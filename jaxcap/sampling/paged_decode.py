@@ -1,0 +1,237 @@
+"""The paged engine's compiled programs: prefill a chunk of prompts into pages, admit samples into decode slots, a
+decode segment of up to K steps, compaction of slots into a smaller row bucket. The host scheduler
+(`jaxcap.sampling.engine`) decides what each does.
+
+Shapes: R decode slots, n pages a slot reads (the live bucket), Z tokens per page, O output rows (every prompt's G
+samples, prompt-major: row p * G + g is sample g of prompt p), N = max_new_tokens.
+
+Every random number of sample g of prompt p at token k comes from `sample_key(key, p, g, k)`, never from its slot
+or the step of the loop, so what a sample draws does not depend on the slot count, page size, segment length or
+which other samples share its batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcap.models.layers import mrope_cos_sin
+from jaxcap.models.qwen25vl import KVCache
+from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
+from jaxcap.sampling.generate import compute_dtype_params
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
+from jaxcap.sampling.prompts import Prompts
+
+# How many times each program has been traced (= compiled) in this process.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+  """What the rollout returns, in output-row order: tokens int32 [O, N] (pad after the stop), sample_logprobs /
+  policy_logprobs float32 [O, N] (0 after it), lengths int32 [O] (tokens emitted, the stop token included)."""
+
+  tokens: jax.Array
+  sample_logprobs: jax.Array
+  policy_logprobs: jax.Array
+  lengths: jax.Array
+
+  @classmethod
+  def empty(cls, rows: int, max_new_tokens: int, pad_id: int) -> "Outputs":
+    zeros = lambda: jnp.zeros((rows, max_new_tokens), jnp.float32)  # separate buffers: all are donated
+    return cls(jnp.full((rows, max_new_tokens), pad_id, jnp.int32), zeros(), zeros(), jnp.zeros((rows,), jnp.int32))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Slots:
+  """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); done bool [R] (True when
+  empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
+  many tokens it may emit; start int32 [R]: its first visible cache position (the prompt's left padding in its
+  first page comes before it); length int32 [R]: positions in its pages (the next token is written at `length`);
+  position int32 [R]: the mRoPE position of its last token."""
+
+  row: jax.Array
+  done: jax.Array
+  token: jax.Array
+  emitted: jax.Array
+  limit: jax.Array
+  start: jax.Array
+  length: jax.Array
+  position: jax.Array
+
+  @classmethod
+  def empty(cls, slots: int, out_rows: int) -> "Slots":
+    zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(6)]
+    return cls(jnp.full((slots,), out_rows, jnp.int32), jnp.ones((slots,), bool), *zeros)
+
+
+def sample_key(key: jax.Array, prompt: jax.Array, sample: jax.Array, position: jax.Array) -> jax.Array:
+  """The key of sample `sample` of prompt `prompt` at token `position` (scalars; vmap for rows)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, prompt), sample), position)
+
+
+def sample_uniforms(key: jax.Array, rows: jax.Array, position: jax.Array, num_samples: int) -> jax.Array:
+  """float32 [R] in [0, 1): each output row's uniform at `position` [R] (rows int32 [R], row = p * G + g)."""
+  draw = lambda r, k: jax.random.uniform(sample_key(key, r // num_samples, r % num_samples, k), ())
+  return jax.vmap(draw)(rows, position)
+
+
+def _draw(key, logits, rows, position, sampling: SamplingConfig, num_samples: int):
+  uniform = None if sampling.greedy else sample_uniforms(key, rows, position, num_samples)
+  return sample_tokens(None, logits, sampling, uniform=uniform)
+
+
+def _put(out: Outputs, rows, column, token, sample_lp, policy_lp) -> Outputs:
+  """Writes each row's token at (rows[r], column[r]); rows out of range are dropped."""
+  put = lambda a, x: a.at[rows, column].set(x.astype(a.dtype), mode="drop")
+  return Outputs(
+    put(out.tokens, token),
+    put(out.sample_logprobs, sample_lp),
+    put(out.policy_logprobs, policy_lp),
+    out.lengths.at[rows].set(column + 1, mode="drop"),
+  )
+
+
+def prefill(
+  params,
+  prompts: Prompts,
+  pool: PagePool,
+  out: Outputs,
+  page_ids,
+  first_row,
+  real,
+  key,
+  *,
+  graphdef,
+  sampling,
+  num_samples,
+):
+  """Runs B prompts (left-padded, T a multiple of the page size) once, writes their keys and values into the
+  pages `page_ids` int32 [B, T / Z] names, and samples token 0 of each of their G samples into output rows
+  (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar) first prompts."""
+  TRACE_COUNTS["prefill"] += 1
+  model = nnx.merge(graphdef, params)
+  b, t = prompts.input_ids.shape
+  g = num_samples
+  x = model.embed(prompts.input_ids, prompts.vision)
+  mask = prompts.attention_mask.astype(bool)
+  hidden, cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
+  pool = write_prompt_pages(pool, cache.k, cache.v, page_ids)
+  logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
+  rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
+  zero = jnp.zeros((b * g,), jnp.int32)
+  token, sample_lp, policy_lp = _draw(key, logits, rows, zero, sampling, g)
+  rows = jnp.where(jnp.arange(b * g) < real * g, rows, out.lengths.shape[0])
+  return pool, _put(out, rows, zero, token, sample_lp, policy_lp)
+
+
+def admit(slots: Slots, out: Outputs, index, row, limit, start, length, position, *, stop_ids):
+  """Places samples in slots: index int32 [A] (R = none), the rest int32 [A] per `Slots`. Each starts from its
+  token 0, already sampled by the prefill."""
+  TRACE_COUNTS["admit"] += 1
+  token = out.tokens[jnp.minimum(row, out.tokens.shape[0] - 1), 0]
+  done = is_stop(token, stop_ids) | (limit <= 1)
+  set_ = lambda a, x: a.at[index].set(x.astype(a.dtype), mode="drop")
+  return Slots(
+    set_(slots.row, row),
+    set_(slots.done, done),
+    set_(slots.token, token),
+    set_(slots.emitted, jnp.ones_like(row)),
+    set_(slots.limit, limit),
+    set_(slots.start, start),
+    set_(slots.length, length),
+    set_(slots.position, position),
+  )
+
+
+def compact(slots: Slots, index, *, out_rows):
+  """The slots `index` int32 [R'] names (-1 = empty), as a bucket of R' slots."""
+  TRACE_COUNTS["compact"] += 1
+  keep = index >= 0
+  taken = jax.tree.map(lambda a: a[jnp.maximum(index, 0)], slots)
+  return dataclasses.replace(taken, row=jnp.where(keep, taken.row, out_rows), done=jnp.where(keep, taken.done, True))
+
+
+def segment(
+  params,
+  pool: PagePool,
+  slots: Slots,
+  out: Outputs,
+  table,
+  key,
+  stop_live,
+  *,
+  graphdef,
+  sampling,
+  stop_ids,
+  num_samples,
+  steps,
+):
+  """Up to `steps` decode steps of every live slot, returning early once at most `stop_live` (int32 scalar) slots
+  are live. table int32 [R, n]: each slot's pages (`NULL_PAGE` past its own); a step attends over the n * Z
+  positions they hold, masked to the slot's [start, length]."""
+  TRACE_COUNTS["segment"] += 1
+  model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
+  cfg = model.cfg.text
+  rows = slots.row.shape[0]
+  layers = model.layer_params(rows)
+  head = model.head_params(rows)
+  layer_graph = nnx.graphdef(model.layers)
+  z = pool.page_size
+  columns = jnp.arange(table.shape[1] * z, dtype=jnp.int32)
+  out_rows = out.lengths.shape[0]
+
+  def keep_going(carry):
+    i, _, s, _ = carry
+    return (i < steps) & (jnp.sum(~s.done) > stop_live)
+
+  def step(carry):
+    i, pool, s, out = carry
+    live = ~s.done
+    position = s.position + 1
+    cos, sin = mrope_cos_sin(
+      jnp.broadcast_to(position[None, :, None], (3, rows, 1)), cfg.head_dim, cfg.rope_theta, cfg.mrope_section
+    )
+    page = jnp.take_along_axis(table, (s.length // z)[:, None], axis=1)[:, 0]
+    write_page = jnp.where(live, page, NULL_PAGE)
+    offset = s.length % z
+    visible = (columns[None, :] >= s.start[:, None]) & (columns[None, :] <= s.length[:, None])
+    x = model.embed(s.token[:, None])
+    ks, vs = [], []
+    for li, p in enumerate(layers):
+      x, p = jax.lax.optimization_barrier((x, p))  # as `Qwen25VL.decode`: no hoisted all-gathers
+      view = PagedLayer(pool.k[li], pool.v[li], table, visible, write_page, offset)
+      x, view = nnx.merge(layer_graph, p)(x, cos, sin, None, view, None)
+      ks.append(view.k)
+      vs.append(view.v)
+    logits = model.logits(model.norm(x)[:, 0], head)
+    token, sample_lp, policy_lp = _draw(key, logits, s.row, s.emitted, sampling, num_samples)
+    out = _put(out, jnp.where(live, s.row, out_rows), s.emitted, token, sample_lp, policy_lp)
+    emitted = s.emitted + live
+    s = Slots(
+      row=s.row,
+      done=s.done | (live & (is_stop(token, stop_ids) | (emitted >= s.limit))),
+      token=jnp.where(live, token, s.token),
+      emitted=emitted,
+      limit=s.limit,
+      start=s.start,
+      length=s.length + live,
+      position=jnp.where(live, position, s.position),
+    )
+    return i + 1, PagePool(tuple(ks), tuple(vs)), s, out
+
+  _, pool, slots, out = jax.lax.while_loop(keep_going, step, (jnp.int32(0), pool, slots, out))
+  return pool, slots, out
+
+
+_MODEL = ("graphdef", "sampling", "num_samples")
+prefill_jit = jax.jit(prefill, static_argnames=_MODEL, donate_argnames=("pool", "out"))
+admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots",))
+compact_jit = jax.jit(compact, static_argnames=("out_rows",))
+segment_jit = jax.jit(segment, static_argnames=_MODEL + ("stop_ids", "steps"), donate_argnames=("pool", "slots", "out"))

@@ -1,0 +1,56 @@
+"""The `rollout` block: rollout.engine chooses the RL trainer's sampler; bad values fail before compute, named."""
+
+import json
+
+import pytest
+
+from jaxcap.choices import ROLLOUT_ENGINES
+from jaxcap.config import schema
+from jaxcap.config.training import Rollout
+from jaxcap.sampling.engine import EngineConfig
+from jaxcap.train.config import base_config
+from jaxcap.train.programs import rollout_engine
+from processes import launch, tiny_run
+
+
+def test_static_is_the_default_and_paged_builds_the_engine():
+  c = base_config()
+  assert c.rollout.engine == "static" and rollout_engine(c) is None
+  c.rollout.update(dict(engine="paged", slots=8, page_size=4, segment_steps=5, pages=100))
+  assert rollout_engine(c) == EngineConfig(slots=8, page_size=4, segment_steps=5, pages=100)
+  declared = {f.name: f for f in Rollout.__dataclass_fields__.values()}
+  assert declared["engine"].metadata["choices"] is ROLLOUT_ENGINES
+
+
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
+    ("engine", "vllm", "rollout.engine='vllm': use static or paged"),
+    ("slots", 0, "rollout.slots=0: must be >= 1"),
+    ("page_size", 0, "rollout.page_size=0: must be >= 1"),
+    ("pages", -1, "rollout.pages=-1: must be >= 0"),
+  ],
+)
+def test_bad_rollout_values_are_named(key, value, message):
+  c = base_config()
+  c.rollout[key] = value
+  with pytest.raises(ValueError) as err:
+    schema.validate(c)
+  assert message in str(err.value)
+
+
+def test_paged_engine_is_refused_for_multi_host_runs():
+  c = base_config()
+  c.rollout.engine = "paged"
+  c.distributed.update(dict(coordinator_address="host:1234", num_processes=2, process_id=0))
+  with pytest.raises(ValueError, match="rollout.engine=paged runs on one process.*rollout.engine=static"):
+    schema.validate(c)
+
+
+@pytest.mark.slow
+def test_rl_run_with_the_paged_engine(tmp_path):
+  """A whole run (SFT, RL, held-out evaluation) with rollout.engine=paged and fewer slots than samples."""
+  launch("caprl", *tiny_run({"rollout.engine": "paged", "rollout.slots": 3, "rollout.page_size": 8}), workdir=tmp_path)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in rows if "length/mean" in r]
+  assert rl and all(0 < r["length/mean"] <= 8 for r in rl)
