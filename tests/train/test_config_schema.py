@@ -33,10 +33,12 @@ KEYS = {
   "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
-  "rl": ["batch_size", "estimator", "freeze_vision", "micro_batches", "num_samples", "recompute_old_logprobs"]
-  + ["steps"],
+  "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batches", "num_samples"]
+  + ["recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
-  "rl.loss": ["aggregation", "dual_clip_c", "entropy_coef", "eps_high", "eps_low", "kl_coef", "kl_estimator"],
+  "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
+  + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
+  "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
   "rl.optim": OPTIM,
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
