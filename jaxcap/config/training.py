@@ -154,6 +154,19 @@ class RolloutCorrection(Block):
 
 
 @dataclasses.dataclass(frozen=True)
+class Overlong(Block):
+  """DAPO's soft overlong punishment (jaxcap.rewards.overlong): a reward dimension `overlong`, 0 up to
+  sampling.max_new_tokens - buffer tokens, then falling linearly to -penalty at max_new_tokens."""
+
+  buffer: int = field(0, "the last this many tokens before sampling.max_new_tokens are penalised", ge=0, hint="0 = off")
+  penalty: float = field(1.0, "the penalty at max_new_tokens, in reward units", ge=0)
+
+  def check(self, run, at):
+    if self.buffer > run.sampling.max_new_tokens:
+      yield f"{at}buffer={self.buffer}: must not exceed sampling.max_new_tokens={run.sampling.max_new_tokens}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Rl(Phase):
   """Group-relative policy optimisation against the reward."""
 
@@ -168,6 +181,7 @@ class Rl(Phase):
   loss: Loss = field(Loss(), "the policy-gradient loss")
   length_mask: LengthMask = field(LengthMask(), "BalCapRL's length mask")
   rollout_correction: RolloutCorrection = field(RolloutCorrection(), "the behaviour / trainer mismatch correction")
+  overlong: Overlong = field(Overlong(), "DAPO's soft overlong penalty")
   mask_truncated: bool = field(False, "captions that hit sampling.max_new_tokens without a stop token get no gradient")
   # lr 3e-4 drifted (KL 0.4) and lost held-out QA (53% -> 51% on 64 images); 1e-4 gained (53% -> 64%)
   optim: Optim = field(Optim(1e-4, warmup_steps=5, schedule="constant"), "the RL optimiser")

@@ -91,11 +91,11 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
-@PHASE_KINDS.register("rl")
 def _stop_ids(sampler) -> tuple[int, ...]:
   return tuple(int(i) for i in sampler.sampling.resolve_stop_ids(sampler.cfg.eos_token_id))
 
 
+@PHASE_KINDS.register("rl")
 @dataclasses.dataclass
 class RLPhase(Phase):
   """Sample G captions per record -> rewards from the judge -> group advantages -> clipped policy update."""

@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
-from jaxcap.rl import POLICY_LOSSES, PolicyLossConfig, group_advantages, policy_loss
+from jaxcap.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig, group_advantages, policy_loss
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from jaxcap.sharding import shard_like_params
 from jaxcap.train import precision
@@ -145,12 +145,15 @@ def sequence_logprobs(
 def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str, estimator_kwargs: dict | None = None):
   """Advantages over the whole step's batch (c-GDPO whitens across it): [M, b*G] and validity [M, b*G]."""
   m, b, g, r = rollouts.rewards.shape
+  kwargs = dict(estimator_kwargs or {})
+  if getattr(ADVANTAGE_ESTIMATORS[estimator], "uses_lengths", False):  # token-weighted statistics (opo, reinforce_pp)
+    kwargs["lengths"] = jnp.sum(rollouts.mask, axis=-1).reshape(m * b, g)
   adv = group_advantages(
     rollouts.rewards.reshape(m * b, g, r),
     weights,
     rollouts.reward_valid.reshape(m * b, g, r),
     estimator=estimator,
-    **(estimator_kwargs or {}),
+    **kwargs,
   )
   return adv.advantages.reshape(m, b * g), adv.sample_valid.reshape(m, b * g), adv.metrics
 

@@ -162,7 +162,8 @@ class RLUpdate:
 
 @jax.jit
 def _mismatch_fn(old, behaviour, mask):
-  return mismatch_metrics(old.reshape(-1, old.shape[-1]), behaviour.reshape(old.shape), mask.reshape(old.shape))
+  flat = lambda x: x.reshape(-1, x.shape[-1])
+  return mismatch_metrics(flat(old), flat(behaviour), flat(mask))
 
 
 @jax.jit

@@ -281,3 +281,64 @@ def _groups(index):
   for i, g in enumerate(index):
     groups[g].append(i)
   return groups
+
+
+def _scores(token_level_rewards):
+  return token_level_rewards.sum(dim=-1)
+
+
+def reinforce_pp(token_level_rewards, response_mask, gamma=1.0):
+  returns = torch.zeros_like(token_level_rewards)
+  running_return = 0
+  for t in reversed(range(token_level_rewards.shape[1])):
+    running_return = token_level_rewards[:, t] + gamma * running_return
+    returns[:, t] = running_return
+    running_return = running_return * response_mask[:, t]
+  return masked_whiten(returns, response_mask) * response_mask
+
+
+def reinforce_pp_baseline(token_level_rewards, response_mask, index):
+  response_length = token_level_rewards.shape[-1]
+  scores = _scores(token_level_rewards)
+  for idx, rows in _groups(index).items():
+    mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[rows])
+    scores[rows] = scores[rows] - mean
+  scores = scores.unsqueeze(-1).tile([1, response_length]) * response_mask
+  return masked_whiten(scores, response_mask) * response_mask
+
+
+def gpg_advantage(token_level_rewards, response_mask, index, f_norm=1.0):
+  scores = _scores(token_level_rewards)
+  bsz = scores.shape[0]
+  alpha = bsz / torch.count_nonzero(scores).clamp(min=1)
+  out = scores.clone()
+  for idx, rows in _groups(index).items():
+    mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[rows])
+    out[rows] = alpha * (scores[rows] - mean) / f_norm
+  return out.unsqueeze(-1) * response_mask
+
+
+def opo(token_level_rewards, response_mask, index):
+  response_length = response_mask.sum(dim=-1)
+  scores = _scores(token_level_rewards)
+  out = scores.clone()
+  for idx, rows in _groups(index).items():
+    if len(rows) == 1:
+      bsl = torch.tensor(0.0)
+    else:
+      bsl = (response_length[rows] * scores[rows]).sum() / response_length[rows].sum()
+    out[rows] = scores[rows] - bsl
+  return out.unsqueeze(-1) * response_mask
+
+
+def grpo_passk(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+  scores = _scores(token_level_rewards)
+  advantages = torch.zeros_like(scores)
+  for idx, rows in _groups(index).items():
+    rewards = scores[rows]
+    topk, topk_idx = torch.topk(rewards, 2)
+    advantage = topk[0] - topk[1]
+    if norm_adv_by_std_in_grpo:
+      advantage = advantage / (torch.std(rewards) + epsilon)
+    advantages[rows[topk_idx[0].item()]] = advantage
+  return advantages.unsqueeze(-1) * response_mask

@@ -38,6 +38,7 @@ KEYS = {
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
+  "rl.overlong": ["buffer", "penalty"],
   "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
   "rl.optim": OPTIM,
   "rubrics": ["batch_size", "min_agreement", "source"],
