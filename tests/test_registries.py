@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,6 +56,27 @@ def test_a_new_advantage_estimator_is_one_function_and_one_decorator(scratch):
   validate(c)  # the config accepts what the registry holds
   c.rl.estimator = "nope"
   with pytest.raises(ValueError, match="rl.estimator='nope': unknown advantage estimator; choose one of grpo"):
+    validate(c)
+
+
+def test_a_new_policy_loss_is_one_function_and_one_decorator(scratch):
+  """The README's example: REINFORCE with the ratio's detached value; on-policy it is the gpg loss."""
+
+  @rl.register_policy_loss("reinforce")
+  def reinforce(x):
+    token_loss = -x.adv * jax.lax.stop_gradient(x.ratio) * x.logprobs
+    return rl.Surrogate(token_loss if x.is_weights is None else token_loss * x.is_weights, {})
+
+  scratch(rl.POLICY_LOSSES, "reinforce")
+  lp = jnp.log(jnp.asarray([[0.5, 0.25], [0.8, 0.1]]))
+  args = (lp, lp, jnp.asarray([1.0, -2.0]), jnp.ones((2, 2)))
+  ours = rl.policy_loss(*args, rl.PolicyLossConfig(policy="reinforce"))[0]
+  np.testing.assert_allclose(ours, rl.policy_loss(*args, rl.PolicyLossConfig(policy="gpg"))[0], rtol=1e-6)
+  c = base_config()
+  c.rl.loss.policy = "reinforce"
+  validate(c)
+  c.rl.loss.policy = "nope"
+  with pytest.raises(ValueError, match="rl.loss.policy='nope': unknown policy loss; choose one of ppo"):
     validate(c)
 
 
