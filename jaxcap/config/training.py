@@ -121,7 +121,7 @@ class Loss(Block):
   kl_cov_coef: float = field(0.1, "KL-Cov: the penalty's weight", ge=0)
 
   def check(self, run, at):
-    if self.policy == "clip_cov" and not self.clip_cov_lb < self.clip_cov_ub:
+    if not self.clip_cov_lb < self.clip_cov_ub:
       yield f"{at}clip_cov_lb={self.clip_cov_lb}, clip_cov_ub={self.clip_cov_ub}: need clip_cov_lb < clip_cov_ub"
 
 

@@ -137,6 +137,12 @@ def test_missing_field_is_named():
     ("judge.kind", "gpt", "http"),
     ("mesh.shape.expert", 2, "tensor"),
     ("world.image_size", 32, "64..1024"),
+    ("rl.loss.policy", "grpo", "choose one of ppo, gspo"),
+    ("rl.loss.tau_neg", 0.0, "positive"),
+    ("rl.loss.clip_cov_lb", 6.0, "need clip_cov_lb < clip_cov_ub"),
+    ("rl.rollout_correction.is_level", "seq", "use none, token or sequence"),
+    ("rl.rollout_correction.reject", "token_k4", "token_k1"),
+    ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
