@@ -173,13 +173,15 @@ def test_readme_extending_examples_run_as_written(scratch):
   readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
   section = readme[readme.index("## Extending") : readme.index("## Code style")]
   blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-  assert len(blocks) == 2
+  assert len(blocks) == 3
   for code in blocks:
     exec(compile(code, "README.md", "exec"), {})
   scratch(rl.ADVANTAGE_ESTIMATORS, "mean_baseline")
+  scratch(rl.POLICY_LOSSES, "reinforce")
   scratch(REWARD_FAMILIES, "caption_length")
   c = base_config()
   c.rl.estimator = "mean_baseline"
+  c.rl.loss.policy = "reinforce"
   c.reward = {"caption_length": {"weight": 0.5, "target_words": 40}}
   validate(c)
   out = rl.group_advantages(jnp.asarray([[[1.0], [3.0]]]), jnp.ones(1), estimator="mean_baseline")
