@@ -23,6 +23,7 @@ from jaxcap.rl.reinforce_estimators import (
   reinforce_pp_advantages,
   reinforce_pp_baseline_advantages,
 )
+from jaxcap.rl import covariance_losses as _covariance_losses  # registers clip_cov, kl_cov
 from jaxcap.rl.policy_losses import POLICY_LOSSES, PolicyLoss, Surrogate, SurrogateInputs, register_policy_loss
 from jaxcap.rl.masks import (
   LengthMaskConfig,
