@@ -40,7 +40,7 @@ from jaxcap.processing.vision import smart_resize
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
 from jaxcap.sharding import logical_to_spec, make_mesh
-from jaxcap.train.programs import RunPrograms, with_reference
+from jaxcap.train.programs import RunPrograms, rollout_correction_config, with_reference
 from jaxcap.train.state import _fresh_state, train_state_shardings
 from jaxcap.train.step import PromptBatch, RolloutBatch
 
@@ -186,6 +186,8 @@ def rl_step_inputs(config, cfg, mesh, abstract_params, optimizer, text: int = 48
     reward_valid=arr((m, b, g, 1), jnp.bool_, (None, "batch", None, None)),
     weights=f32((1,), (None,)),
     ref_logprobs=f32((m, b * g, c), (None, "batch", None)) if with_ref else None,
+    behaviour_logprobs=f32((m, b * g, c), (None, "batch", None)) if rollout_correction_config(config).enabled else None,
+    truncated=arr((m, b * g), jnp.bool_, (None, "batch")) if config.rl.mask_truncated else None,
   )
   return SimpleNamespace(
     state=state, prompts=prompt_batch, rollouts=rollouts, layout=layout, arr=arr, prompts_total=prompts_total, g=g,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,6 +56,27 @@ def test_a_new_advantage_estimator_is_one_function_and_one_decorator(scratch):
   validate(c)  # the config accepts what the registry holds
   c.rl.estimator = "nope"
   with pytest.raises(ValueError, match="rl.estimator='nope': unknown advantage estimator; choose one of grpo"):
+    validate(c)
+
+
+def test_a_new_policy_loss_is_one_function_and_one_decorator(scratch):
+  """The README's example: REINFORCE with the ratio's detached value; on-policy it is the gpg loss."""
+
+  @rl.register_policy_loss("reinforce")
+  def reinforce(x):
+    token_loss = -x.adv * jax.lax.stop_gradient(x.ratio) * x.logprobs
+    return rl.Surrogate(token_loss if x.is_weights is None else token_loss * x.is_weights, {})
+
+  scratch(rl.POLICY_LOSSES, "reinforce")
+  lp = jnp.log(jnp.asarray([[0.5, 0.25], [0.8, 0.1]]))
+  args = (lp, lp, jnp.asarray([1.0, -2.0]), jnp.ones((2, 2)))
+  ours = rl.policy_loss(*args, rl.PolicyLossConfig(policy="reinforce"))[0]
+  np.testing.assert_allclose(ours, rl.policy_loss(*args, rl.PolicyLossConfig(policy="gpg"))[0], rtol=1e-6)
+  c = base_config()
+  c.rl.loss.policy = "reinforce"
+  validate(c)
+  c.rl.loss.policy = "nope"
+  with pytest.raises(ValueError, match="rl.loss.policy='nope': unknown policy loss; choose one of ppo"):
     validate(c)
 
 
@@ -151,13 +173,15 @@ def test_readme_extending_examples_run_as_written(scratch):
   readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
   section = readme[readme.index("## Extending") : readme.index("## Code style")]
   blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-  assert len(blocks) == 2
+  assert len(blocks) == 3
   for code in blocks:
     exec(compile(code, "README.md", "exec"), {})
   scratch(rl.ADVANTAGE_ESTIMATORS, "mean_baseline")
+  scratch(rl.POLICY_LOSSES, "reinforce")
   scratch(REWARD_FAMILIES, "caption_length")
   c = base_config()
   c.rl.estimator = "mean_baseline"
+  c.rl.loss.policy = "reinforce"
   c.reward = {"caption_length": {"weight": 0.5, "target_words": 40}}
   validate(c)
   out = rl.group_advantages(jnp.asarray([[[1.0], [3.0]]]), jnp.ones(1), estimator="mean_baseline")

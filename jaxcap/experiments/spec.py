@@ -21,6 +21,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "kl_and_presets",
     "rubicap_vs_likert",
     "knowledge_retention",
+    "losses",
   ),
 }
 DIRECTIONS = ("+", "=", "none")  # arm a above arm b; no difference; no published figure

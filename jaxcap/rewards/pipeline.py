@@ -1,7 +1,8 @@
 """The run's reward, built once from its config: the families' mix, BalCapRL's length mask, the judge failure
 budget, and judging off the training loop's thread. Each wrapper is a `RewardStage`:
 
-    RewardMix  ->  LengthMaskedReward (rl.length_mask.dims)  ->  BudgetedReward (judge.min_valid_fraction)
+    RewardMix  ->  LengthMaskedReward (rl.length_mask.dims)  ->  OverlongPenalty (rl.overlong.buffer)
+               ->  BudgetedReward (judge.min_valid_fraction)
                ->  OverlappedReward (submit / result)
 
 `evaluation` is the reward as RL optimises it (the mix and its mask) for held-out evaluation, which must neither
@@ -21,6 +22,7 @@ from jaxcap.rewards.budget import judged_reward
 from jaxcap.rewards.length_mask import LengthMaskedReward
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.overlap import OverlappedReward
+from jaxcap.rewards.overlong import OverlongPenalty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +41,23 @@ class RewardPipeline:
     self.train.close()
 
 
-def masked_reward(config: ml_collections.ConfigDict, judge: Judge | Any) -> RewardFunction:
-  """The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims."""
+def masked_reward(config: ml_collections.ConfigDict, judge: Judge | Any, tokenize=None) -> RewardFunction:
+  """The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims, and
+  DAPO's overlong penalty (`rl.overlong`, needs `tokenize`: str -> token ids) when its buffer is > 0."""
   reward = build_reward(config.reward.to_dict(), judge)
   lm = config.rl.length_mask
   if lm.dims:
     reward = LengthMaskedReward(reward, list(lm.dims), tau_low=lm.tau_low, tau_high=lm.tau_high)
+  ol = config.rl.get("overlong")
+  if ol is not None and ol.buffer > 0:
+    if tokenize is None:
+      raise ValueError("rl.overlong.buffer > 0 counts caption tokens: build the reward with a tokenize function")
+    max_len = config.sampling.max_new_tokens
+    reward = OverlongPenalty(reward, tokenize, max_len=max_len, buffer=ol.buffer, penalty=ol.penalty)
   return reward
 
 
-def build_reward_pipeline(config: ml_collections.ConfigDict, judge: Judge | Any) -> RewardPipeline:
-  """The pipeline of a run config (`reward`, `rl.length_mask`, `judge` blocks) over `judge`."""
-  reward = masked_reward(config, judge)
+def build_reward_pipeline(config: ml_collections.ConfigDict, judge: Judge | Any, tokenize=None) -> RewardPipeline:
+  """The pipeline of a run config (`reward`, `rl.length_mask`, `rl.overlong`, `judge` blocks) over `judge`."""
+  reward = masked_reward(config, judge, tokenize)
   return RewardPipeline(train=OverlappedReward(judged_reward(reward, judge, config.judge)), evaluation=reward)

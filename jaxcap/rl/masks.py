@@ -119,3 +119,14 @@ def apply_length_mask(
 def apply_length_mask_config(rewards, lengths, ref_lengths, config: LengthMaskConfig):
   """`apply_length_mask` with the bounds and dimensions from a `LengthMaskConfig`."""
   return apply_length_mask(rewards, lengths, ref_lengths, config.masked_dims, config.tau_low, config.tau_high)
+
+
+def overlong_penalty(lengths, max_len: int, buffer: int, penalty: float = 1.0):
+  """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), reward units, float32:
+  0 for lengths <= max_len - buffer, then falling linearly to -penalty at max_len (and beyond):
+  min(-(length - (max_len - buffer)) / buffer * penalty, 0), as verl's DAPO reward manager (overlong_buffer), which
+  also adds it to the score. `lengths` in tokens, the stop token included."""
+  if not 0 < buffer <= max_len:
+    raise ValueError(f"rl.overlong.buffer={buffer}: need 0 < buffer <= sampling.max_new_tokens={max_len}")
+  exceed = np.asarray(lengths, np.float32) - np.float32(max_len - buffer)
+  return np.minimum(-exceed / np.float32(buffer) * np.float32(penalty), np.float32(0.0))

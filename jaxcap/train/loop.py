@@ -61,7 +61,9 @@ class Trainer:
       length_multiple=c.data.pad_to_multiple,
       bucket_steps=self.batcher.bucket_steps,
     )
-    self.rewards = build_reward_pipeline(c, setup.judge)
+    tokenizer = getattr(setup.processor, "tokenizer", setup.processor)
+    tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    self.rewards = build_reward_pipeline(c, setup.judge, tokenize)
     self.metrics = MetricsWriter(self.rundir.path)
     self.heldout = HeldOutEval(
       self.sampler,

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
-from jaxcap.train.programs import with_reference
+from jaxcap.train.programs import rollout_correction_config, with_reference
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
@@ -91,6 +91,10 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
+def _stop_ids(sampler) -> tuple[int, ...]:
+  return tuple(int(i) for i in sampler.sampling.resolve_stop_ids(sampler.cfg.eos_token_id))
+
+
 @PHASE_KINDS.register("rl")
 @dataclasses.dataclass
 class RLPhase(Phase):
@@ -107,6 +111,8 @@ class RLPhase(Phase):
       c.rl.num_samples,
       c.rl.micro_batches,
       c.rl.recompute_old_logprobs,
+      rollout_correction=rollout_correction_config(c).enabled,
+      stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 

@@ -22,6 +22,7 @@ import ml_collections
 import optax
 
 from jaxcap.rl import PolicyLossConfig
+from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.train.state import make_optimizer
@@ -72,6 +73,11 @@ def policy_loss_config(config: ml_collections.ConfigDict) -> PolicyLossConfig:
   return PolicyLossConfig(max_gen_len=config.sampling.max_new_tokens, **config.rl.loss.to_dict())
 
 
+def rollout_correction_config(config: ml_collections.ConfigDict) -> RolloutCorrectionConfig:
+  """The behaviour / trainer correction (`rl.rollout_correction`)."""
+  return RolloutCorrectionConfig(**config.rl.rollout_correction.to_dict())
+
+
 def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
   """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term)."""
   return phase == "rl" and config.rl.loss.kl_coef > 0
@@ -107,6 +113,8 @@ class RunPrograms:
         estimator=c.rl.estimator,
         master_update=c.rl.optim.master_update,
         max_update_ratio=float(c.train.max_update_ratio),
+        correction=rollout_correction_config(c),
+        mask_truncated=c.rl.mask_truncated,
       )
     raise ValueError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
 

@@ -17,7 +17,8 @@ from flax import nnx
 
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
-from jaxcap.rl import PolicyLossConfig, group_advantages, policy_loss
+from jaxcap.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig, group_advantages, policy_loss
+from jaxcap.rl.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from jaxcap.sharding import shard_like_params
 from jaxcap.train import guard, precision
 from jaxcap.train.logprobs import completion_logprobs
@@ -43,7 +44,9 @@ class RolloutBatch:
   """G completions per prompt, in prompt order. tokens int [M, b*G, C]; mask bool [M, b*G, C];
   old_logprobs float [M, b*G, C] (the sampling policy's); rewards float [M, b, G, R]; reward_valid bool
   [M, b, G, R]; weights float [R] (reward weights); ref_logprobs float [M, b*G, C] under the frozen
-  reference, or None without a KL term."""
+  reference, or None without a KL term; behaviour_logprobs float [M, b*G, C], the sampler's own log-probs (the
+  behaviour policy), only with rollout correction; truncated bool [M, b*G] (hit max_new_tokens without a stop
+  token), only with mask_truncated."""
 
   tokens: jax.Array
   mask: jax.Array
@@ -52,6 +55,8 @@ class RolloutBatch:
   reward_valid: jax.Array
   weights: jax.Array
   ref_logprobs: jax.Array | None = None
+  behaviour_logprobs: jax.Array | None = None
+  truncated: jax.Array | None = None
 
 
 def _micro(tree, i):
@@ -151,12 +156,15 @@ def sequence_logprobs(
 def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str, estimator_kwargs: dict | None = None):
   """Advantages over the whole step's batch (c-GDPO whitens across it): [M, b*G] and validity [M, b*G]."""
   m, b, g, r = rollouts.rewards.shape
+  kwargs = dict(estimator_kwargs or {})
+  if getattr(ADVANTAGE_ESTIMATORS[estimator], "uses_lengths", False):  # token-weighted statistics (opo, reinforce_pp)
+    kwargs["lengths"] = jnp.sum(rollouts.mask, axis=-1).reshape(m * b, g)
   adv = group_advantages(
     rollouts.rewards.reshape(m * b, g, r),
     weights,
     rollouts.reward_valid.reshape(m * b, g, r),
     estimator=estimator,
-    **(estimator_kwargs or {}),
+    **kwargs,
   )
   return adv.advantages.reshape(m, b * g), adv.sample_valid.reshape(m, b * g), adv.metrics
 
@@ -173,38 +181,70 @@ def rl_step(
   estimator: str = "grpo",
   master_update: str = "exact",
   max_update_ratio: float = 0.0,
+  correction: RolloutCorrectionConfig | None = None,
+  mask_truncated: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One policy-gradient update: advantages from rewards (over the whole batch), the clipped loss accumulated
+  """One policy-gradient update: advantages from rewards (over the whole batch), the policy loss accumulated
   over micro-batches, one optimizer step (landing on the params as `master_update`, the phase's
   `optim.master_update`, says). Old / reference log-probs come precomputed in `rollouts`, so the caller can
-  overlap computing them with judging."""
+  overlap computing them with judging.
+
+  `correction` (enabled): importance weights / rejection between `rollouts.behaviour_logprobs` and the old
+  log-probs, over the whole batch (metrics `rollout_corr/*`). `mask_truncated`: rollouts flagged
+  `rollouts.truncated` keep their place in the group statistics but carry no gradient (metrics
+  `truncated/frac`, `truncated/masked_frac`). With neither, the program is the plain one."""
   advantages, sample_valid, adv_metrics = rl_advantages(rollouts, rollouts.weights, estimator)
   old = jax.lax.stop_gradient(rollouts.old_logprobs)
   ref = None if rollouts.ref_logprobs is None else jax.lax.stop_gradient(rollouts.ref_logprobs)
   if loss_config.kl_coef > 0 and ref is None:
     raise ValueError("loss_config.kl_coef > 0 needs rollouts.ref_logprobs")
+  cmask, extras, extra_metrics = rollouts.mask, {}, {}
+  if mask_truncated:
+    if rollouts.truncated is None:
+      raise ValueError("mask_truncated needs rollouts.truncated")
+    valid_before = sample_valid
+    sample_valid = sample_valid & ~rollouts.truncated
+    extra_metrics["truncated/frac"] = jnp.mean(rollouts.truncated.astype(jnp.float32))
+    extra_metrics["truncated/masked_frac"] = jnp.mean((valid_before & rollouts.truncated).astype(jnp.float32))
+  if correction is not None and correction.enabled:
+    if rollouts.behaviour_logprobs is None:
+      raise ValueError("rollout correction needs rollouts.behaviour_logprobs (the sampler's log-probs)")
+    shape = old.shape
+    flat = lambda x: x.reshape(-1, shape[-1])
+    is_w, keep, corr_metrics = rollout_correction(
+      flat(old), flat(jax.lax.stop_gradient(rollouts.behaviour_logprobs)), flat(cmask), correction
+    )
+    cmask = keep.reshape(shape)
+    if is_w is not None:
+      extras["is_weights"] = is_w.reshape(shape)
+    extra_metrics.update({f"rollout_corr/{k}": v for k, v in corr_metrics.items()})
+  if POLICY_LOSSES[loss_config.policy].uses_key:
+    extras["key"] = jax.random.split(
+      jax.random.fold_in(jax.random.fold_in(state.key, 29), state.step), rollouts.tokens.shape[0]
+    )
 
   def loss_fn(params, mb):
-    pb, lay, tokens, mask, old_lp, ref_lp, adv, valid = mb
+    pb, lay, tokens, mask, old_lp, ref_lp, adv, valid, extra = mb
     model = nnx.merge(graphdef, params)
     lp, ent = completion_logprobs(
       model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tokens, with_entropy=True
     )
     loss, metrics = policy_loss(
-      lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid, entropy=ent
+      lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid, entropy=ent, **extra
     )
     return loss, metrics
 
   layouts = per_micro(layout, rollouts.tokens.shape[0])
-  batches = (prompts, layouts, rollouts.tokens, rollouts.mask, old, ref, advantages, sample_valid)
-  counted = rollouts.mask & sample_valid[..., None]
-  if loss_config.aggregation == "token-mean":
+  batches = (prompts, layouts, rollouts.tokens, cmask, old, ref, advantages, sample_valid, extras)
+  counted = cmask & sample_valid[..., None]
+  if loss_config.loss_aggregation == "token-mean":
     weights = jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
   else:
     weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
   loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
   state, opt_metrics = _apply(state, grads, optimizer, master_update, loss, max_update_ratio)
-  return state, {"loss": loss, **metrics, **opt_metrics, **{f"adv/{k}": v for k, v in adv_metrics.items()}}
+  adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
+  return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}
 
 
 def sft_step(

@@ -24,6 +24,7 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.collapse import collapsed_pairs
+from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
 from jaxcap.train.batching import Batcher, encode_targets
 from jaxcap.train.metrics import PendingMetrics
@@ -114,6 +115,8 @@ class RLUpdate:
   num_samples: int
   micro_batches: int
   recompute_old_logprobs: bool
+  rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
+  stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -128,9 +131,11 @@ class RLUpdate:
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
     prompts, layout = self.batcher.prompt_batch(placed, m)
     recompute = self.recompute_old_logprobs
-    tokens, cmask, old = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=not recompute)
-    if recompute:
-      old = self.logprob_fn(state.params, prompts, layout, tokens)
+    tokens, cmask, behaviour = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=True)
+    old = self.logprob_fn(state.params, prompts, layout, tokens) if recompute else behaviour
+    # the sampler's log-probs vs the training program's (0 without recompute); a program of its own, so the
+    # update's program is unchanged
+    mismatch = _mismatch_fn(old, behaviour, cmask)
     ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
@@ -138,11 +143,34 @@ class RLUpdate:
     r = len(rewards.names)
     values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
     valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)
-    rollout_batch = RolloutBatch(tokens, cmask, old, values, valid, jnp.asarray(rewards.weights, jnp.float32), ref)
+    rollout_batch = RolloutBatch(
+      tokens,
+      cmask,
+      old,
+      values,
+      valid,
+      jnp.asarray(rewards.weights, jnp.float32),
+      ref,
+      behaviour if self.rollout_correction else None,
+      None if self.stop_ids is None else _truncated_fn(tokens, cmask, jnp.asarray(self.stop_ids, jnp.int32)),
+    )
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
+    metrics = {**metrics, **{f"rollout_corr/{k}": v for k, v in mismatch.items()}}
     host = reward_metrics(rewards, group_size=g)
     host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
     return state, PendingMetrics(metrics, host)
+
+
+@jax.jit
+def _mismatch_fn(old, behaviour, mask):
+  flat = lambda x: x.reshape(-1, x.shape[-1])
+  return mismatch_metrics(flat(old), flat(behaviour), flat(mask))
+
+
+@jax.jit
+def _truncated_fn(tokens, mask, stop_ids):
+  """bool [M, b*G]: no stop token among the caption's tokens (it hit max_new_tokens)."""
+  return ~jnp.any(mask & jnp.isin(tokens, stop_ids), axis=-1)
 
 
 def reward_metrics(rewards, group_size: int | None = None) -> dict[str, float]:

@@ -182,6 +182,8 @@ def test_degenerate_inputs_give_finite_zero_advantages(estimator):
     "one valid per group": (jnp.arange(24.0).reshape(2, 4, 3), jnp.arange(8).reshape(2, 4, 1).repeat(3, -1) % 4 == 0),
   }
   for name, (rewards, valid) in cases.items():
+    if estimator == "reinforce_pp" and name == "one valid per group":
+      continue  # REINFORCE++'s baseline is the batch's: two valid rollouts in it are a signal
     out = rl.group_advantages(rewards, weights, valid, estimator=estimator)
     assert bool(jnp.all(jnp.isfinite(out.advantages))), name
     assert float(jnp.max(jnp.abs(out.advantages))) == 0.0, name

@@ -33,10 +33,13 @@ KEYS = {
   "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
-  "rl": ["batch_size", "estimator", "freeze_vision", "micro_batches", "num_samples", "recompute_old_logprobs"]
-  + ["steps"],
+  "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batches", "num_samples"]
+  + ["recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
-  "rl.loss": ["aggregation", "dual_clip_c", "entropy_coef", "eps_high", "eps_low", "kl_coef", "kl_estimator"],
+  "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
+  + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
+  "rl.overlong": ["buffer", "penalty"],
+  "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
   "rl.optim": OPTIM,
   "rollout": ["engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
@@ -136,6 +139,12 @@ def test_missing_field_is_named():
     ("judge.kind", "gpt", "http"),
     ("mesh.shape.expert", 2, "tensor"),
     ("world.image_size", 32, "64..1024"),
+    ("rl.loss.policy", "grpo", "choose one of ppo, gspo"),
+    ("rl.loss.tau_neg", 0.0, "positive"),
+    ("rl.loss.clip_cov_lb", 6.0, "need clip_cov_lb < clip_cov_ub"),
+    ("rl.rollout_correction.is_level", "seq", "use none, token or sequence"),
+    ("rl.rollout_correction.reject", "token_k4", "token_k1"),
+    ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
