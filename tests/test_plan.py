@@ -25,6 +25,7 @@ def planned():
   return plan(_config(), cfg, jax.devices()[:8], hbm_gib=80.0, text=8)
 
 
+@pytest.mark.slow
 def test_every_program_compiles_and_reports_memory(planned):
   assert [p["name"] for p in planned["programs"]] == ["rl_step", "logprobs", "prefill", "decode"]
   assert planned["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and planned["devices"] == 8
@@ -48,6 +49,7 @@ def test_state_is_sharded_not_replicated(planned):
   assert planned["train_state_gib_per_device"] < one_device["train_state_gib_per_device"] / 4
 
 
+@pytest.mark.slow
 def test_a_plan_over_budget_says_what_to_change(planned):
   budget = planned["peak_gib"] / 2
   res = plan(_config(), tiny(dtype=jax.numpy.bfloat16, remat="full"), jax.devices()[:8], budget, ("rl_step",), 8)

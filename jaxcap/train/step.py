@@ -7,134 +7,20 @@ bounded by one micro-batch. Each micro-batch has its own vision layout (images o
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig, group_advantages, policy_loss
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig, rollout_correction
-from jaxcap.sharding import shard_like_params
-from jaxcap.train import guard, precision
+from jaxcap.train.accumulate import accumulate, apply_update, per_micro, vision_input
+from jaxcap.train.batches import PromptBatch, RolloutBatch
 from jaxcap.train.logprobs import completion_logprobs
 from jaxcap.train.state import TrainState
 
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PromptBatch:
-  """M micro-batches of b prompts. ids int [M, b, P]; positions int [M, 3, b, P]; mask bool [M, b, P];
-  pixel_values float [M, L, patch_dim] or None (each micro-batch's images packed and padded to L patches; their
-  layouts are passed separately)."""
-
-  ids: jax.Array
-  positions: jax.Array
-  mask: jax.Array
-  pixel_values: jax.Array | None
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RolloutBatch:
-  """G completions per prompt, in prompt order. tokens int [M, b*G, C]; mask bool [M, b*G, C];
-  old_logprobs float [M, b*G, C] (the sampling policy's); rewards float [M, b, G, R]; reward_valid bool
-  [M, b, G, R]; weights float [R] (reward weights); ref_logprobs float [M, b*G, C] under the frozen
-  reference, or None without a KL term; behaviour_logprobs float [M, b*G, C], the sampler's own log-probs (the
-  behaviour policy), only with rollout correction; truncated bool [M, b*G] (hit max_new_tokens without a stop
-  token), only with mask_truncated."""
-
-  tokens: jax.Array
-  mask: jax.Array
-  old_logprobs: jax.Array
-  rewards: jax.Array
-  reward_valid: jax.Array
-  weights: jax.Array
-  ref_logprobs: jax.Array | None = None
-  behaviour_logprobs: jax.Array | None = None
-  truncated: jax.Array | None = None
-
-
-def _micro(tree, i):
-  return jax.tree.map(lambda x: x[i], tree)
-
-
-def _vision(pixel_values, layout):
-  return None if pixel_values is None else VisionInput(pixel_values, layout)
-
-
-def per_micro(layout: VisionLayout | None, num_micro: int) -> VisionLayout | None:
-  """One layout per micro-batch [M, ...]: `layout` as is when it has the leading M axis, else shared by all."""
-  if layout is None or layout.window_index.ndim == 2:
-    return layout
-  return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_micro, *x.shape)), layout)
-
-
-def _accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
-  """Loss, metrics and grads of `loss_fn(params, micro_batch)` over the leading micro-batch axis (lax.scan),
-  each micro-batch weighted by its share of `weights` [M] (e.g. its token count), so the result equals the
-  whole batch's loss whatever M is. Gradients accumulate in float32."""
-  if jax.tree.leaves(batches)[0].shape[0] == 1:
-    # One micro-batch: no loop, no zero-filled accumulator, and the weight f (1, or 0 for an all-masked batch)
-    # enters as the backward pass's seed instead of a pass over every gradient (on XLA:CPU the loop copied every
-    # gradient: 1-5% of an update's op time, benchmarks/where_time_goes.py). The loop's values: f * grad, f in {0, 1}.
-    f = weights[0].astype(jnp.float32) / jnp.maximum(jnp.sum(weights), 1e-9)
-
-    def weighted(p, mb):
-      mb_loss, m = loss_fn(p, mb)
-      return f * mb_loss, m
-
-    (loss, metrics), grads = jax.value_and_grad(weighted, has_aux=True)(params, _micro(batches, 0))
-    metrics = jax.tree.map(lambda b: f * b.astype(jnp.float32), metrics)
-    return loss, metrics, shard_like_params(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  metric_shapes = jax.eval_shape(lambda p, b: loss_fn(p, b)[1], params, _micro(batches, 0))
-  zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes)
-  zeros_g = shard_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
-  total = jnp.maximum(jnp.sum(weights), 1e-9)
-
-  def body(carry, xs):
-    loss, metrics, grads = carry
-    mb, w = xs
-    (mb_loss, m), g = grad_fn(params, mb)
-    f = w / total
-    return (
-      loss + f * mb_loss,
-      jax.tree.map(lambda a, b: a + f * b, metrics, m),
-      shard_like_params(jax.tree.map(lambda a, b: a + f * b.astype(jnp.float32), grads, g)),
-    ), None
-
-  (loss, metrics, grads), _ = jax.lax.scan(
-    body, (jnp.zeros((), jnp.float32), zeros_m, zeros_g), (batches, weights.astype(jnp.float32))
-  )
-  return loss, metrics, grads
-
-
-def _apply(
-  state: TrainState,
-  grads,
-  optimizer: optax.GradientTransformation,
-  master_update: str = "exact",
-  loss: jax.Array | None = None,
-  max_update_ratio: float = 0.0,
-) -> tuple[TrainState, dict]:
-  """One optimizer update; `master_update` says how it lands on bfloat16 params (jaxcap.train.precision), with
-  stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.guard): a step whose
-  `loss`, gradients or update is non-finite, or whose update diverged, keeps the params and optimizer state (the
-  step counter still advances, with the data position) and says so in metrics[guard.HEALTH]."""
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  key = None if master_update == "exact" else precision.update_key(state.key, state.step)
-  params = precision.apply_updates(state.params, updates, mode=master_update, key=key)
-  metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
-  loss = jnp.zeros((), jnp.float32) if loss is None else loss
-  health = guard.step_health(loss, metrics["grad_norm"], metrics["update_norm"], state.params, max_update_ratio)
-  params, opt_state = guard.keep_if(health == 0, (params, opt_state), (state.params, state.opt_state))
-  metrics[guard.HEALTH] = health
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+__all__ = ["PromptBatch", "RolloutBatch", "rl_advantages", "rl_step", "sequence_logprobs", "sft_step"]
 
 
 def sequence_logprobs(
@@ -146,7 +32,7 @@ def sequence_logprobs(
   def one(_, xs):
     pb, lay, tk = xs
     model = nnx.merge(graphdef, params)
-    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tk)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, vision_input(pb.pixel_values, lay), tk)
     return None, lp
 
   _, out = jax.lax.scan(one, None, (prompts, per_micro(layout, tokens.shape[0]), tokens))
@@ -227,7 +113,7 @@ def rl_step(
     pb, lay, tokens, mask, old_lp, ref_lp, adv, valid, extra = mb
     model = nnx.merge(graphdef, params)
     lp, ent = completion_logprobs(
-      model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tokens, with_entropy=True
+      model, pb.ids, pb.positions, pb.mask, vision_input(pb.pixel_values, lay), tokens, with_entropy=True
     )
     loss, metrics = policy_loss(
       lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=valid, entropy=ent, **extra
@@ -241,8 +127,8 @@ def rl_step(
     weights = jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
   else:
     weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
-  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
-  state, opt_metrics = _apply(state, grads, optimizer, master_update, loss, max_update_ratio)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
   return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}
 
@@ -267,13 +153,13 @@ def sft_step(
   def loss_fn(params, mb):
     pb, lay, tokens, mask = mb
     model = nnx.merge(graphdef, params)
-    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, _vision(pb.pixel_values, lay), tokens)
+    lp, _ = completion_logprobs(model, pb.ids, pb.positions, pb.mask, vision_input(pb.pixel_values, lay), tokens)
     mask = mask.astype(jnp.float32)
     nll = -jnp.sum(lp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return nll, {"nll": nll}
 
   weights = jnp.sum(target_mask, axis=(1, 2))
   batches = (prompts, per_micro(layout, targets.shape[0]), targets, target_mask)
-  loss, metrics, grads = _accumulate(loss_fn, state.params, batches, weights)
-  state, opt_metrics = _apply(state, grads, optimizer, master_update, loss, max_update_ratio)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -25,6 +25,7 @@ from jaxcap.sharding import make_mesh, param_shardings
 from jaxcap.train import data as data_lib
 
 
+@pytest.mark.slow
 def test_probe_of_a_random_student_counts_every_question_and_matches_one_forward_per_question():
   _, _, _, records, model, processor = tiny_world()
   records = records[:4]

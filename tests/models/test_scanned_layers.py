@@ -59,6 +59,7 @@ def test_block_schedule(depth, full, want):
   assert block_schedule(depth, full) == want
 
 
+@pytest.mark.slow
 def test_irregular_full_attention_pattern_equals_unrolled_blocks():
   """A tower whose full-attention blocks are not periodic runs as scanned runs of blocks; it equals running the
   same stacked params block by block."""
@@ -92,6 +93,7 @@ def test_kv_cache_has_one_buffer_per_layer():
   assert cache.slots == 10
 
 
+@pytest.mark.slow
 def test_unrolled_stacks_compute_the_same_function():
   """`scan_layers=False` unrolls the same stacked params in the compiled program: same logits and gradients."""
   cfg = M.tiny()

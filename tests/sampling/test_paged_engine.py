@@ -47,7 +47,10 @@ def _hf_greedy(ref, proc, conversations, stop_ids):
   return np.pad(out, ((0, 0), (0, NEW - out.shape[1])), constant_values=proc.tokenizer.pad_token_id)
 
 
-@pytest.mark.parametrize("name,conversations", [("mixed_sizes_and_text", PADDED_BATCH), ("video", VIDEO_BATCH)])
+@pytest.mark.parametrize(
+  "name,conversations",
+  [("mixed_sizes_and_text", PADDED_BATCH), pytest.param("video", VIDEO_BATCH, marks=pytest.mark.slow)],
+)
 def test_greedy_equals_static_sampler_and_transformers(models, name, conversations):
   """Rows stop at different steps (stop ids from the reference's own output), so slots are refilled and compacted;
   every sample's tokens still equal the static sampler's and transformers' generate."""
@@ -69,6 +72,7 @@ def test_greedy_equals_static_sampler_and_transformers(models, name, conversatio
   assert stats["segments"] > 1 and stats["free_pages"] == stats["pages"] - 1  # every page given back
 
 
+@pytest.mark.slow
 def test_sampled_tokens_do_not_depend_on_slots_pages_or_segments(models):
   """Temperature 1: the same key gives every sample the same tokens with 2 / 4 / all slots, pages of 4 / 8 / 16
   tokens and segments of 1 / 3 / 32 steps (its logits agree to float rounding across these batch shapes, see
@@ -115,6 +119,7 @@ def test_draws_depend_only_on_logits_and_sample():
       np.testing.assert_array_equal(np.asarray(gt), np.asarray(w)[perm])
 
 
+@pytest.mark.slow
 def test_logprobs_equal_teacher_forced(models):
   """Behaviour (tempered, nucleus) and policy log-probs within 1e-5 of an uncached forward over prompt + tokens."""
   _, model, proc = models

@@ -69,6 +69,7 @@ def test_sampling_config_names_bad_value(bad):
     SamplingConfig(**bad)
 
 
+@pytest.mark.slow
 def test_sharded_mesh_gives_same_tokens(models, checkpoint_dir):
   """Batch over ('data', 'fsdp'), heads over 'tensor' on 8 CPU devices: same samples as one device."""
   _, model, proc = models

@@ -64,6 +64,7 @@ def test_greedy_per_sequence_stop_and_shared_prefill(models):
   assert np.all(np.asarray(got.prompt_index) == np.repeat(np.arange(3), 3))
 
 
+@pytest.mark.slow
 def test_float32_masters_sample_exactly_like_their_bfloat16_copy(models, tmp_path):
   """With bf16 compute, decoding reads a bf16 copy of f32 master weights made once per call: tokens and both
   log-probs equal those of a model whose weights are stored in bf16."""

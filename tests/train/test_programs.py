@@ -45,6 +45,7 @@ def _trainer_step_fingerprint(config, cfg, devices) -> str:
     return program_fingerprint(step_fn.lower(state, inputs.prompts, inputs.rollouts, inputs.layout))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["configs/caprl.py", "configs/caprl.py:paper"])
 def test_plan_compiles_the_trainers_rl_step(spec):
   config = _config(spec)
@@ -57,6 +58,7 @@ def test_plan_compiles_the_trainers_rl_step(spec):
   assert step["fingerprint"] == _trainer_step_fingerprint(config, cfg, devices)
 
 
+@pytest.mark.slow
 def test_fingerprints_tell_programs_apart():
   config = _config("configs/caprl.py")
   cfg = tiny()

@@ -14,6 +14,8 @@ from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.train.step import RolloutBatch, rl_step, sequence_logprobs
 from tests.train.test_train_step import B, C, G, _prompts, _state
 
+pytestmark = pytest.mark.slow  # seven compiles of the full RL step; the loss formulas are tested in tests/rl
+
 
 def _setup():
   rng = np.random.default_rng(2)

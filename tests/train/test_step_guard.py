@@ -19,7 +19,8 @@ from jaxcap.train.config import validate
 from jaxcap.train.guard import HEALTH, NonFiniteError, StepGuard, step_health
 from jaxcap.train.metrics import MetricsWriter, PendingMetrics, read_metrics, to_json
 from jaxcap.train.state import init_train_state, make_optimizer
-from jaxcap.train.step import PromptBatch, _apply, sft_step
+from jaxcap.train.accumulate import apply_update
+from jaxcap.train.step import PromptBatch, sft_step
 from processes import load_config
 
 CFG = M.tiny()
@@ -82,11 +83,13 @@ def test_infinite_learning_rate_step_is_not_applied():
 
 
 def _toy(lr, grads=(0.5, -0.25, 1.0, 2.0), loss=1.0, max_update_ratio=1.0):
-  """(state before, after, metrics) of the guarded optimizer update (`step._apply`) on a 4-weight toy model."""
+  """(state before, after, metrics) of the guarded optimizer update (`accumulate.apply_update`) on a 4-weight toy model."""
   opt = make_optimizer(lr, 10, schedule="constant", grad_clip=1.0)
   state = init_train_state({"w": jnp.full((4,), 0.1)}, opt, jax.random.key(0))
   g = {"w": jnp.asarray(grads, jnp.float32)}
-  after, metrics = jax.jit(lambda s, g, x: _apply(s, g, opt, "exact", x, max_update_ratio))(state, g, jnp.float32(loss))
+  after, metrics = jax.jit(lambda s, g, x: apply_update(s, g, opt, "exact", x, max_update_ratio))(
+    state, g, jnp.float32(loss)
+  )
   return _host(state), _host(after), jax.device_get(metrics)
 
 

@@ -76,6 +76,7 @@ def test_device_side_batches_equal_the_host_path(parts, rows, num_micro):
   batcher.close()
 
 
+@pytest.mark.slow
 def test_mixed_size_micro_batches_score_each_prompt_as_alone(parts, tmp_path):
   """Native sizes (and a video) in one step: each micro-batch's images are gathered from the sampler's pack into
   their own padded pack, and every prompt's completion log-probs equal that prompt run alone, unpadded."""

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import jaxcap.models as M
@@ -52,6 +53,7 @@ def _targets(rng, num_micro):
   return t.reshape(num_micro, B // num_micro, C), mask.reshape(num_micro, B // num_micro, C)
 
 
+@pytest.mark.slow
 def test_sft_update_is_independent_of_micro_batching():
   results = []
   for m in (1, 2, 4):
@@ -72,6 +74,7 @@ def test_sft_update_is_independent_of_micro_batching():
     assert diffs.mean() < 1e-6, diffs.mean()
 
 
+@pytest.mark.slow
 def test_sft_overfits_a_fixed_batch():
   rng = np.random.default_rng(1)
   prompts, layout = _prompts(2, rng)

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxcap.world import vocabulary as V
@@ -46,6 +47,7 @@ def test_fresh_scenes_are_a_deterministic_stream_of_preprocessed_stills():
   assert resized.targets.shape == (1, 16, 3) and tuple(resized.grid_thw) == (1, 8, 8)  # 4x4 cells at 112 px
 
 
+@pytest.mark.slow
 def test_warm_up_teaches_a_random_vit_object_colours():
   world = WorldConfig(image_size=84, min_objects=1, max_objects=2, label_probability=0.0)
   heldout = fresh_scenes(world, seed=1, start=0, count=128)
