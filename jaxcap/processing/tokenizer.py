@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
+import numpy as np
+
 from jaxcap.models.config import Qwen25VLConfig
 
 SPECIAL_TOKENS = (
@@ -94,3 +96,14 @@ def word_tokenizer(words: Sequence[str], cfg: Qwen25VLConfig):
     additional_special_tokens=list(SPECIAL_TOKENS[1:]),
   )
   return fast
+
+
+def encode_targets(tokenizer: Any, captions: Sequence[str], length: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Target token ids int32 [N, length] (each caption + EOS, truncated) and their mask bool [N, length]."""
+  ids = np.zeros((len(captions), length), np.int32)
+  mask = np.zeros((len(captions), length), bool)
+  for i, c in enumerate(captions):
+    t = encode_text(tokenizer, c)[: length - 1] + [eos_id]
+    ids[i, : len(t)] = t
+    mask[i, : len(t)] = True
+  return ids, mask

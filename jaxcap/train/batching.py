@@ -23,7 +23,6 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
 from jaxcap.processing import Processor
-from jaxcap.processing.tokenizer import encode_text
 from jaxcap.sampling.prompts import bucket_prompts
 from jaxcap.sampling.sampler import SampledArrays, SamplerBatch, place_batch
 from jaxcap.sharding import logical_to_spec
@@ -240,14 +239,3 @@ def _rollout_fn(processes: int, block: int, real: int, num_micro: int, sharding,
     return tokens, jnp.arange(tokens.shape[-1]) < lengths[..., None], logprobs
 
   return jax.jit(fn, out_shardings=(sharding, sharding, sharding if with_logprobs else None))
-
-
-def encode_targets(tokenizer, captions: Sequence[str], length: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """Target token ids int32 [N, length] (each caption + EOS, truncated) and their mask bool [N, length]."""
-  ids = np.zeros((len(captions), length), np.int32)
-  mask = np.zeros((len(captions), length), bool)
-  for i, c in enumerate(captions):
-    t = encode_text(tokenizer, c)[: length - 1] + [eos_id]
-    ids[i, : len(t)] = t
-    mask[i, : len(t)] = True
-  return ids, mask

@@ -79,6 +79,13 @@ class StepGuard:
   last_checkpoint: Callable[[], str | None] = lambda: None
   warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
+  @classmethod
+  def from_config(cls, train, vocab_size: int, last_checkpoint: Callable[[], str | None], warn) -> "StepGuard":
+    """The guard a run's `train` block asks for, on a policy over `vocab_size` tokens."""
+    return cls(
+      train.on_nonfinite, train.max_skips, train.collapse_steps, max_entropy(vocab_size), last_checkpoint, warn
+    )
+
   def __post_init__(self):
     self.skips = 0  # consecutive skipped steps
     self._flat = {"grad_norm": 0, "entropy": 0}  # consecutive steps at the collapse signature

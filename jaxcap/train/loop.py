@@ -4,7 +4,6 @@ its programs (programs.py), its phases (phases.py) and its working directory (ru
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -18,17 +17,16 @@ from jaxcap.config.cli import ConfigError
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
-from jaxcap.sampling import Sampler
-from jaxcap.sampling.engine import PagedSampler
 from jaxcap.train.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
 from jaxcap.train.batching import Batcher
 from jaxcap.train.data import record_loader
-from jaxcap.train.guard import StepGuard, max_entropy
+from jaxcap.train.guard import StepGuard
 from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
 from jaxcap.train.integrity import CheckpointDamagedError
-from jaxcap.train.metrics import MetricsWriter, StepLog, plot_curves, to_json
+from jaxcap.train.curves import plot_curves
+from jaxcap.train.metrics import MetricsWriter, StepLog, to_json
 from jaxcap.train.phases import Phase, run_phases
-from jaxcap.train.programs import RunPrograms, rollout_engine
+from jaxcap.train.programs import RunPrograms, build_sampler
 from jaxcap.train.rundir import RunDirectory
 from jaxcap.train.setup import build
 from jaxcap.train.size_groups import record_patches
@@ -53,14 +51,7 @@ class Trainer:
     self.graphdef, self.params0 = nnx.split(setup.model)
     self.programs = RunPrograms(c, self.graphdef)
     self.batcher = Batcher(setup.processor, c, setup.mesh)
-    engine = rollout_engine(c)  # None: the static sampler
-    self.sampler = (Sampler if engine is None else functools.partial(PagedSampler, engine=engine))(
-      setup.model,
-      processor=setup.processor,
-      sampling=self.programs.sampling(),
-      length_multiple=c.data.pad_to_multiple,
-      bucket_steps=self.batcher.bucket_steps,
-    )
+    self.sampler = build_sampler(c, setup.model, setup.processor, self.programs.sampling(), self.batcher.bucket_steps)
     tokenizer = getattr(setup.processor, "tokenizer", setup.processor)
     tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     self.rewards = build_reward_pipeline(c, setup.judge, tokenize)
@@ -173,21 +164,14 @@ class Trainer:
 
   def step_guard(self) -> StepGuard:
     """The phase's guard on its steps (`train` block): a refused step stops the run naming the last checkpoint."""
-    t = self.config.train
     directory = self.rundir.checkpoints.manager.directory
 
     def last_checkpoint():
       step = self.rundir.latest_step()
       return None if step is None else str(directory / str(step))
 
-    return StepGuard(
-      t.on_nonfinite,
-      t.max_skips,
-      t.collapse_steps,
-      max_entropy(self.setup.model.cfg.text.vocab_size),
-      last_checkpoint,
-      warn=lambda line: print(line, file=sys.stderr, flush=True) if is_lead_process() else None,
-    )
+    warn = lambda line: print(line, file=sys.stderr, flush=True) if is_lead_process() else None
+    return StepGuard.from_config(self.config.train, self.setup.model.cfg.text.vocab_size, last_checkpoint, warn)
 
   def warm_up_vision(self, params):
     """The embedded student's vision warm-up (`jaxcap.world.vision_warmup`), logged as phase "vision"."""

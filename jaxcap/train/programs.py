@@ -68,6 +68,22 @@ def rollout_engine(config: ml_collections.ConfigDict):
   return EngineConfig(slots=r.slots, page_size=r.page_size, segment_steps=r.segment_steps, pages=r.pages)
 
 
+def build_sampler(config: ml_collections.ConfigDict, model, processor, sampling, bucket_steps):
+  """The run's rollout sampler: the static-batch `Sampler`, or the paged engine (`rollout.engine=paged`)."""
+  from jaxcap.sampling import Sampler
+  from jaxcap.sampling.engine import PagedSampler
+
+  engine = rollout_engine(config)
+  kind = Sampler if engine is None else functools.partial(PagedSampler, engine=engine)
+  return kind(
+    model,
+    processor=processor,
+    sampling=sampling,
+    length_multiple=config.data.pad_to_multiple,
+    bucket_steps=bucket_steps,
+  )
+
+
 def policy_loss_config(config: ml_collections.ConfigDict) -> PolicyLossConfig:
   """The policy-gradient loss (`rl.loss`), with Dr.GRPO's constant set by the completion budget."""
   return PolicyLossConfig(max_gen_len=config.sampling.max_new_tokens, **config.rl.loss.to_dict())

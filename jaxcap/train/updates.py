@@ -26,7 +26,8 @@ from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.collapse import collapsed_pairs
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
-from jaxcap.train.batching import Batcher, encode_targets
+from jaxcap.processing.tokenizer import encode_targets
+from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
