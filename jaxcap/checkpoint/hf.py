@@ -216,12 +216,14 @@ def load_hf_checkpoint(
 
 
 def _read(tensor, layout: str, idx: tuple, dtype) -> np.ndarray:
-  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone."""
+  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone. A slice read is a fresh
+  buffer of its own, so a block already in `dtype` (a bf16 checkpoint held in bf16) is handed on as read, not
+  copied once more."""
   if layout == "conv":  # small; read whole
-    return _from_hf(tensor[:], layout)[idx].astype(dtype)
+    return _from_hf(tensor[:], layout)[idx].astype(dtype, copy=False)
   if layout == "t":
-    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype)
-  return np.asarray(tensor[idx]).astype(dtype)
+    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype, copy=False)
+  return np.asarray(tensor[idx]).astype(dtype, copy=False)
 
 
 def _full(idx, ndim: int) -> tuple:

@@ -186,3 +186,26 @@ def test_available_memory_reads_the_budget_override_and_the_machine():
     parse_bytes("lots")
   found = available_memory({})
   assert found is not None and found[0] > 0  # /proc/meminfo on Linux
+
+
+def test_hub_layout_builder_writes_a_checkpoint_both_loaders_read(tmp_path):
+  """benchmarks.real_shape_memory's random checkpoints (here at tiny shapes): the Hub's key layout in shards, bf16,
+  read whole by transformers and by jaxcap, which holds it in bf16."""
+  import torch
+  import transformers
+
+  from benchmarks.real_shape_memory import build_checkpoint
+
+  directory = build_checkpoint(M.tiny(), tmp_path / "ckpt", shards=2)
+  index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+  assert len(set(index.values())) == 2 and any(k.startswith("model.language_model.layers.") for k in index)
+  ref, info = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+    directory, output_loading_info=True, dtype="auto"
+  )
+  assert not info["missing_keys"] and not info["unexpected_keys"] and ref.dtype == torch.bfloat16
+  ours = load_hf_checkpoint(directory)
+  assert _dtypes(ours) == {"bfloat16"}
+  np.testing.assert_array_equal(
+    np.asarray(ours.embed_tokens.embedding[...], np.float32),
+    ref.model.language_model.embed_tokens.weight.detach().float().numpy(),
+  )
