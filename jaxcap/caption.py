@@ -321,7 +321,8 @@ def annotate(args: argparse.Namespace) -> int:
   append_lines(err_path, errors)
   param_dtype = checkpoint_dtype(args.checkpoint, args.dtype)
   if ordered:
-    check_memory(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
+    with jax.set_mesh(mesh):  # the decode layout the check counts depends on the mesh
+      check_memory(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
   n_errors = len(errors)

@@ -3,7 +3,7 @@
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
 OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
 row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
-`Qwen25VL.layer_params` / `head_params`), the KV cache, and the largest activations of one prefill (one vision
+`Qwen25VL.layer_params` / `head_params`; in float32), the KV cache, and the largest activations of one prefill (one vision
 block's attention scores and MLP, the decoder's MLP over the prompt, float32 logits), plus 5% of the params.
 """
 
@@ -74,8 +74,10 @@ def sampling_footprint(
   params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
   layout = 0
   if row_blocks.applies(rows):  # the decode loop's own copy of each decoder kernel and of the LM head
+    # counted in float32: XLA:CPU computes bf16 dots in float32, and a bf16 run's peak grows by about that much
+    # (3B widths, 2 layers: +2.2 GiB over the loaded params in bf16, +1.2 GiB in float32)
     head = "embed_tokens" if cfg.text.tie_word_embeddings else "lm_head"
-    layout = pbytes * sum(
+    layout = max(pbytes, 4) * sum(
       int(np.prod(s)) for p, s in sizes if (p.startswith("layers.") and p.endswith("kernel")) or p.startswith(head)
     )
   t, v = cfg.text, cfg.vision
