@@ -3,8 +3,10 @@
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
 OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
 row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
-`Qwen25VL.layer_params` / `head_params`; in float32), the KV cache, and the largest activations of one prefill (one vision
-block's attention scores and MLP, the decoder's MLP over the prompt, float32 logits), plus 5% of the params.
+`Qwen25VL.layer_params` / `head_params`; in float32), the KV cache, and the largest activations of one prefill
+(one vision block's attention scores and MLP, the decoder's MLP over the prompt, float32 logits), plus 5% of the
+params. The memory already in use when it is compared (the runtime, the processor) is not counted: the
+available figure is read after it.
 """
 
 from __future__ import annotations
