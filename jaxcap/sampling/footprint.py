@@ -129,7 +129,8 @@ def check_fits(
   fixes = []
   if np.dtype(cfg.param_dtype) != np.dtype(jnp.bfloat16):
     bf16 = size(cfg.replace(param_dtype=jnp.bfloat16, dtype=jnp.bfloat16), rows)
-    fixes.append(f"--dtype bfloat16 ({bf16.total / GIB:.2f} GiB)")
+    if bf16.total < need.total:  # not always on CPU: the decode loop's float32 copies of bf16 weights
+      fixes.append(f"--dtype bfloat16 ({bf16.total / GIB:.2f} GiB)")
   halves = [rows >> k for k in range(1, rows.bit_length()) if rows >> k]  # the sampler pads rows to powers of two
   smaller = next((r for r in halves if size(cfg, r).total <= budget), None)
   if smaller is not None:
