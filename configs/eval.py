@@ -63,7 +63,8 @@ def get_config():
   # questions with the image; accuracy per checkpoint and paired differences against the first go in the report.
   # image_size: square side as training's data.image_size (0 = native); system: "checkpoint" (as it was trained: a
   # jaxcap export says so in jaxcap_prompt.json, else Qwen's default turn), "default", "none" or the text.
-  c.vqa_probe = dict(checkpoints="", batch_size=16, image_size=0, system="checkpoint")
+  # dtype: the weights held as stored ("checkpoint": bf16 for released checkpoints), or "float32" / "bfloat16".
+  c.vqa_probe = dict(checkpoints="", batch_size=16, image_size=0, system="checkpoint", dtype="checkpoint")
   c.compare_to = ""  # report paired differences against this captioner; "" = the first listed, "none" = skip
   c.bootstrap = dict(resamples=1000, confidence=0.95, seed=0)
   return c

@@ -188,19 +188,23 @@ def append_lines(path: pathlib.Path, rows: Sequence[dict]) -> None:
       raise DiskFullError(path, len(data.encode()), free) from None
 
 
+def media_grid(item: ImageItem, processor) -> tuple[int, int, int]:
+  """(t, h, w) in patches of an image or video as processed, from its file header (frames sampled for a video)."""
+  from jaxcap.processing import is_video_file, read_image_size, video_file_grid
+
+  if is_video_file(item.path):
+    return tuple(int(n) for n in video_file_grid(item.path, processor.video_cfg, record=item.id))
+  h, w = read_image_size(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
+  return tuple(int(n) for n in processor.vision_cfg.grid(h, w))
+
+
 def sort_by_size(items: Iterable[ImageItem], processor) -> tuple[list[ImageItem], list[dict]]:
   """Images and videos ordered by their processed size (patches), reading only file headers (EXIF rotation
   applied), so each batch mixes sizes that pad little; returns (items, error rows)."""
-  from jaxcap.processing import is_video_file, read_image_size, video_file_grid
-
   sized, errors = [], []
   for item in items:
     try:
-      if is_video_file(item.path):
-        patches = int(np.prod(video_file_grid(item.path, processor.video_cfg, record=item.id)))
-      else:
-        h, w = read_image_size(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
-        patches = int(np.prod(processor.vision_cfg.grid(h, w)))
+      patches = int(np.prod(media_grid(item, processor)))
     except Exception as e:  # any unreadable file is reported, never fatal
       errors.append({"id": item.id, "image": item.path, "error": f"cannot read: {e}"})
       continue
@@ -246,6 +250,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--top_k", type=int, default=0)
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument(
+    "--dtype",
+    default="checkpoint",
+    choices=("checkpoint", "float32", "bfloat16"),
+    help="the weights' dtype (also the compute dtype); default: the checkpoint's own (config.json), bf16 as released",
+  )
   ap.add_argument("--min_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
   ap.add_argument("--max_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
   ap.add_argument("--process_index", type=int, default=None, help="default: jax.process_index()")
@@ -264,18 +274,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  from jaxcap.sampling.footprint import MemoryShortError
+
   try:
     return annotate(parse_args(argv))
   except DiskFullError as e:  # one line: the output written so far is whole and the rerun resumes after it
     print(f"error: {e}", file=sys.stderr, flush=True)
     return 1
+  except MemoryShortError as e:  # the memory check, before loading: one line with the numbers and the fix
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 2
 
 
 def annotate(args: argparse.Namespace) -> int:
   """Captions every pending image of `args` (parse_args); 0 when done."""
   import jax
   from tqdm import tqdm
-  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint, read_config
   from jaxcap.processing import Processor
   from jaxcap.sampling import Sampler, SamplingConfig
   from jaxcap.sharding import make_mesh
@@ -311,11 +326,15 @@ def annotate(args: argparse.Namespace) -> int:
   )
   ordered, errors = sort_by_size(pending, processor)
   append_lines(err_path, errors)
+  param_dtype = checkpoint_dtype(args.checkpoint, args.dtype)
+  if ordered:
+    with jax.set_mesh(mesh):  # the decode layout the check counts depends on the mesh
+      check_memory(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
   n_errors = len(errors)
   with jax.set_mesh(mesh):
-    model = load_hf_checkpoint(args.checkpoint, mesh=mesh)
+    model = load_hf_checkpoint(args.checkpoint, mesh=mesh, param_dtype=param_dtype)
     if args.engine == "paged":
       from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
@@ -346,6 +365,32 @@ def annotate(args: argparse.Namespace) -> int:
       bar.set_postfix(errors=n_errors, refresh=False)
   bar.close()
   return 0
+
+
+def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
+  """Raises footprint.MemoryShortError before anything is loaded when the run's estimated peak (its
+  largest batch: the last, as `ordered` is by size) exceeds the memory available; on CPU, or anywhere with
+  JAXCAP_MEMORY_BUDGET set."""
+  import jax
+
+  from jaxcap.host_memory import BUDGET, available_memory
+  from jaxcap.sampling.footprint import check_fits
+
+  if jax.default_backend() != "cpu" and not os.environ.get(BUDGET):
+    return  # the weights live on the accelerators, not in host memory
+  t, h, w = media_grid(ordered[-1], processor)
+  patches = t * h * w
+  text = len(args.prompt.encode()) + 32  # the prompt's tokens (at most its bytes) and the chat template's
+  check_fits(
+    cfg,
+    available_memory(),
+    rows=min(args.batch_size, len(ordered)),
+    prompt_tokens=patches // cfg.vision.spatial_merge_size**2 + text,
+    max_new_tokens=args.max_new_tokens,
+    vision_patches=patches,
+    vision_segment=h * w,
+    what="jaxcap.caption",
+  )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import sys
 
 # one arena (a thread's arena cannot grow past 64 MB, so big requests would fall back to mmap), no mmap, no trimming
@@ -58,3 +59,41 @@ def retain_on_cpu() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)
+
+
+BUDGET = "JAXCAP_MEMORY_BUDGET"  # bytes (or e.g. "12GiB") a memory check takes as available; "off": no check
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_bytes(text: str) -> int:
+  """'12GiB' / '512MiB' / '1073741824' -> bytes (binary units; '12G' and '12GB' read as GiB)."""
+  m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+  if m is None:
+    raise ValueError(f"{BUDGET}={text!r}: write bytes, e.g. 12GiB, 512MiB or 1073741824 (or 'off')")
+  return int(float(m[1]) * _UNITS[m[2]])
+
+
+def available_memory(environ=None) -> tuple[int, str] | None:
+  """(bytes this process may still allocate, where the figure comes from): `JAXCAP_MEMORY_BUDGET` when set, else
+  the smaller of /proc/meminfo's MemAvailable and the cgroup's (v2) limit less its usage; None when the budget is
+  'off' or nothing can be read (not Linux)."""
+  environ = os.environ if environ is None else environ
+  if environ.get(BUDGET):
+    if environ[BUDGET].strip().lower() == "off":
+      return None
+    return parse_bytes(environ[BUDGET]), BUDGET
+  found = []
+  try:
+    for line in open("/proc/meminfo"):
+      if line.startswith("MemAvailable:"):
+        found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
+  except OSError:
+    pass
+  try:
+    limit = open("/sys/fs/cgroup/memory.max").read().strip()
+    if limit != "max":
+      used = int(open("/sys/fs/cgroup/memory.current").read())
+      found.append((int(limit) - used, "the cgroup's memory.max less memory.current"))
+  except (OSError, ValueError):
+    pass
+  return min(found) if found else None

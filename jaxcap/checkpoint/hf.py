@@ -13,13 +13,13 @@ import shutil
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.sharding import param_shardings
@@ -167,11 +167,12 @@ def load_hf_checkpoint(
 ) -> Qwen25VL:
   """Builds a `Qwen25VL` from a local HF checkpoint directory.
 
-  Params are stored as `param_dtype` (default: float32) and sharded per `jaxcap.sharding` rules over `mesh`
-  (default: the first local device). `dtype` is the compute dtype (default: `param_dtype`).
+  Params are stored as `param_dtype` (default: the checkpoint's own, `checkpoint_dtype`; training passes its float32
+  masters) and sharded per `jaxcap.sharding` rules over `mesh` (default: the first local device). `dtype` is the
+  compute dtype (default: `param_dtype`).
   """
   directory = Path(directory)
-  param_dtype = param_dtype or jnp.float32
+  param_dtype = param_dtype or checkpoint_dtype(directory)
   cfg = read_config(directory, dtype=dtype or param_dtype, param_dtype=param_dtype, **config_overrides)
   index = _TensorIndex(directory)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
@@ -215,12 +216,14 @@ def load_hf_checkpoint(
 
 
 def _read(tensor, layout: str, idx: tuple, dtype) -> np.ndarray:
-  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone."""
+  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone. A slice read is a fresh
+  buffer of its own, so a block already in `dtype` (a bf16 checkpoint held in bf16) is handed on as read, not
+  copied once more."""
   if layout == "conv":  # small; read whole
-    return _from_hf(tensor[:], layout)[idx].astype(dtype)
+    return _from_hf(tensor[:], layout)[idx].astype(dtype, copy=False)
   if layout == "t":
-    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype)
-  return np.asarray(tensor[idx]).astype(dtype)
+    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype, copy=False)
+  return np.asarray(tensor[idx]).astype(dtype, copy=False)
 
 
 def _full(idx, ndim: int) -> tuple:

@@ -5,7 +5,8 @@ intervals and paired differences against the first checkpoint (`report.json`: "v
 Options: checkpoints ("NAME=PATH,NAME=PATH", "" = no probe), batch_size (questions per forward), image_size (square
 side in pixels, as training's data.image_size; 0 = native size within the checkpoint's pixel budget), system
 ("checkpoint": what the checkpoint was trained with (a jaxcap export records it in jaxcap_prompt.json; otherwise
-Qwen's default turn), "default": Qwen's system turn, "none": no system turn; else the text).
+Qwen's default turn), "default": Qwen's system turn, "none": no system turn; else the text), dtype (the weights'
+dtype: "checkpoint" = as stored, bf16 for released checkpoints; or "float32" / "bfloat16").
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.eval.metrics import Estimate, RatioMetric, bootstrap_differences, bootstrap_estimates
 
 METRIC = "vqa/accuracy"
-DEFAULTS = {"checkpoints": "", "batch_size": 16, "image_size": 0, "system": "checkpoint"}
+DEFAULTS = {"checkpoints": "", "batch_size": 16, "image_size": 0, "system": "checkpoint", "dtype": "checkpoint"}
 
 
 def parse_checkpoints(spec: str | Sequence[str] | Mapping[str, str]) -> dict[str, str]:
@@ -57,6 +58,10 @@ def probe_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     raise ValueError(f"vqa_probe.batch_size={out['batch_size']}: must be >= 1.")
   if int(out["image_size"]) < 0:
     raise ValueError(f"vqa_probe.image_size={out['image_size']}: must be >= 0 (0 = native size).")
+  from jaxcap.checkpoint.precision import CHOICES
+
+  if out["dtype"] not in CHOICES:
+    raise ValueError(f"vqa_probe.dtype={out['dtype']!r}: use one of {', '.join(CHOICES)}.")
   out["checkpoints"] = parse_checkpoints(out["checkpoints"])
   return out
 
@@ -77,7 +82,7 @@ def run_probe(
 ) -> dict[str, Any]:
   """Loads each checkpoint of `probe_options(options)` in turn, probes it on `records` and returns the report's
   "vqa_probe" document ({} when no checkpoints are configured)."""
-  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint
   from jaxcap.eval.vqa import vqa_scores
   from jaxcap.processing import Processor
 
@@ -88,7 +93,7 @@ def run_probe(
   for name, path in opts["checkpoints"].items():
     system = str(opts["system"])
     processor = Processor.from_pretrained(path, **({} if system == "checkpoint" else {"system": _system(system)}))
-    model = load_hf_checkpoint(path)
+    model = load_hf_checkpoint(path, param_dtype=checkpoint_dtype(path, str(opts["dtype"])))
     metrics[name] = vqa_scores(
       model, processor, records, batch_size=int(opts["batch_size"]), image_size=int(opts["image_size"])
     )
@@ -97,7 +102,7 @@ def run_probe(
     metrics,
     records,
     checkpoints=opts["checkpoints"],
-    settings={k: opts[k] for k in ("batch_size", "image_size", "system")},
+    settings={k: opts[k] for k in ("batch_size", "image_size", "system", "dtype")},
     num_resamples=num_resamples,
     confidence=confidence,
     seed=seed,

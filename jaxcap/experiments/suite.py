@@ -201,11 +201,11 @@ def _settings_json(s: Settings) -> dict:
 
 def vqa_metric(export: Path, records, image_size: int) -> RatioMetric:
   """The policy's own VQA accuracy on the held-out (image, question) pairs (jaxcap.eval.vqa)."""
-  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint
   from jaxcap.eval.vqa import vqa_scores
   from jaxcap.processing import Processor
 
-  model = load_hf_checkpoint(str(export))
+  model = load_hf_checkpoint(str(export), param_dtype=checkpoint_dtype(export))  # as exported (bf16 runs: bf16)
   processor = Processor.from_pretrained(str(export), cfg=model.cfg)  # prompted as trained (jaxcap_prompt.json)
   scores = vqa_scores(model, processor, records, image_size=image_size)
   return RatioMetric.from_arrays(100.0 * np.asarray(scores.num), scores.den)  # percent, as every suite metric

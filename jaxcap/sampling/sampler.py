@@ -167,13 +167,15 @@ class Sampler:
     self.pad_id = int(pad) if pad is not None else int(self.cfg.eos_token_id)
 
   @classmethod
-  def from_checkpoint(cls, directory, *, mesh=None, **kw) -> "Sampler":
-    """A sampler for a local HF Qwen2.5-VL checkpoint (weights, config and tokenizer in `directory`)."""
-    from jaxcap.checkpoint import load_hf_checkpoint
+  def from_checkpoint(cls, directory, *, mesh=None, param_dtype=None, **kw) -> "Sampler":
+    """A sampler for a local HF Qwen2.5-VL checkpoint (weights, config and tokenizer in `directory`), its weights
+    held in `param_dtype` ("float32" / "bfloat16"; default: the checkpoint's own, `checkpoint_dtype`)."""
+    from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint
     from jaxcap.processing import Processor
 
     processor = Processor.from_pretrained(directory)
-    return cls(load_hf_checkpoint(directory, mesh=mesh), processor=processor, **kw)
+    model = load_hf_checkpoint(directory, mesh=mesh, param_dtype=checkpoint_dtype(directory, param_dtype))
+    return cls(model, processor=processor, **kw)
 
   def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]]) -> SamplerBatch:
     """Host side only (numpy): a left-padded `ModelInputs` or chat conversations (needs a processor), padded to

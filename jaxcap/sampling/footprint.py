@@ -1,0 +1,142 @@
+"""What a sampling run holds at its peak, estimated from the config before anything is loaded (bytes).
+
+Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
+OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
+row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
+`Qwen25VL.layer_params` / `head_params`) with XLA:CPU's float32 copies of bf16 weights, the KV cache, and the
+largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP over the
+prompt, float32 logits), plus 5% of the params. The memory already in use when it is compared (the runtime, the processor) is not counted: the
+available figure is read after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+
+from jaxcap.models import row_blocks
+from jaxcap.models.config import Qwen25VLConfig
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+  """Peak bytes of a sampling call, by part; `rows` x `slots` is the KV cache's shape."""
+
+  params: int
+  decode_layout: int
+  kv_cache: int
+  activations: int
+  rows: int
+  slots: int
+
+  @property
+  def total(self) -> int:
+    return self.params + self.decode_layout + self.kv_cache + self.activations
+
+  def describe(self, dtype_name: str) -> str:
+    g = lambda n: f"{n / GIB:.2f}"
+    layout = f", decode layout {g(self.decode_layout)}" if self.decode_layout else ""
+    return (
+      f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name}{layout}, KV cache {g(self.kv_cache)} for "
+      f"{self.rows} rows x {self.slots} slots, activations {g(self.activations)})"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _param_sizes(cfg: Qwen25VLConfig) -> list[tuple[str, tuple[int, ...]]]:
+  """(path, shape) of every param, from the model's abstract shapes (nothing allocated)."""
+  from flax import nnx
+
+  from jaxcap.models.qwen25vl import Qwen25VL
+
+  state = nnx.state(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]
+  return [(".".join(str(getattr(k, "key", k)) for k in path), tuple(leaf.shape)) for path, leaf in flat]
+
+
+def sampling_footprint(
+  cfg: Qwen25VLConfig,
+  rows: int,
+  prompt_tokens: int,
+  max_new_tokens: int,
+  vision_patches: int = 0,
+  vision_segment: int | None = None,
+) -> Footprint:
+  """The peak of sampling `rows` prompts of up to `prompt_tokens` tokens, each with one image or video of up to
+  `vision_patches` patches (full attention over `vision_segment` of them at a time: a frame; default: all) for
+  `max_new_tokens` tokens, with params in `cfg.param_dtype` and activations / cache in `cfg.dtype`. Batches are padded to a power of two rows, as the sampler's buckets are."""
+  rows = 1 << max(0, rows - 1).bit_length()
+  pbytes, cbytes = np.dtype(cfg.param_dtype).itemsize, np.dtype(cfg.dtype).itemsize
+  sizes = _param_sizes(cfg)
+  params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
+  layout = 0
+  if row_blocks.applies(rows):
+    # The decode program's own copies, measured at the 3B's widths (2 and 6 layers, 2 rows): each decoder kernel
+    # in row blocks (a transposed copy at the params' dtype) plus, for bf16 params, a float32 copy (XLA:CPU
+    # computes bf16 dots in float32), 6.1 bytes per bf16 weight and 4.3 per float32 one, all layers at once; a
+    # tied LM head is a reshape, but bf16 logits read it as a float32 copy (1.2 GiB at the 3B's vocabulary).
+    upcast = 4 if pbytes < 4 else 0
+    kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
+    head_name = "embed_tokens" if cfg.text.tie_word_embeddings else "lm_head"
+    head = sum(int(np.prod(s)) for p, s in sizes if p.startswith(head_name))
+    head_copy = upcast if cfg.text.tie_word_embeddings else pbytes + upcast
+    layout = kernels * (pbytes + upcast) + head * head_copy
+  t, v = cfg.text, cfg.vision
+  slots = prompt_tokens + max_new_tokens
+  kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
+  segment = vision_patches if vision_segment is None else vision_segment
+  frames = -(-vision_patches // segment) if segment else 0
+  segment = 1 << max(0, segment - 1).bit_length() if segment else 0  # padded to a power of two
+  scores = frames * segment * segment * v.num_heads * 4  # one full-attention block's float32 scores
+  vision = rows * (scores + vision_patches * (4 * v.hidden_size + 2 * v.intermediate_size) * 4)
+  decoder = rows * prompt_tokens * (4 * t.hidden_size + 3 * t.intermediate_size) * 4
+  logits = 2 * rows * t.vocab_size * 4
+  return Footprint(params, layout, kv, max(vision, decoder) + logits + params // 20, rows, slots)
+
+
+class MemoryShortError(RuntimeError):
+  """A run that would not fit the memory available, with the numbers and what would fit."""
+
+
+def check_fits(
+  cfg: Qwen25VLConfig,
+  available: tuple[int, str] | None,
+  *,
+  rows: int,
+  prompt_tokens: int,
+  max_new_tokens: int,
+  vision_patches: int = 0,
+  vision_segment: int | None = None,
+  what: str = "sampling",
+) -> Footprint:
+  """The run's `sampling_footprint`; raises MemoryShortError (one line: the estimate by part, the memory available
+  and where that figure comes from, and the fixes that would fit: `--dtype bfloat16`, a smaller `--batch_size`,
+  more devices) when it exceeds `available` ((bytes, source) from `host_memory.available_memory`; None: no check)."""
+  import jax.numpy as jnp
+
+  from jaxcap.host_memory import BUDGET
+
+  size = lambda c, r: sampling_footprint(c, r, prompt_tokens, max_new_tokens, vision_patches, vision_segment)
+  need = size(cfg, rows)
+  if available is None or need.total <= available[0]:
+    return need
+  budget, source = available
+  fixes = []
+  if np.dtype(cfg.param_dtype) != np.dtype(jnp.bfloat16):
+    bf16 = size(cfg.replace(param_dtype=jnp.bfloat16, dtype=jnp.bfloat16), rows)
+    if bf16.total < need.total:  # not always on CPU: the decode loop's float32 copies of bf16 weights
+      fixes.append(f"--dtype bfloat16 ({bf16.total / GIB:.2f} GiB)")
+  halves = [rows >> k for k in range(1, rows.bit_length()) if rows >> k]  # the sampler pads rows to powers of two
+  smaller = next((r for r in halves if size(cfg, r).total <= budget), None)
+  if smaller is not None:
+    fixes.append(f"--batch_size {smaller} ({size(cfg, smaller).total / GIB:.2f} GiB)")
+  fixes.append("a mesh of more devices or a machine with more memory")
+  raise MemoryShortError(
+    f"{what} needs about {need.describe(np.dtype(cfg.param_dtype).name)}, but {budget / GIB:.2f} GiB is available "
+    f"({source}); use {' or '.join(fixes)}, or set {BUDGET}=off to skip this check"
+  )
