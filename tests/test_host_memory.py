@@ -66,6 +66,7 @@ def _probe(**env):
   return starts, faults
 
 
+@pytest.mark.slow
 @glibc_only
 def test_reexec_keeps_freed_buffers_and_stops_the_page_faults():
   kept_starts, kept = _probe()

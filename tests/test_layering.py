@@ -18,7 +18,16 @@ LAYERS = [
   {"world", "config"},  # the embedded synthetic world; the run config's schema (over the registries below)
   {"train"},
   {"eval"},
-  {"experiments", "launch", "plan", "caption", "judge", "curate_qa", "synthesize_rubrics"},  # programs
+  {
+    "experiments",
+    "launch",
+    "plan",
+    "caption",
+    "annotation_files",
+    "judge",
+    "curate_qa",
+    "synthesize_rubrics",
+  },  # programs
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -43,6 +43,7 @@ def test_every_program_compiles_and_reports_memory(planned):
   assert planned["peak_gib"] == max(p["peak"] for p in planned["programs"]) / GIB
 
 
+@pytest.mark.slow
 def test_state_is_sharded_not_replicated(planned):
   one_device = plan(_config(), tiny(dtype=jax.numpy.bfloat16), jax.devices()[:1], 80.0, ("decode",), text=8)
   # fsdp 8 holds roughly an eighth of the state per device (small vectors stay replicated)

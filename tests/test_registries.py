@@ -148,6 +148,7 @@ def test_length_mask_wrapper_zeroes_only_the_named_dimension_outside_the_band():
     LengthMaskedReward(inner, ["c"], tau_low=0.5, tau_high=2.0)
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own():
   """No import cycles: each jaxcap module imports first, in a fresh interpreter state for jaxcap."""
   names = [m.name for m in pkgutil.walk_packages(jaxcap.__path__, "jaxcap.") if not m.name.endswith("__main__")]

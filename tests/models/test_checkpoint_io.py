@@ -83,6 +83,7 @@ def test_loads_bf16_and_new_style_key_names(checkpoint, tmp_path):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(jnp.bfloat16))
 
 
+@pytest.mark.slow
 def test_bf16_forward_close_to_f32(checkpoint):
   src, _ = checkpoint
   proc = Processor.from_pretrained(src)

@@ -55,6 +55,7 @@ def test_linear_with_row_block_kernel_equals_plain(dtype):
   np.testing.assert_allclose(np.asarray(blocked, np.float32), np.asarray(plain, np.float32), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 def test_applies_to_few_rows_on_one_device_only():
   model = Qwen25VL(tiny(), rngs=nnx.Rngs(0))
   kernels = lambda layers: {a.ndim for p, a in jax.tree_util.tree_leaves_with_path(layers[0]) if "kernel" in str(p)}

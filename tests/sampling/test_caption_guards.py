@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import jaxcap.models as M
-from jaxcap import caption
+from jaxcap import annotation_files, caption
 from hf_reference import save_tiny_checkpoint
 
 
@@ -27,7 +27,7 @@ def test_every_skipped_path_is_logged_with_why(tmp_path):
   os.symlink("a.png", tmp_path / "alias.png")  # a link to an image is an image
   os.symlink("sub", tmp_path / "linked")
   log = io.StringIO()
-  items = caption.list_images(tmp_path, log=lambda skipped: caption.log_skipped(skipped, log))
+  items = caption.list_images(tmp_path, log=lambda skipped: annotation_files.log_skipped(skipped, log))
   assert [it.id for it in items] == ["a.png", "alias.png", "sub/b.jpg"]
   assert log.getvalue().splitlines() == [
     f"jaxcap.caption: skipped {tmp_path}/dangling.png: a symbolic link to a missing file (gone.png)",
@@ -56,7 +56,7 @@ def _full_after(monkeypatch, path, writes: int):
         f.write = write
     return f
 
-  monkeypatch.setattr(caption, "open", fake_open, raising=False)
+  monkeypatch.setattr(annotation_files, "open", fake_open, raising=False)
 
 
 def test_full_disk_ends_with_one_line_and_the_rerun_resumes(tmp_path, monkeypatch, capsys):
@@ -90,6 +90,6 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path, monkeypatch, co
   def fake_open(*a, **kw):
     raise OSError(code, os.strerror(code))
 
-  monkeypatch.setattr(caption, "open", fake_open, raising=False)
+  monkeypatch.setattr(annotation_files, "open", fake_open, raising=False)
   with pytest.raises(PermissionError):
     caption.append_lines(path, [{"id": "a"}])

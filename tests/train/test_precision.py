@@ -142,6 +142,7 @@ def test_bfloat16_compute_runs_move_like_float32_runs_at_lr_1e_6():
 
 
 # each dtype once, one of them with a frozen tower: a full SFT step compile per case
+@pytest.mark.slow
 @pytest.mark.parametrize(("param_dtype", "frozen"), [(jnp.float32, ("visual",)), (jnp.bfloat16, ())])
 def test_optimizer_state_dtypes_are_fixed_from_init(param_dtype, frozen):
   params = jax.tree.map(lambda x: x.astype(param_dtype), _init_params())

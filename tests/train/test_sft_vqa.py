@@ -155,6 +155,7 @@ def test_option_letters_must_be_single_tokens():
     letter_token_ids(tok, 3)  # 'C' is <unk> in this vocabulary
 
 
+@pytest.mark.slow
 def test_sft_loss_falls_on_vqa_targets():
   update, train, processor, model = _update(0.95)
   records = train[:4]

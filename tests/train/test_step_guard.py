@@ -74,6 +74,7 @@ def test_health_code_names_the_first_bad_quantity():
   assert int(step_health(jnp.float32(1), jnp.float32(1), jnp.float32(1e9), params, 0.0)) == 0  # ratio check off
 
 
+@pytest.mark.slow
 def test_infinite_learning_rate_step_is_not_applied():
   before, after, metrics = _run(jnp.inf)
   assert int(metrics[HEALTH]) == 3 and guard.QUANTITIES[3] == "update"
@@ -117,6 +118,7 @@ def test_divergence_check_is_off_at_ratio_zero_and_a_sane_step_applies():
   np.testing.assert_allclose(after.params["w"], 0.1 - 1e-3 * np.sign([0.5, -0.25, 1.0, 2.0]), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_finite_step_is_bitwise_the_unguarded_step(monkeypatch):
   _, guarded, metrics = _run(1e-2)
   assert int(metrics[HEALTH]) == 0

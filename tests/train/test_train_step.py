@@ -102,6 +102,7 @@ def test_a_frozen_vision_tower_keeps_its_parameters_while_the_decoder_learns():
     assert moved and ((not any(moved)) if name == "visual" else all(moved)), name
 
 
+@pytest.mark.slow
 def test_rl_step_raises_the_probability_of_advantaged_completions():
   rng = np.random.default_rng(2)
   prompts, layout = _prompts(2, rng)
