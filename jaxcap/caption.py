@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from jaxcap.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
+from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
 
 DEFAULT_PROMPT = "Describe this image in detail."
 

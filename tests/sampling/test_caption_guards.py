@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 import jaxcap.models as M
-from jaxcap import annotation_files, caption
+from jaxcap import caption
+from jaxcap.data import annotation_files
 from hf_reference import save_tiny_checkpoint
 
 

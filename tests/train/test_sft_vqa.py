@@ -15,7 +15,8 @@ from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 from jaxcap.processing import word_tokenizer
 from jaxcap.processing.vqa import letter_token_ids, vqa_prompt, vqa_target
 from jaxcap.sharding import make_mesh
-from jaxcap.train.batching import Batcher, encode_targets
+from jaxcap.processing.tokenizer import encode_targets
+from jaxcap.train.batching import Batcher
 from jaxcap.train.config import validate
 from jaxcap.train.data import record_loader
 from jaxcap.train.state import init_train_state, make_optimizer
