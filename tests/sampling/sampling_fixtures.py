@@ -7,7 +7,7 @@ import numpy as np
 import jaxcap.models as M
 from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.processing import Processor
-from hf_reference import save_tiny_checkpoint
+from hf_reference import hf_inputs, save_tiny_checkpoint
 
 
 def image(seed: int, h: int, w: int) -> np.ndarray:
@@ -34,3 +34,20 @@ def tiny_checkpoint(directory, seed: int):
   cfg = M.tiny()
   ref = save_tiny_checkpoint(cfg, seed, directory)
   return ref, load_hf_checkpoint(directory), Processor.from_pretrained(directory)
+
+
+def hf_greedy(ref, proc, conversations, stop_ids, max_new_tokens: int) -> np.ndarray:
+  """transformers' greedy `generate` on `conversations` (left-padded): the new tokens int [B, <= max_new_tokens]
+  (HF stops once every row has)."""
+  import torch
+
+  batch = proc(conversations, padding_side="left")
+  with torch.no_grad():
+    out = ref.generate(
+      **hf_inputs(batch, proc.cfg),
+      do_sample=False,
+      max_new_tokens=max_new_tokens,
+      eos_token_id=list(stop_ids),
+      pad_token_id=proc.tokenizer.pad_token_id,
+    )
+  return out[:, batch.input_ids.shape[1] :].numpy()

@@ -5,15 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxcap.models.qwen25vl import cached_attention
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.sampling.paged_cache import paged_attention
 from jaxcap.sampling.paged_decode import _draw, sample_uniforms
-from hf_reference import hf_inputs
-from sampling_fixtures import PADDED_BATCH, image, tiny_checkpoint, user
+from sampling_fixtures import PADDED_BATCH, hf_greedy, image, tiny_checkpoint, user
 
 draw = jax.jit(_draw, static_argnums=(4, 5))
 uniforms = jax.jit(sample_uniforms, static_argnums=(3,))
@@ -34,16 +32,7 @@ def models(tmp_path_factory):
 
 
 def _hf_greedy(ref, proc, conversations, stop_ids):
-  batch = proc(conversations, padding_side="left")
-  with torch.no_grad():
-    out = ref.generate(
-      **hf_inputs(batch, proc.cfg),
-      do_sample=False,
-      max_new_tokens=NEW,
-      eos_token_id=list(stop_ids),
-      pad_token_id=proc.tokenizer.pad_token_id,
-    )
-  out = out[:, batch.input_ids.shape[1] :].numpy()
+  out = hf_greedy(ref, proc, conversations, stop_ids, NEW)
   return np.pad(out, ((0, 0), (0, NEW - out.shape[1])), constant_values=proc.tokenizer.pad_token_id)
 
 

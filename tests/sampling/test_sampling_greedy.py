@@ -4,12 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.sampling import Sampler, SamplingConfig
-from hf_reference import hf_inputs
-from sampling_fixtures import PADDED_BATCH, TWO_IMAGES, tiny_checkpoint
+from sampling_fixtures import PADDED_BATCH, TWO_IMAGES, hf_greedy, tiny_checkpoint
 
 NEW = 10
 
@@ -17,19 +15,6 @@ NEW = 10
 @pytest.fixture(scope="module", params=[0, 1], ids=["seed0", "seed1"])
 def models(request, tmp_path_factory):
   return tiny_checkpoint(tmp_path_factory.mktemp(f"greedy{request.param}"), request.param)
-
-
-def _hf_greedy(ref, proc, conversations, stop_ids):
-  batch = proc(conversations, padding_side="left")
-  with torch.no_grad():
-    out = ref.generate(
-      **hf_inputs(batch, proc.cfg),
-      do_sample=False,
-      max_new_tokens=NEW,
-      eos_token_id=list(stop_ids),
-      pad_token_id=proc.tokenizer.pad_token_id,
-    )
-  return out[:, batch.input_ids.shape[1] :].numpy()
 
 
 def _assert_same(tokens, want, pad_id):
@@ -43,16 +28,16 @@ def test_greedy_equals_transformers(models, name, conversations):
   eos = proc.cfg.eos_token_id
   sampler = Sampler(model, processor=proc, sampling=SamplingConfig(temperature=0, max_new_tokens=NEW))
   got = sampler(conversations, jax.random.key(0))
-  _assert_same(got.tokens, _hf_greedy(ref, proc, conversations, [eos]), sampler.pad_id)
+  _assert_same(got.tokens, hf_greedy(ref, proc, conversations, [eos], NEW), sampler.pad_id)
   assert got.text is not None and len(got.text) == len(conversations)
 
 
 def test_greedy_per_sequence_stop_and_shared_prefill(models):
   """Stop ids taken from the reference's own output make rows stop at different steps; G copies agree."""
   ref, model, proc = models
-  free = _hf_greedy(ref, proc, PADDED_BATCH, [proc.cfg.eos_token_id])
+  free = hf_greedy(ref, proc, PADDED_BATCH, [proc.cfg.eos_token_id], NEW)
   stops = (int(free[0, 2]), int(free[1, 5]))  # row 0 stops by step 2, row 1 by step 5
-  want = _hf_greedy(ref, proc, PADDED_BATCH, stops)
+  want = hf_greedy(ref, proc, PADDED_BATCH, stops, NEW)
   sampler = Sampler(model, processor=proc, sampling=SamplingConfig(temperature=0, max_new_tokens=NEW, stop_ids=stops))
   got = sampler(PADDED_BATCH, jax.random.key(0), num_samples=3)
   tokens = np.asarray(got.tokens).reshape(3, 3, NEW)
