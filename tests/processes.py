@@ -121,6 +121,20 @@ def flags(settings: Mapping[str, object]) -> list[str]:
   return [f"--config.{k}={v}" for k, v in settings.items() if v is not None]
 
 
+# SFT only, a checkpoint every step, no RL / eval / warm-up: the shortest run that writes checkpoints to resume from
+SFT_CHECKPOINTS = {
+  "sft.steps": 3,
+  "rl.steps": 0,
+  "rl.batch_size": None,
+  "rl.num_samples": None,
+  "sampling.max_new_tokens": None,
+  "eval.num_images": 0,
+  "checkpoint.every": 1,
+  "vision_warmup.steps": 0,
+  "vision_warmup.batch_size": None,
+}
+
+
 def tiny_run(changes: Mapping[str, object] = (), base: Mapping[str, object] = TINY) -> list[str]:
   """The flags of `base` (TINY or SMALL) with `changes` (None: drops a setting, leaving the config's value)."""
   return flags({**base, **dict(changes)})

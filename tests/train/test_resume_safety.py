@@ -16,25 +16,13 @@ from pathlib import Path
 import pytest
 
 from jaxcap.train.config import validate
-from processes import cpu_env, launch, load_config, run_command, tiny_run
+from processes import SFT_CHECKPOINTS, cpu_env, launch, load_config, run_command, tiny_run
 
 # jaxcap.locking and jaxcap.train.resume are imported inside the tests that use them, so that the other tests
 # also run (and fail for what they check) against a checkout from before these modules existed.
 
 # 3 SFT steps, a checkpoint after each, no RL, no evaluation
-TINY = tiny_run(
-  {
-    "sft.steps": 3,
-    "rl.steps": 0,
-    "rl.batch_size": None,
-    "rl.num_samples": None,
-    "sampling.max_new_tokens": None,
-    "eval.num_images": 0,
-    "checkpoint.every": 1,
-    "vision_warmup.steps": 0,
-    "vision_warmup.batch_size": None,
-  }
-)
+TINY = tiny_run(SFT_CHECKPOINTS)
 FIXES = ("--config.resume_changes=allow", "--config.workdir")  # the two ways on past a refused change
 
 

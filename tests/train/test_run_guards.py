@@ -9,24 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from processes import launch, tiny_run
+from processes import SFT_CHECKPOINTS, launch, tiny_run
 
 pytestmark = pytest.mark.slow  # training runs in subprocesses
 
-RUN = tiny_run(
-  {
-    "sft.steps": 3,
-    "rl.steps": 0,
-    "rl.batch_size": None,
-    "rl.num_samples": None,
-    "sampling.max_new_tokens": None,
-    "eval.num_images": 0,
-    "checkpoint.every": 1,
-    "vision_warmup.steps": 0,
-    "vision_warmup.batch_size": None,
-    "export.hf": True,
-  }
-)
+RUN = tiny_run({**SFT_CHECKPOINTS, "export.hf": True})
 
 
 def _launch(workdir, *extra):
