@@ -17,3 +17,21 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Longest files first. xdist hands out whole files (--dist loadfile) in collection order; by default it orders
+# them by test count, which puts one-test end-to-end files (minutes each) last, where a single worker finishes them
+# alone while the other idles. tests/file_durations.json holds each file's measured seconds (refresh it with
+# `python -m pytest --record-durations`); files it does not know weigh by their slow marks.
+from file_durations import record_durations_option, durations_recorder, longest_files_first  # noqa: E402
+
+
+def pytest_addoption(parser):
+  record_durations_option(parser)
+
+
+def pytest_configure(config):
+  durations_recorder(config)
+
+
+def pytest_collection_modifyitems(config, items):
+  items[:] = longest_files_first(items)

@@ -1,5 +1,5 @@
 """A 2-process jax.distributed run (CPU, gloo collectives) gives the same losses as a 1-process run with the
-same global batch: vision warm-up steps, SFT steps, then RL steps (rollouts sampled across both processes, rewards judged per process,
+same global batch: SFT steps, then RL steps (rollouts sampled across both processes, rewards judged per process,
 advantages and the loss over the global batch; a small entropy bonus keeps the RL loss non-zero while the tiny
 student's rewards are still flat)."""
 
@@ -22,6 +22,9 @@ COMMON = tiny_run(
     "world.train_scenes": 16,
     "eval.num_images": 0,
     "checkpoint.every": 2,
+    # the embedded vision warm-up trains on replicated batches: nothing of it differs between the layouts
+    "vision_warmup.steps": 0,
+    "vision_warmup.batch_size": None,
   }
 )
 
@@ -51,8 +54,6 @@ def test_two_processes_match_one(tmp_path):
   )
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
   assert [(p, s) for p, s, *_ in got] == [
-    ("vision", 1),
-    ("vision", 2),
     ("sft", 1),
     ("sft", 2),
     ("sft", 3),
