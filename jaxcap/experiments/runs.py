@@ -42,8 +42,8 @@ def config_hash(config: ml_collections.ConfigDict, ignore=("workdir", "compile_c
 def _smoke(c: ml_collections.ConfigDict) -> None:
   """A start of few steps on a tiny world: checks the machinery, not the methods."""
   c.world.update(dict(train_scenes=64, eval_scenes=32))
-  c.vision_warmup.update(dict(steps=10, batch_size=16))
-  c.sft.steps = 10
+  c.vision_warmup.update(dict(steps=10, batch_size=8))
+  c.sft.update(dict(steps=10, batch_size=8))
   c.eval.num_images = 32
 
 
@@ -142,6 +142,8 @@ def arm_config(arm: dict, start: Start, seed: int, s: Settings, *, export: bool)
   with c.unlocked():
     c.rl.steps = s.rl_steps if not s.smoke else 2
     merge(c, arm["overrides"])
+    if s.smoke:  # RL batches of 4 prompts x 4 samples: the machinery, not the methods
+      c.rl.update(dict(batch_size=4, num_samples=4))
     c.seed = int(seed)
     c.model.checkpoint = str(start.export)
     c.vision_warmup.steps = 0

@@ -36,6 +36,11 @@ def test_every_arm_resolves_to_a_valid_distinct_config(name, tmp_path):
       assert c.rl.steps == 100 and c.sft.steps == 0
     hashes[arm_name] = config_hash(c)
   assert len(set(hashes.values())) == len(hashes), f"two arms of {name} are the same run: {hashes}"
+  smoke = Settings(workdir=tmp_path, smoke=True)  # the smoke mode's small batches are valid for every arm too
+  for a in exp.arms.values():
+    c = arm_config(a.to_dict(), start, 0, smoke, export=False)
+    validate(c)
+    assert (c.rl.batch_size, c.rl.num_samples) == (4, 4)
 
 
 def test_arms_shared_between_experiments_are_one_run(tmp_path):
