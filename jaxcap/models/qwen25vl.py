@@ -279,6 +279,7 @@ class Qwen25VL(nnx.Module):
       # ties the layer's weights to this step's activations: XLA cannot hoist their all-gather (sharded models)
       # out of a decode loop, which would hold every layer's gathered weights at once
       x, params = jax.lax.optimization_barrier((x, params))
+      params = row_blocks.in_step(params, x)  # XLA:CPU's float32 copies of bf16 weights: one layer at a time
       kv = (cache.k[i], cache.v[i]) + ((cache.prefix_k[i], cache.prefix_v[i]) if cache.prefix_k else ())
       x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, cache_index)
       new_k.append(k)

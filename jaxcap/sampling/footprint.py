@@ -3,7 +3,7 @@
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
 OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
 row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
-`Qwen25VL.layer_params` / `head_params`) with XLA:CPU's float32 copies of bf16 weights, the KV cache, and the
+`Qwen25VL.layer_params` / `head_params`) with XLA:CPU's float32 copy of one layer's bf16 weights, the KV cache, and the
 largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP over the
 prompt, float32 logits), plus 5% of the params. The memory already in use when it is compared (the runtime, the processor) is not counted: the
 available figure is read after it.
@@ -76,16 +76,17 @@ def sampling_footprint(
   params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
   layout = 0
   if row_blocks.applies(rows):
-    # The decode program's own copies, measured at the 3B's widths (2 and 6 layers, 2 rows): each decoder kernel
-    # in row blocks (a transposed copy at the params' dtype) plus, for bf16 params, a float32 copy (XLA:CPU
-    # computes bf16 dots in float32), 6.1 bytes per bf16 weight and 4.3 per float32 one, all layers at once; a
-    # tied LM head is a reshape, but bf16 logits read it as a float32 copy (1.2 GiB at the 3B's vocabulary).
+    # The decode program's own copies (the compiled program's temporaries at the 3B's widths, 2 and 4 layers, 2
+    # rows): each decoder kernel in row blocks (a transposed copy at the params' dtype, 2.0 bytes per bf16 weight)
+    # and, for bf16 params, one layer's float32 convert at a time (XLA:CPU computes bf16 dots in float32;
+    # `row_blocks.in_step`); a tied LM head is a reshape, but bf16 logits read it as a float32 copy made once for
+    # the loop (1.2 GiB at the 3B's vocabulary).
     upcast = 4 if pbytes < 4 else 0
     kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
     head_name = "embed_tokens" if cfg.text.tie_word_embeddings else "lm_head"
     head = sum(int(np.prod(s)) for p, s in sizes if p.startswith(head_name))
     head_copy = upcast if cfg.text.tie_word_embeddings else pbytes + upcast
-    layout = kernels * (pbytes + upcast) + head * head_copy
+    layout = kernels * pbytes + kernels // cfg.text.num_hidden_layers * upcast + head * head_copy
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes

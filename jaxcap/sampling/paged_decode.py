@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcap.models import row_blocks
 from jaxcap.models.layers import mrope_cos_sin
 from jaxcap.models.qwen25vl import KVCache
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
@@ -206,6 +207,7 @@ def segment(
     ks, vs = [], []
     for li, p in enumerate(layers):
       x, p = jax.lax.optimization_barrier((x, p))  # as `Qwen25VL.decode`: no hoisted all-gathers
+      p = row_blocks.in_step(p, x)
       view = PagedLayer(pool.k[li], pool.v[li], table, visible, write_page, offset)
       x, view = nnx.merge(layer_graph, p)(x, cos, sin, None, view, None)
       ks.append(view.k)
