@@ -310,12 +310,15 @@ class Qwen25VL(nnx.Module):
       return None
     if self.cfg.text.tie_word_embeddings:
       return row_blocks.from_rows(self.embed_tokens.embedding[...])
-    return row_blocks.from_kernel(self.lm_head.kernel[...])
+    kernel = self.lm_head.kernel[...]
+    return kernel if kernel.ndim == 3 else row_blocks.from_kernel(kernel)  # 3-D: held in row blocks already
 
   def logits(self, hidden: jax.Array, head: jax.Array | None = None) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V]. `head`: `head_params(rows)`, taken once outside a loop."""
     lead = hidden.shape[:-1]
     flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D: a faster weight gradient on XLA:CPU (see layers.Linear)
+    if head is None and not self.cfg.text.tie_word_embeddings and self.lm_head.kernel.ndim == 3:
+      head = self.lm_head.kernel[...]  # held in row blocks (`jaxcap.sampling.decode_layout`)
     if head is not None:
       out = row_blocks.matmul(flat, head.astype(hidden.dtype), preferred_element_type=jnp.float32)
     elif self.cfg.text.tie_word_embeddings:
