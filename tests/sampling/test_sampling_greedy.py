@@ -86,6 +86,7 @@ def _decode_temp_bytes(sampler, params, rows: int) -> int:
   return generate.decode_jit.lower(params, state, **static).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_a_sampler_that_owns_its_weights_holds_one_copy_and_decodes_the_same(models):
   """`owns_weights=True` (the annotator's sampler) lays the weights out for decoding once, in place of the model's
   own: the live arrays do not grow, greedy tokens equal transformers', and the decode program no longer builds a
