@@ -183,9 +183,9 @@ def annotate(args: argparse.Namespace) -> int:
       from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
       engine = EngineConfig(args.slots or args.batch_size, args.page_size, args.segment_steps)
-      sampler = PagedSampler(model, processor=processor, sampling=sampling, engine=engine)
+      sampler = PagedSampler(model, processor=processor, sampling=sampling, engine=engine, owns_weights=True)
     else:
-      sampler = Sampler(model, processor=processor, sampling=sampling)
+      sampler = Sampler(model, processor=processor, sampling=sampling, owns_weights=True)
     for start in range(0, len(ordered), args.batch_size):
       loaded, bad = load_images(ordered[start : start + args.batch_size], processor)
       append_lines(err_path, bad)

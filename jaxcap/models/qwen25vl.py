@@ -279,6 +279,7 @@ class Qwen25VL(nnx.Module):
       # ties the layer's weights to this step's activations: XLA cannot hoist their all-gather (sharded models)
       # out of a decode loop, which would hold every layer's gathered weights at once
       x, params = jax.lax.optimization_barrier((x, params))
+      params = row_blocks.in_step(params, x)  # XLA:CPU's float32 copies of bf16 weights: one layer at a time
       kv = (cache.k[i], cache.v[i]) + ((cache.prefix_k[i], cache.prefix_v[i]) if cache.prefix_k else ())
       x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, cache_index)
       new_k.append(k)
@@ -309,12 +310,15 @@ class Qwen25VL(nnx.Module):
       return None
     if self.cfg.text.tie_word_embeddings:
       return row_blocks.from_rows(self.embed_tokens.embedding[...])
-    return row_blocks.from_kernel(self.lm_head.kernel[...])
+    kernel = self.lm_head.kernel[...]
+    return kernel if kernel.ndim == 3 else row_blocks.from_kernel(kernel)  # 3-D: held in row blocks already
 
   def logits(self, hidden: jax.Array, head: jax.Array | None = None) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V]. `head`: `head_params(rows)`, taken once outside a loop."""
     lead = hidden.shape[:-1]
     flat = hidden.reshape(-1, hidden.shape[-1])  # 2-D: a faster weight gradient on XLA:CPU (see layers.Linear)
+    if head is None and not self.cfg.text.tie_word_embeddings and self.lm_head.kernel.ndim == 3:
+      head = self.lm_head.kernel[...]  # held in row blocks (`jaxcap.sampling.decode_layout`)
     if head is not None:
       out = row_blocks.matmul(flat, head.astype(hidden.dtype), preferred_element_type=jnp.float32)
     elif self.cfg.text.tie_word_embeddings:

@@ -3,7 +3,8 @@
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
 OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
 row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
-`Qwen25VL.layer_params` / `head_params`) with XLA:CPU's float32 copies of bf16 weights, the KV cache, and the
+`Qwen25VL.layer_params` / `head_params`) unless the weights are held so, XLA:CPU's float32 copies of one layer's
+bf16 weights and of the head, the KV cache, and the
 largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP over the
 prompt, float32 logits), plus 5% of the params. The memory already in use when it is compared (the runtime, the processor) is not counted: the
 available figure is read after it.
@@ -66,26 +67,29 @@ def sampling_footprint(
   max_new_tokens: int,
   vision_patches: int = 0,
   vision_segment: int | None = None,
+  held: bool = True,
 ) -> Footprint:
   """The peak of sampling `rows` prompts of up to `prompt_tokens` tokens, each with one image or video of up to
   `vision_patches` patches (full attention over `vision_segment` of them at a time: a frame; default: all) for
-  `max_new_tokens` tokens, with params in `cfg.param_dtype` and activations / cache in `cfg.dtype`. Batches are padded to a power of two rows, as the sampler's buckets are."""
+  `max_new_tokens` tokens, with params in `cfg.param_dtype` and activations / cache in `cfg.dtype`. Batches are padded to a power of two rows, as the sampler's buckets are. `held`: the weights are held as the decode loop reads them (a sampler that owns them, `decode_layout`), else laid out per call (a trainer's params)."""
   rows = 1 << max(0, rows - 1).bit_length()
   pbytes, cbytes = np.dtype(cfg.param_dtype).itemsize, np.dtype(cfg.dtype).itemsize
   sizes = _param_sizes(cfg)
   params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
   layout = 0
   if row_blocks.applies(rows):
-    # The decode program's own copies, measured at the 3B's widths (2 and 6 layers, 2 rows): each decoder kernel
-    # in row blocks (a transposed copy at the params' dtype) plus, for bf16 params, a float32 copy (XLA:CPU
-    # computes bf16 dots in float32), 6.1 bytes per bf16 weight and 4.3 per float32 one, all layers at once; a
-    # tied LM head is a reshape, but bf16 logits read it as a float32 copy (1.2 GiB at the 3B's vocabulary).
+    # The decode program's own copies (the compiled program's temporaries at the 3B's widths, 2 and 4 layers, 2
+    # rows): for bf16 params, one layer's float32 convert at a time (XLA:CPU computes bf16 dots in float32;
+    # `row_blocks.in_step`); weights not `held` in the decode layout, each decoder kernel in row blocks (a
+    # transposed copy at the params' dtype, 2.0 bytes per bf16 weight) and an untied head's; a tied head is a
+    # reshape, but bf16 logits read the head as a float32 copy made once for the loop (1.2 GiB at the 3B's
+    # vocabulary). Held, bf16, 3B widths: 1.55 GB at 2 and at 4 layers (not held: 1.86 / 2.17 GB).
     upcast = 4 if pbytes < 4 else 0
     kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
     head_name = "embed_tokens" if cfg.text.tie_word_embeddings else "lm_head"
     head = sum(int(np.prod(s)) for p, s in sizes if p.startswith(head_name))
-    head_copy = upcast if cfg.text.tie_word_embeddings else pbytes + upcast
-    layout = kernels * (pbytes + upcast) + head * head_copy
+    copies = 0 if held else kernels + (0 if cfg.text.tie_word_embeddings else head)
+    layout = copies * pbytes + kernels // cfg.text.num_hidden_layers * upcast + head * upcast
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes

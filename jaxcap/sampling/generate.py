@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models.qwen25vl import KVCache
+from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.prompts import Prompts
 from jaxcap.sharding import shard
@@ -81,12 +82,13 @@ def prefill(
 ) -> DecodeState:
   """Encodes the B prompts' images and runs the prompt once, repeats the cache G times, samples token 0."""
   TRACE_COUNTS["prefill"] += 1
+  params, layers = unpack(params)
   model = nnx.merge(graphdef, params)
   b, t = prompts.input_ids.shape
   g, n = num_samples, sampling.max_new_tokens
   x = model.embed(prompts.input_ids, prompts.vision)
   mask = prompts.attention_mask.astype(bool)
-  hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
+  hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 
   cache = prompt_cache.grow(g, n)
@@ -115,9 +117,12 @@ def decode(
 ) -> DecodeState:
   """Feeds the last token and samples the next until every row stopped or max_new_tokens were emitted."""
   TRACE_COUNTS["decode"] += 1
-  model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
+  params, held = unpack(params)
+  dtype = nnx.merge(graphdef, params).cfg.dtype
+  model = nnx.merge(graphdef, compute_dtype_params(params, dtype))
   rows = state.tokens.shape[0]
-  layers = model.layer_params(rows)  # sliced (cast, laid out for few rows) once, outside the loop
+  # sliced (cast, laid out for few rows) once, outside the loop; as they are when held so (no second copy)
+  layers = model.layer_params(rows) if held is None else compute_dtype_params(held, dtype)
   head = model.head_params(rows)
   n = sampling.max_new_tokens
 

@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcap.models import row_blocks
 from jaxcap.models.layers import mrope_cos_sin
 from jaxcap.models.qwen25vl import KVCache
+from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
@@ -116,12 +118,13 @@ def prefill(
   pages `page_ids` int32 [B, T / Z] names, and samples token 0 of each of their G samples into output rows
   (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar) first prompts."""
   TRACE_COUNTS["prefill"] += 1
+  params, layers = unpack(params)
   model = nnx.merge(graphdef, params)
   b, t = prompts.input_ids.shape
   g = num_samples
   x = model.embed(prompts.input_ids, prompts.vision)
   mask = prompts.attention_mask.astype(bool)
-  hidden, cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0)
+  hidden, cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers)
   pool = write_prompt_pages(pool, cache.k, cache.v, page_ids)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
@@ -177,10 +180,12 @@ def segment(
   are live. table int32 [R, n]: each slot's pages (`NULL_PAGE` past its own); a step attends over the n * Z
   positions they hold, masked to the slot's [start, length]."""
   TRACE_COUNTS["segment"] += 1
-  model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
+  params, held = unpack(params)
+  dtype = nnx.merge(graphdef, params).cfg.dtype
+  model = nnx.merge(graphdef, compute_dtype_params(params, dtype))
   cfg = model.cfg.text
   rows = slots.row.shape[0]
-  layers = model.layer_params(rows)
+  layers = model.layer_params(rows) if held is None else compute_dtype_params(held, dtype)  # as `generate.decode`
   head = model.head_params(rows)
   layer_graph = nnx.graphdef(model.layers)
   z = pool.page_size
@@ -206,6 +211,7 @@ def segment(
     ks, vs = [], []
     for li, p in enumerate(layers):
       x, p = jax.lax.optimization_barrier((x, p))  # as `Qwen25VL.decode`: no hoisted all-gathers
+      p = row_blocks.in_step(p, x)
       view = PagedLayer(pool.k[li], pool.v[li], table, visible, write_page, offset)
       x, view = nnx.merge(layer_graph, p)(x, cos, sin, None, view, None)
       ks.append(view.k)

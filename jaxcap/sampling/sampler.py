@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.prompt import ModelInputs
+from jaxcap.sampling.decode_layout import hold_for_decoding
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.generate import decode_jit, prefill_jit, static_arguments
 from jaxcap.sampling.prompts import Prompts, VisionItems, bucket_prompts, pad_length, pad_patches
@@ -138,6 +139,9 @@ class Sampler:
   same bucket with the same G and sampling config reuse one compiled program. Under an
   ambient mesh (`jax.set_mesh`) the batch is sharded over ('data', 'fsdp') and heads over 'tensor'.
 
+  `owns_weights=True` (inference only: the annotator, `from_checkpoint`) holds the model's weights as the decode
+  loop reads them (`decode_layout.DecodeWeights`) in place of its own layout, consuming the model's arrays.
+
   The host side of a call can be split off: `bucket` (numpy only, safe on a loader thread), `place` (one upload),
   then the call on the placed batch, whose arrays the caller may reuse (e.g. the prompts of a policy update).
   """
@@ -151,9 +155,12 @@ class Sampler:
     sampling: SamplingConfig = SamplingConfig(),
     length_multiple: int = 16,
     bucket_steps: int = DEFAULT_STEPS,
+    owns_weights: bool = False,
   ):
     self.cfg = model.cfg
     self.graphdef, self.params = nnx.split(model)
+    if owns_weights:  # inference only: one copy of the weights, laid out as the decode loop reads them
+      self.params = hold_for_decoding(self.params, self.cfg)
     if self.cfg.remat != "none":
       # Sampling has no backward pass, and nnx.remat inside the decode loop cannot trace: use the same params
       # through a graph built without activation checkpointing.
@@ -175,7 +182,7 @@ class Sampler:
 
     processor = Processor.from_pretrained(directory)
     model = load_hf_checkpoint(directory, mesh=mesh, param_dtype=checkpoint_dtype(directory, param_dtype))
-    return cls(model, processor=processor, **kw)
+    return cls(model, processor=processor, **({"owns_weights": True} | kw))
 
   def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]]) -> SamplerBatch:
     """Host side only (numpy): a left-padded `ModelInputs` or chat conversations (needs a processor), padded to

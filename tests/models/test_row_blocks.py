@@ -96,3 +96,44 @@ def test_decode_step_through_row_blocks_equals_plain(tie):
   assert blocked.shape == plain.shape == (rows, cfg.text.vocab_size)
   np.testing.assert_allclose(blocked, plain, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(jnp.argmax(blocked, -1), jnp.argmax(plain, -1))
+
+
+def _decode_temp_bytes(cfg) -> int:
+  """Temporary bytes of the compiled greedy decode program for 2 rows (abstract weights: nothing allocated)."""
+  import functools
+
+  from jaxcap.sampling import generate
+  from jaxcap.sampling.distribution import SamplingConfig
+  from jaxcap.sampling.prompts import Prompts
+
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  rows, t = 2, 16
+  spec = jax.ShapeDtypeStruct
+  prompts = Prompts(
+    spec((rows, t), jnp.int32), spec((rows, t), jnp.bool_), spec((3, rows, t), jnp.int32), spec((rows,), jnp.int32)
+  )
+  static = generate.static_arguments(graphdef, SamplingConfig(max_new_tokens=4), cfg.eos_token_id, 0)
+  key = spec((2,), jnp.uint32)
+  state = jax.eval_shape(functools.partial(generate.prefill, num_samples=1, **static), params, prompts, key)
+  return generate.decode_jit.lower(params, state, **static).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.slow
+def test_bf16_decode_holds_one_layers_float32_weights_at_a_time():
+  """XLA:CPU computes bf16 dots in float32; the decode program converts one layer's weights at a time
+  (`row_blocks.in_step`), so each layer adds its row-block copy (2 bytes per weight) to the program's temporaries,
+  not that plus a float32 copy (6 bytes per weight before)."""
+  base = tiny()
+  text = dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4, mrope_section=(8, 12, 12))
+  cfgs = [
+    base.replace(
+      param_dtype=jnp.bfloat16, dtype=jnp.bfloat16, text=dataclasses.replace(base.text, num_hidden_layers=n, **text)
+    )
+    for n in (2, 4)
+  ]
+  two, four = (_decode_temp_bytes(c) for c in cfgs)
+  t = cfgs[0].text
+  kv = t.num_key_value_heads * t.head_dim
+  weights = t.hidden_size * (2 * t.hidden_size + 2 * kv) + 3 * t.hidden_size * t.intermediate_size  # one layer
+  per_weight = (four - two) / (2 * weights)
+  assert 1.9 < per_weight < 2.5, per_weight

@@ -67,3 +67,46 @@ def test_float32_masters_sample_exactly_like_their_bfloat16_copy(models, tmp_pat
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   np.testing.assert_array_equal(np.asarray(got.sample_logprobs), np.asarray(want.sample_logprobs))
   np.testing.assert_array_equal(np.asarray(got.policy_logprobs), np.asarray(want.policy_logprobs))
+
+
+def _decode_temp_bytes(sampler, params, rows: int) -> int:
+  """Temporary bytes of the compiled decode program for `rows` text prompts of 16 tokens, reading `params`."""
+  import functools
+
+  from jaxcap.sampling import generate
+  from jaxcap.sampling.prompts import Prompts
+
+  spec = jax.ShapeDtypeStruct
+  prompts = Prompts(
+    spec((rows, 16), jnp.int32), spec((rows, 16), bool), spec((3, rows, 16), jnp.int32), spec((rows,), jnp.int32)
+  )
+  static = generate.static_arguments(sampler.graphdef, sampler.sampling, sampler.cfg.eos_token_id, sampler.pad_id)
+  prefill = functools.partial(generate.prefill, num_samples=1, **static)
+  state = jax.eval_shape(prefill, params, prompts, spec((2,), jnp.uint32))
+  return generate.decode_jit.lower(params, state, **static).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.slow
+def test_a_sampler_that_owns_its_weights_holds_one_copy_and_decodes_the_same(models):
+  """`owns_weights=True` (the annotator's sampler) lays the weights out for decoding once, in place of the model's
+  own: the live arrays do not grow, greedy tokens equal transformers', and the decode program no longer builds a
+  copy of the decoder's kernels (its temporaries shrink by at least their size)."""
+  from flax import nnx
+
+  from jaxcap.sampling.decode_layout import DecodeWeights
+
+  ref, model, proc = models
+  graphdef, state = nnx.split(model)
+  mine = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))  # the fixture's model stays usable
+  live = lambda: sum(a.nbytes for a in jax.live_arrays())
+  sampling = SamplingConfig(temperature=0, max_new_tokens=NEW)
+  before = live()
+  sampler = Sampler(mine, processor=proc, sampling=sampling, owns_weights=True)
+  assert isinstance(sampler.params, DecodeWeights)
+  assert live() <= before  # the model's stacked and head arrays were replaced, not copied
+  got = sampler(PADDED_BATCH, jax.random.key(0))
+  _assert_same(got.tokens, hf_greedy(ref, proc, PADDED_BATCH, [proc.cfg.eos_token_id], NEW), sampler.pad_id)
+  kernels = sum(a.nbytes for p, a in jax.tree_util.tree_leaves_with_path(state["layers"]) if "kernel" in str(p))
+  plain = _decode_temp_bytes(sampler, state, 4)
+  held = _decode_temp_bytes(sampler, sampler.params, 4)
+  assert plain - held >= kernels, (plain, held, kernels)

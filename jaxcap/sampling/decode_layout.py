@@ -1,0 +1,78 @@
+"""Weights held the way the decode loop reads them, by a sampler that owns them (inference only: the annotator,
+`Sampler.from_checkpoint`), in place of the model's own layout.
+
+The decode program reads each decoder layer as its own arrays (`Qwen25VL.layer_params`): slices of the layer
+stack, on CPU for few rows transposed into `row_blocks`. Built inside the program, those are a copy of every
+decoder weight for each call's lifetime (the stack and its slices both live). `DecodeWeights` holds the layers
+already sliced and laid out, and the stack as empty placeholders, so the programs read them as they are: one copy
+of the weights. A trainer's sampler keeps its own params (the update needs the stack) and passes them per call;
+its programs still lay them out per call, which on CPU costs the row-block copy for the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcap.models import row_blocks
+from jaxcap.sharding import path_name
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeWeights:
+  """params: the model's nnx param state with the decoder stack's leaves as empty placeholders and, in row
+  blocks, an untied LM head [C, V / C, D]; layers: a tuple of L per-layer param states (kernels in row blocks
+  where `blocked`)."""
+
+  params: Any
+  layers: tuple
+
+
+def unpack(weights) -> tuple[Any, tuple | None]:
+  """(params, layers) of a `DecodeWeights`, or (params, None) for a plain nnx param state."""
+  if isinstance(weights, DecodeWeights):
+    return weights.params, weights.layers
+  return weights, None
+
+
+def hold_for_decoding(state, cfg) -> DecodeWeights:
+  """A model's nnx `state` (of config `cfg`) as `DecodeWeights`, built leaf by leaf: each stacked leaf is deleted
+  once its layers' copies exist, so the peak is the weights plus one stacked leaf. Row blocks where they apply to
+  a decode of few rows (`row_blocks.applies(1)`: CPU, one device). `state`'s arrays are consumed."""
+  blocked = row_blocks.applies(1)
+  n = cfg.text.num_hidden_layers
+  treedef_state = state["layers"]
+  stack = nnx.to_pure_dict(treedef_state)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(stack)
+  per_leaf = []
+  for path, leaf in flat:
+    kernel = blocked and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
+    take = jax.jit(lambda a, i, k=kernel: row_blocks.from_kernel(a[i]) if k else a[i], static_argnums=1)
+    per_leaf.append([take(leaf, i) for i in range(n)])
+    leaf.delete()
+  layers = tuple(
+    _as_state(treedef_state, jax.tree_util.tree_unflatten(treedef, [leaves[i] for leaves in per_leaf]))
+    for i in range(n)
+  )
+  params = nnx.to_pure_dict(state)
+  params["layers"] = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), stack)
+  if blocked and not cfg.text.tie_word_embeddings:
+    head = params["lm_head"]["kernel"]
+    params["lm_head"]["kernel"] = jax.jit(row_blocks.from_kernel)(head)
+    head.delete()
+  held = jax.tree.map(lambda x: x, state)
+  nnx.replace_by_pure_dict(held, params)
+  return DecodeWeights(held, layers)
+
+
+def _as_state(template, pure: dict):
+  """`pure` (a plain dict of arrays) as an nnx state shaped like `template`."""
+  state = jax.tree.map(lambda x: x, template)
+  nnx.replace_by_pure_dict(state, pure)
+  return state
