@@ -24,4 +24,13 @@ def get_config():
       claim("qa", "sapo", "ppo", "none", "SAPO reports steadier training than GSPO / GRPO on Qwen3"),
     ],
     smoke_arms=["ppo", "gspo"],
+    # the sampler's log-probs vs the trainer's (jaxcap.rl.rollout_correction.mismatch_metrics), every RL step
+    step_metrics=[
+      "rollout_corr/kl_k1",
+      "rollout_corr/kl_k3",
+      "rollout_corr/log_ppl_abs_diff",
+      "rollout_corr/chi2_token",
+      "ratio_mean",
+      "clip_frac",
+    ],
   )
