@@ -22,6 +22,17 @@ def get_config():
       claim("qa", "gspo", "ppo", "none", "GSPO reports gains over GRPO on Qwen3 reasoning RL, not captioning"),
       claim("qa", "cispo", "ppo", "none", "CISPO reports faster learning than DAPO on reasoning RL"),
       claim("qa", "sapo", "ppo", "none", "SAPO reports steadier training than GSPO / GRPO on Qwen3"),
+      claim("qa", "gspo", "start", "+", "issue 29: the loss trains (held-out QA above the SFT start)"),
+      claim("qa", "cispo", "start", "+", "issue 29: the loss trains (held-out QA above the SFT start)"),
     ],
     smoke_arms=["ppo", "gspo"],
+    # the sampler's log-probs vs the trainer's (jaxcap.rl.rollout_correction.mismatch_metrics), every RL step
+    step_metrics=[
+      "rollout_corr/kl_k1",
+      "rollout_corr/kl_k3",
+      "rollout_corr/log_ppl_abs_diff",
+      "rollout_corr/chi2_token",
+      "ratio_mean",
+      "clip_frac",
+    ],
   )

@@ -97,9 +97,25 @@ def render(out: Mapping[str, Any], plots: Mapping[str, str]) -> str:
     if seed_rows:
       lines += ["", "Per seed:", ""]
       lines += _table(["run", *[_name(m) for m in metrics], "collapsed / distinct pairs", "train s"], seed_rows)
+    lines += _step_table(e)
     if name in plots:
       lines += ["", f"![{name}]({plots[name]})"]
   return "\n".join(lines) + "\n"
+
+
+def _step_table(e: Mapping[str, Any]) -> list[str]:
+  """The experiment's training-log step metrics per arm: mean over every RL step of every seed, then the largest
+  |value| of any step; empty when it names none."""
+  keys = e.get("step_metrics") or []
+  rows = []
+  for arm, entry in e["arms"].items():
+    if "steps" in entry:
+      cells = [f"{s['mean']:.3g} ({s['max_abs']:.2g})" if s else "n/a" for s in (entry["steps"][k] for k in keys)]
+      rows.append([arm, *cells])
+  if not rows:
+    return []
+  intro = "Training log, per RL step: mean over all steps and seeds (largest |value| of any step):"
+  return ["", intro, "", *_table(["arm", *keys], rows)]
 
 
 def plot(e: Mapping[str, Any], path: Path) -> None:

@@ -62,8 +62,10 @@ def experiment(
   metrics: Sequence[str],
   claims: Sequence[dict],
   smoke_arms: Sequence[str] = (),
+  step_metrics: Sequence[str] = (),
 ) -> ml_collections.ConfigDict:
-  """An experiment config; `smoke_arms` (default: the first two) run in smoke mode."""
+  """An experiment config; `smoke_arms` (default: the first two) run in smoke mode. `step_metrics`: keys of the
+  arms' metrics.jsonl reported as their mean (and largest |value|) over the RL steps, e.g. rollout_corr/kl_k1."""
   names = list(arms)
   for c in claims:
     for side in ("a", "b"):
@@ -79,6 +81,7 @@ def experiment(
       metrics=list(metrics),
       claims=list(claims),
       smoke_arms=smoke,
+      step_metrics=list(step_metrics),
     )
   )
 

@@ -7,42 +7,20 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 import jaxcap.world  # noqa: F401  (registers judge.kind='rule_based')
-from jaxcap.eval.bcapscore import bcapscore_composite
 from jaxcap.eval.captioners import read_caption_jsonl
-from jaxcap.eval.metrics import RatioMetric, bootstrap_differences, bootstrap_estimates, harmonic_mean
+from jaxcap.eval.metrics import RatioMetric
 from jaxcap.experiments import measure
 from jaxcap.experiments.runs import ArmRun, Settings, Start, ensure_arm, ensure_start
 from jaxcap.experiments.spec import SUITES, load_experiment
+from jaxcap.experiments.summary import summarise
+from jaxcap.experiments.training_log import training_extras
 
 MEASURE_VERSION = 2  # bump when a metric's definition changes: cached measurements are then recomputed
-BOOTSTRAP = dict(num_resamples=2000, confidence=0.95, seed=0)
-
-
-def _same(name: str) -> Callable:
-  return lambda v: np.asarray(v[name], float)
-
-
-# name -> (the atomic metrics it needs, the function of their values; recomputed on bootstrap replicates).
-# CapArena has one baseline here, the start, so its averages over baselines are that baseline's values.
-COMPOSITES: dict[str, tuple[tuple[str, ...], Callable]] = {
-  "prl_hmean": (
-    ("precision", "recall", "linguistic"),
-    lambda v: harmonic_mean(v["precision"], v["recall"], v["linguistic"]),
-  ),
-  "caparena/score": (("caparena/start/score",), _same("caparena/start/score")),
-  "caparena/win_rate": (("caparena/start/win_rate",), _same("caparena/start/win_rate")),
-  "bcapscore": (("dcscore/f1", "captionqa/full", "caparena/start/score"), bcapscore_composite()),
-}
-
-
-def _usable(metrics: dict[str, RatioMetric]) -> dict[str, Callable]:
-  """The composites whose inputs were measured."""
-  return {k: fn for k, (needs, fn) in COMPOSITES.items() if all(n in metrics for n in needs)}
 
 
 @dataclasses.dataclass
@@ -65,28 +43,6 @@ def _load_measured(path: Path, key: str) -> Measured | None:
 def _save_measured(path: Path, key: str, m: Measured) -> None:
   metrics = {k: [list(v.num), list(v.den)] for k, v in m.metrics.items()}
   path.write_text(json.dumps({"key": key, "metrics": metrics, "extras": m.extras}))
-
-
-def training_extras(workdir: Path) -> dict[str, float]:
-  """From the run's metrics.jsonl: Proposition 1 in the wild (collapsed / distinct reward-vector pairs over all RL
-  groups), the last RL step's train reward and length, and the KL at the end."""
-  path = workdir / "metrics.jsonl"
-  if not path.exists():
-    return {}
-  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  rl = [r for r in rows if r.get("phase") == "rl" and "reward/mean" in r]
-  out: dict[str, float] = {}
-  distinct = sum(r.get("reward/distinct_pairs", 0.0) for r in rl)
-  if distinct:
-    collapsed = sum(r.get("reward/collapsed_pairs", 0.0) for r in rl)
-    out.update({"collapsed_pairs": collapsed, "distinct_pairs": distinct})
-    out["collapsed_pair_share"] = 100.0 * collapsed / distinct
-  if rl:
-    last = rl[-1]
-    for k in ("reward/mean", "length/mean", "kl", "loss"):
-      if isinstance(last.get(k), (int, float)):
-        out[f"train_end/{k}"] = float(last[k])
-  return out
 
 
 class SuiteRunner:
@@ -128,19 +84,21 @@ class SuiteRunner:
     """The square side the start's images were trained at (data.image_size of its config)."""
     return int(json.loads((start.workdir / "start.json").read_text())["config"]["data"]["image_size"])
 
-  def measure(self, workdir: Path, captions_path: Path, start: Start, wanted, own_reward, export: Path | None):
+  def measure(
+    self, workdir: Path, captions_path: Path, start: Start, wanted, own_reward, export: Path | None, step_metrics=()
+  ):
     key = json.dumps([MEASURE_VERSION, sorted(wanted), own_reward], sort_keys=True)
     cache = workdir / "measured.json"
     cached = _load_measured(cache, key)
     if cached is not None:  # the training log's summaries are cheap: always read afresh
-      return Measured(cached.metrics, training_extras(workdir))
+      return Measured(cached.metrics, training_extras(workdir, step_metrics))
     records, judge, start_captions = self.heldout(start)
     captions = read_caption_jsonl(captions_path, name="policy")
     result = measure.caption_metrics(judge, records, captions, start_captions, wanted, own_reward)
     metrics = dict(result.metrics)
     if "vqa" in wanted and export is not None:
       metrics["vqa"] = vqa_metric(export, records, image_size=int(self.image_size(start)))
-    m = Measured(metrics, training_extras(workdir))
+    m = Measured(metrics, training_extras(workdir, step_metrics))
     _save_measured(cache, key, m)
     return m
 
@@ -151,6 +109,7 @@ class SuiteRunner:
     for name, exp in self.experiments.items():
       self.log(f"== {name}: {exp.title}")
       wanted = list(exp.metrics) + [c["metric"] for c in exp.claims]
+      step_metrics = list(exp.get("step_metrics", []))
       arms = self.arms(exp)
       per_arm: dict[str, list[Measured]] = {}
       runs: dict[str, list[ArmRun]] = {}
@@ -171,7 +130,7 @@ class SuiteRunner:
             f"  {arm_name} seed {seed}: {'reused' if run.reused else 'trained'} ({run.wall_s:.0f} s) {run.workdir}"
           )
           export = run.export if "vqa" in wanted else None
-          per_arm[arm_name].append(self.measure(run.workdir, run.captions, start, wanted, own, export))
+          per_arm[arm_name].append(self.measure(run.workdir, run.captions, start, wanted, own, export, step_metrics))
       start_measured = {}
       for kind in kinds:
         start = self.start(kind)
@@ -209,64 +168,3 @@ def vqa_metric(export: Path, records, image_size: int) -> RatioMetric:
   processor = Processor.from_pretrained(str(export), cfg=model.cfg)  # prompted as trained (jaxcap_prompt.json)
   scores = vqa_scores(model, processor, records, image_size=image_size)
   return RatioMetric.from_arrays(100.0 * np.asarray(scores.num), scores.den)  # percent, as every suite metric
-
-
-def _estimate(e) -> dict:
-  return {"mean": e.mean, "low": e.low, "high": e.high, "images": e.count}
-
-
-def verdict(direction: str, low: float | None, high: float | None) -> str:
-  """How the measured difference a - b (95% CI [low, high]) stands against the paper's direction."""
-  if low is None or high is None:
-    return "not measured"
-  measured = "+" if low > 0 else "-" if high < 0 else "0"
-  if direction == "none":
-    return {"+": "a above b", "-": "a below b", "0": "no significant difference"}[measured]
-  if direction == "+":
-    return {"+": "reproduces", "-": "reversed", "0": "not significant"}[measured]
-  return "reproduces" if measured == "0" else "differs"
-
-
-def summarise(exp, arms, per_arm: dict[str, list[Measured]], start_measured: dict, runs) -> dict:
-  """Per arm: pooled estimates (seeds pooled per image) and per-seed points; per claim: a - b with a paired CI."""
-  pooled = {a: measure.pool_seeds([m.metrics for m in ms]) for a, ms in per_arm.items()}
-  kind = next(iter(arms.values()))["start"]
-  pooled["start"] = start_measured[kind].metrics
-  comps = {a: _usable(p) for a, p in pooled.items()}
-  arms_out = {}
-  for a, p in pooled.items():
-    est = bootstrap_estimates(p, comps[a], **BOOTSTRAP)
-    entry = {"estimates": {k: _estimate(v) for k, v in est.items()}}
-    if a != "start":
-      entry["seeds"] = [
-        {
-          "metrics": {
-            k: v.mean for k, v in bootstrap_estimates(m.metrics, _usable(m.metrics), num_resamples=0).items()
-          },
-          "extras": m.extras,
-          "wall_s": r.wall_s,
-        }
-        for m, r in zip(per_arm[a], runs[a])
-      ]
-      entry["config"] = arms[a]
-    arms_out[a] = entry
-  claims = []
-  for c in exp.claims:
-    a, b, metric = c["a"], c["b"], c["metric"]
-    if a not in pooled or b not in pooled:
-      continue  # an arm left out (smoke mode)
-    shared = set(pooled[a]) & set(pooled[b])
-    diffs = bootstrap_differences(
-      {k: pooled[a][k] for k in shared}, {k: pooled[b][k] for k in shared}, _usable(pooled[a]), **BOOTSTRAP
-    )
-    d = diffs.get(metric)
-    row = dict(c, measured=_estimate(d) if d else None)
-    row["verdict"] = verdict(c["direction"], d.low if d else None, d.high if d else None)
-    claims.append(row)
-  return {
-    "title": exp.title,
-    "question": exp.question,
-    "metrics": list(exp.metrics),
-    "arms": arms_out,
-    "claims": claims,
-  }

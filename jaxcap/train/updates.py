@@ -134,9 +134,9 @@ class RLUpdate:
     recompute = self.recompute_old_logprobs
     tokens, cmask, behaviour = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=True)
     old = self.logprob_fn(state.params, prompts, layout, tokens) if recompute else behaviour
-    # the sampler's log-probs vs the training program's (0 without recompute); a program of its own, so the
-    # update's program is unchanged
-    mismatch = _mismatch_fn(old, behaviour, cmask)
+    # the sampler's log-probs vs the training program's, a program of its own so the update's is unchanged; with
+    # the sampler's as old log-probs there is nothing to compare (SAMPLER_OLD_MISMATCH)
+    mismatch = _mismatch_fn(old, behaviour, cmask) if recompute else {}
     ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
     future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
@@ -157,9 +157,19 @@ class RLUpdate:
     )
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
     metrics = {**metrics, **{f"rollout_corr/{k}": v for k, v in mismatch.items()}}
-    host = reward_metrics(rewards, group_size=g)
+    host = {} if recompute else {f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()}
+    host.update(reward_metrics(rewards, group_size=g))
     host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
     return state, PendingMetrics(metrics, host)
+
+
+# The mismatch metrics when the old log-probs are the sampler's own (rl.recompute_old_logprobs=False): the
+# divergences are exactly 0, so no program computes them; the two log-perplexities are not measured (null in
+# metrics.jsonl). Every step still logs every rollout_corr/* key, as with recomputed old log-probs.
+SAMPLER_OLD_MISMATCH = dict.fromkeys(("kl_k1", "kl_k3", "log_ppl_diff", "log_ppl_abs_diff", "chi2_token"), 0.0) | {
+  "training_log_ppl": float("nan"),
+  "rollout_log_ppl": float("nan"),
+}
 
 
 @jax.jit

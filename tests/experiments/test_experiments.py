@@ -15,7 +15,8 @@ from jaxcap.eval.metrics import RatioMetric
 from jaxcap.experiments import measure
 from jaxcap.experiments.runs import Settings, Start, arm_config, config_hash
 from jaxcap.experiments.spec import SUITES, arm, claim, experiment, load_experiment, merge, method_config
-from jaxcap.experiments.suite import verdict
+from jaxcap.experiments.summary import verdict
+from jaxcap.experiments.training_log import pool_step_metrics, training_extras
 from jaxcap.train.config import validate
 
 
@@ -90,6 +91,28 @@ def test_pool_seeds_sums_each_image_over_seeds():
   assert list(pooled) == ["qa"]  # only metrics every seed measured
   np.testing.assert_allclose(pooled["qa"].image_values, [4 / 8, 2 / 4, 3 / 4])
   assert pooled["qa"].value == pytest.approx(9 / 16)
+
+
+def test_step_metrics_average_the_rl_steps_then_the_seeds(tmp_path):
+  """Each run: mean over its RL update records that measured the key (null and eval records skipped); over runs:
+  weighted by their step counts, the largest |value| of any step."""
+  rows = [
+    {"phase": "sft", "step": 1, "loss": 1.0, "x": 100.0},
+    {"phase": "rl", "step": 1, "reward/mean": 0.1, "x": 1.0, "loss": 0.5},
+    {"phase": "rl", "step": 2, "reward/mean": 0.2, "x": -3.0, "loss": 0.4},
+    {"phase": "rl", "step": 2, "eval/qa_accuracy": 0.5, "x": 50.0},  # an evaluation record
+    {"phase": "rl", "step": 3, "reward/mean": 0.3, "x": None, "loss": 0.3},  # not measured
+  ]
+  runs = []
+  for k, extra in enumerate([rows, rows[:2]]):
+    (tmp_path / str(k)).mkdir()
+    (tmp_path / str(k) / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in extra) + "\n")
+    runs.append(training_extras(tmp_path / str(k), ["x", "y"]))
+  assert runs[0]["steps/x/mean"] == -1.0 and runs[0]["steps/x/max_abs"] == 3.0 and runs[0]["steps/x/count"] == 2
+  assert runs[0]["train_end/loss"] == 0.3 and "steps/y/mean" not in runs[0]
+  pooled = pool_step_metrics(runs, ["x", "y"])
+  assert pooled["x"] == {"mean": pytest.approx(-1 / 3), "max_abs": 3.0, "seed_means": [-1.0, 1.0], "steps": 3}
+  assert pooled["y"] is None
 
 
 @pytest.mark.slow

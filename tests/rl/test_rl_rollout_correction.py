@@ -9,6 +9,7 @@ import torch
 
 from jaxcap import rl
 from jaxcap.rl import rollout_correction as rc
+from jaxcap.train.updates import SAMPLER_OLD_MISMATCH
 from tests.rl import verl_reference as verl
 
 LENGTHS = [7, 3, 5, 1, 6, 4]
@@ -83,6 +84,11 @@ def test_identical_log_probs_give_zero_mismatch_and_unit_weights():
   ours = rc.mismatch_metrics(jnp.asarray(old), jnp.asarray(old), jnp.asarray(mask))
   for k in ["kl_k1", "kl_k3", "log_ppl_diff", "log_ppl_abs_diff", "chi2_token"]:
     assert abs(float(ours[k])) < 1e-6, k
+  # what the RL update logs without computing them when its old log-probs are the sampler's: the same keys, the
+  # divergences exactly these values, the log-perplexities not measured (NaN: null in metrics.jsonl)
+  assert set(SAMPLER_OLD_MISMATCH) == set(ours)
+  for k, v in SAMPLER_OLD_MISMATCH.items():
+    assert np.isnan(v) if k.endswith("log_ppl") else float(ours[k]) == v, k
   for level in ["token", "sequence"]:
     for reject in ["seq_sum_k1", "seq_max_k3"]:
       config = rc.RolloutCorrectionConfig(is_level=level, reject=reject, reject_upper=1.01)

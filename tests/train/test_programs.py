@@ -17,8 +17,8 @@ from jaxcap.train.programs import RunPrograms, phase_optimizer
 from processes import load_config
 
 
-def _config(spec: str):
-  c = load_config(spec)
+def _config(spec: str, **overrides):
+  c = load_config(spec, **overrides)
   # tiny shapes: 2 prompts x G 2, one micro-batch, 8 new tokens, one 56 px image per prompt
   c.rl.update(dict(batch_size=2, num_samples=2, micro_batches=1))
   c.sampling.max_new_tokens = 8
@@ -45,10 +45,28 @@ def _trainer_step_fingerprint(config, cfg, devices) -> str:
     return program_fingerprint(step_fn.lower(state, inputs.prompts, inputs.rollouts, inputs.layout))
 
 
+# A non-default policy loss with rollout correction: the step then also takes the sampler's log-probs, which the
+# plan's abstract inputs must match. One case: the other losses and corrections change the program's body only
+# (compiled and run in tests/train/test_rl_step_options.py), not its arguments.
+GSPO_TOKEN_TIS_MIS = {
+  "rl.loss.policy": "gspo",
+  "rl.rollout_correction.is_level": "token",
+  "rl.rollout_correction.reject": "token_k1",  # masked IS: tokens whose ratio leaves [1/2, 2] are masked out
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["configs/caprl.py", "configs/caprl.py:paper"])
-def test_plan_compiles_the_trainers_rl_step(spec):
-  config = _config(spec)
+@pytest.mark.parametrize(
+  "spec, overrides",
+  [
+    ("configs/caprl.py", {}),
+    ("configs/caprl.py:paper", {}),
+    ("configs/caprl.py", GSPO_TOKEN_TIS_MIS),
+  ],
+  ids=["caprl", "caprl_paper", "gspo_token_tis_mis"],
+)
+def test_plan_compiles_the_trainers_rl_step(spec, overrides):
+  config = _config(spec, **overrides)
   precision = dict(dtype=jax.numpy.dtype(config.model.dtype), param_dtype=jax.numpy.dtype(config.model.param_dtype))
   cfg = tiny(remat=config.model.remat, scan_layers=config.model.scan_layers, **precision)
   devices = jax.devices()[:2]
