@@ -62,7 +62,7 @@ def main():
   from jaxcap.models import mid
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import Sampler, SamplingConfig
-  from jaxcap.sampling import paged_decode
+  from jaxcap.sampling import paged_slots
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
   cfg = mid()
@@ -121,11 +121,11 @@ def main():
       flush=True,
     )
     warmup = {"engine": warm_up(engine_call), "static": warm_up(static_call)}
-    traces = dict(paged_decode.TRACE_COUNTS)
+    traces = dict(paged_slots.TRACE_COUNTS)
     with Section() as section:
       engine_s, static_s = interleaved(engine_call, static_call, args.pairs, names=("engine", "static"))
     assert all(np.array_equal(np.asarray(n)[:rows], lengths) for n in got), "the engine missed the schedule"
-    recompiled = {k: v - traces.get(k, 0) for k, v in paged_decode.TRACE_COUNTS.items() if v != traces.get(k, 0)}
+    recompiled = {k: v - traces.get(k, 0) for k, v in paged_slots.TRACE_COUNTS.items() if v != traces.get(k, 0)}
     report(
       f"rollout at forced lengths, {case}",
       total,
@@ -137,6 +137,16 @@ def main():
         samples=rows,
         longest=longest,
         segments_per_call=stats.get("segments"),
+        compactions_per_call=stats.get("compactions", 0),
+        # decode steps x compiled rows: the static sampler's is longest x rows
+        row_steps=dict(engine=stats.get("row_steps"), static=longest * batch.block * g),
+        # cache positions each row's attention read, summed over steps (the static sampler reads its shared
+        # prompt once per prompt and every row its own max_new_tokens slots at every step)
+        attention_positions=dict(
+          engine=stats.get("attention_positions"),
+          static=longest * batch.block * (batch.prompts.length + g * longest),
+        ),
+        scheduler_host_s_per_call=round(stats.get("host_s", 0.0), 3),
         pages=stats.get("pages"),
         engine_programs=traces,
         compiled_while_timed=recompiled or "none",
