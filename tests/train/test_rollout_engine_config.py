@@ -49,8 +49,11 @@ def test_paged_engine_is_refused_for_multi_host_runs():
 
 @pytest.mark.slow
 def test_rl_run_with_the_paged_engine(tmp_path):
-  """A whole run (SFT, RL, held-out evaluation) with rollout.engine=paged and fewer slots than samples."""
+  """A whole run (SFT, RL, held-out evaluation) with rollout.engine=paged and fewer slots than samples; each step
+  logs its XLA compiles (time/compiles): the second RL step compiles fewer than the first (at most the engine's
+  buckets the first did not visit), the update and the rest are compiled once."""
   launch("caprl", *tiny_run({"rollout.engine": "paged", "rollout.slots": 3, "rollout.page_size": 8}), workdir=tmp_path)
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   rl = [r for r in rows if "length/mean" in r]
   assert rl and all(0 < r["length/mean"] <= 8 for r in rl)
+  assert len(rl) == 2 and rl[0]["time/compiles"] > rl[1]["time/compiles"] >= 0
