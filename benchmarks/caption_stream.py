@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import itertools
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ if not __package__:  # run as a file: the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
-from benchmarks.rollout_lengths import stop_schedule  # noqa: E402
+from benchmarks.rollout_lengths import image_prompts, mid_model, stop_schedule  # noqa: E402
 
 SIDES = ((56, 84), (84, 84), (84, 140), (112, 112), (112, 168), (140, 140), (168, 168), (112, 224))
 
@@ -46,36 +45,15 @@ def main():
   args = ap.parse_args()
 
   import jax
-  import transformers
 
-  from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.models import mid
-  from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import Sampler, SamplingConfig
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
-  cfg = mid()
-  hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**cfg.to_hf_dict())).float()
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = load_hf_checkpoint(tmp)
-  del hf
-  processor = Processor(word_tokenizer("describe the image in detail .".split(), cfg), cfg)
+  model, processor = mid_model()
   rng = np.random.RandomState(0)
   sides = [SIDES[i] for i in rng.randint(len(SIDES), size=args.images)]
   sides.sort(key=lambda s: s[0] * s[1])  # the annotator orders by processed size
-  convs = [
-    [
-      {
-        "role": "user",
-        "content": [
-          {"type": "image", "image": (rng.rand(h, w, 3) * 255).astype(np.uint8)},
-          {"type": "text", "text": "describe the image in detail ."},
-        ],
-      }
-    ]
-    for h, w in sides
-  ]
+  convs = image_prompts(sides, rng)
   b = args.batch_size
   groups = [convs[i : i + b] for i in range(0, len(convs), b)]
   lengths = stop_schedule(args.images, args.median, args.sigma, args.cap)["long-tailed"]

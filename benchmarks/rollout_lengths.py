@@ -32,12 +32,47 @@ if not __package__:  # run as a file: the repository root, for `benchmarks.*`
 from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
 
 
+PROMPT = "describe the image in detail ."
+
+
 def stop_schedule(count: int, median: float, sigma: float, cap: int, seed: int = 0) -> dict[str, np.ndarray]:
   """Forced lengths int [count] per case: 'long-tailed' (lognormal, clipped to [1, cap]) and 'uniform' (their
   mean, the same total up to rounding)."""
   rng = np.random.RandomState(seed)
   tail = np.clip(np.round(median * np.exp(sigma * rng.randn(count))), 1, cap).astype(np.int64)
   return {"long-tailed": tail, "uniform": np.full(count, int(round(tail.mean())), np.int64)}
+
+
+def mid_model():
+  """(the `mid()` model, random init through a saved transformers checkpoint; a word-level processor)."""
+  import transformers
+
+  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.models import mid
+  from jaxcap.processing import Processor, word_tokenizer
+
+  cfg = mid()
+  hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**cfg.to_hf_dict())).float()
+  with tempfile.TemporaryDirectory() as tmp:
+    hf.save_pretrained(tmp)
+    model = load_hf_checkpoint(tmp)
+  return model, Processor(word_tokenizer(PROMPT.split(), cfg), cfg)
+
+
+def image_prompts(sides, rng: np.random.RandomState) -> list:
+  """One conversation per (height, width) of `sides`: a random image and PROMPT."""
+  return [
+    [
+      {
+        "role": "user",
+        "content": [
+          {"type": "image", "image": (rng.rand(h, w, 3) * 255).astype(np.uint8)},
+          {"type": "text", "text": PROMPT},
+        ],
+      }
+    ]
+    for h, w in sides
+  ]
 
 
 def main():
@@ -56,35 +91,14 @@ def main():
   args = ap.parse_args()
 
   import jax
-  import transformers
 
-  from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.models import mid
-  from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import Sampler, SamplingConfig
   from jaxcap.sampling import paged_slots
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
-  cfg = mid()
-  hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**cfg.to_hf_dict())).float()
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = load_hf_checkpoint(tmp)
-  del hf
-  processor = Processor(word_tokenizer("describe the image in detail .".split(), cfg), cfg)
+  model, processor = mid_model()
   rng = np.random.RandomState(0)
-  conversations = [
-    [
-      {
-        "role": "user",
-        "content": [
-          {"type": "image", "image": (rng.rand(args.image_size, args.image_size, 3) * 255).astype(np.uint8)},
-          {"type": "text", "text": "describe the image in detail ."},
-        ],
-      }
-    ]
-    for _ in range(args.prompts)
-  ]
+  conversations = image_prompts([(args.image_size, args.image_size)] * args.prompts, rng)
   g = args.samples
   rows = args.prompts * g
   engine = EngineConfig(slots=args.slots or rows, page_size=args.page_size, segment_steps=args.segment_steps)
