@@ -32,12 +32,47 @@ if not __package__:  # run as a file: the repository root, for `benchmarks.*`
 from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
 
 
+PROMPT = "describe the image in detail ."
+
+
 def stop_schedule(count: int, median: float, sigma: float, cap: int, seed: int = 0) -> dict[str, np.ndarray]:
   """Forced lengths int [count] per case: 'long-tailed' (lognormal, clipped to [1, cap]) and 'uniform' (their
   mean, the same total up to rounding)."""
   rng = np.random.RandomState(seed)
   tail = np.clip(np.round(median * np.exp(sigma * rng.randn(count))), 1, cap).astype(np.int64)
   return {"long-tailed": tail, "uniform": np.full(count, int(round(tail.mean())), np.int64)}
+
+
+def mid_model():
+  """(the `mid()` model, random init through a saved transformers checkpoint; a word-level processor)."""
+  import transformers
+
+  from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.models import mid
+  from jaxcap.processing import Processor, word_tokenizer
+
+  cfg = mid()
+  hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**cfg.to_hf_dict())).float()
+  with tempfile.TemporaryDirectory() as tmp:
+    hf.save_pretrained(tmp)
+    model = load_hf_checkpoint(tmp)
+  return model, Processor(word_tokenizer(PROMPT.split(), cfg), cfg)
+
+
+def image_prompts(sides, rng: np.random.RandomState) -> list:
+  """One conversation per (height, width) of `sides`: a random image and PROMPT."""
+  return [
+    [
+      {
+        "role": "user",
+        "content": [
+          {"type": "image", "image": (rng.rand(h, w, 3) * 255).astype(np.uint8)},
+          {"type": "text", "text": PROMPT},
+        ],
+      }
+    ]
+    for h, w in sides
+  ]
 
 
 def main():
@@ -56,35 +91,14 @@ def main():
   args = ap.parse_args()
 
   import jax
-  import transformers
 
-  from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.models import mid
-  from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import Sampler, SamplingConfig
-  from jaxcap.sampling import paged_decode
+  from jaxcap.sampling import paged_slots
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
 
-  cfg = mid()
-  hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**cfg.to_hf_dict())).float()
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = load_hf_checkpoint(tmp)
-  del hf
-  processor = Processor(word_tokenizer("describe the image in detail .".split(), cfg), cfg)
+  model, processor = mid_model()
   rng = np.random.RandomState(0)
-  conversations = [
-    [
-      {
-        "role": "user",
-        "content": [
-          {"type": "image", "image": (rng.rand(args.image_size, args.image_size, 3) * 255).astype(np.uint8)},
-          {"type": "text", "text": "describe the image in detail ."},
-        ],
-      }
-    ]
-    for _ in range(args.prompts)
-  ]
+  conversations = image_prompts([(args.image_size, args.image_size)] * args.prompts, rng)
   g = args.samples
   rows = args.prompts * g
   engine = EngineConfig(slots=args.slots or rows, page_size=args.page_size, segment_steps=args.segment_steps)
@@ -121,11 +135,11 @@ def main():
       flush=True,
     )
     warmup = {"engine": warm_up(engine_call), "static": warm_up(static_call)}
-    traces = dict(paged_decode.TRACE_COUNTS)
+    traces = dict(paged_slots.TRACE_COUNTS)
     with Section() as section:
       engine_s, static_s = interleaved(engine_call, static_call, args.pairs, names=("engine", "static"))
     assert all(np.array_equal(np.asarray(n)[:rows], lengths) for n in got), "the engine missed the schedule"
-    recompiled = {k: v - traces.get(k, 0) for k, v in paged_decode.TRACE_COUNTS.items() if v != traces.get(k, 0)}
+    recompiled = {k: v - traces.get(k, 0) for k, v in paged_slots.TRACE_COUNTS.items() if v != traces.get(k, 0)}
     report(
       f"rollout at forced lengths, {case}",
       total,
@@ -137,6 +151,16 @@ def main():
         samples=rows,
         longest=longest,
         segments_per_call=stats.get("segments"),
+        compactions_per_call=stats.get("compactions", 0),
+        # decode steps x compiled rows: the static sampler's is longest x rows
+        row_steps=dict(engine=stats.get("row_steps"), static=longest * batch.block * g),
+        # cache positions each row's attention read, summed over steps (the static sampler reads its shared
+        # prompt once per prompt and every row its own max_new_tokens slots at every step)
+        attention_positions=dict(
+          engine=stats.get("attention_positions"),
+          static=longest * batch.block * (batch.prompts.length + g * longest),
+        ),
+        scheduler_host_s_per_call=round(stats.get("host_s", 0.0), 3),
         pages=stats.get("pages"),
         engine_programs=traces,
         compiled_while_timed=recompiled or "none",

@@ -23,57 +23,12 @@ import dataclasses
 import os
 import sys
 import zlib
-from typing import Iterable, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
+from jaxcap.data.annotation_media import load_images, media_grid, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
-
-
-def media_grid(item: ImageItem, processor) -> tuple[int, int, int]:
-  """(t, h, w) in patches of an image or video as processed, from its file header (frames sampled for a video)."""
-  from jaxcap.processing import is_video_file, read_image_size, video_file_grid
-
-  if is_video_file(item.path):
-    return tuple(int(n) for n in video_file_grid(item.path, processor.video_cfg, record=item.id))
-  h, w = read_image_size(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
-  return tuple(int(n) for n in processor.vision_cfg.grid(h, w))
-
-
-def sort_by_size(items: Iterable[ImageItem], processor) -> tuple[list[ImageItem], list[dict]]:
-  """Images and videos ordered by their processed size (patches), reading only file headers (EXIF rotation
-  applied), so each batch mixes sizes that pad little; returns (items, error rows)."""
-  sized, errors = [], []
-  for item in items:
-    try:
-      patches = int(np.prod(media_grid(item, processor)))
-    except Exception as e:  # any unreadable file is reported, never fatal
-      errors.append({"id": item.id, "image": item.path, "error": f"cannot read: {e}"})
-      continue
-    sized.append((patches, item))
-  return [item for _, item in sorted(sized, key=lambda x: x[0])], errors
-
-
-def load_images(items: Sequence[ImageItem], processor) -> tuple[list[tuple[ImageItem, dict]], list[dict]]:
-  """Fully decodes each image, or samples each video's frames (a truncated file fails here, not inside the batch):
-  (item, its conversation content item) pairs and error rows."""
-  from jaxcap.processing import is_video_file, load_image, read_video
-
-  ok, errors = [], []
-  for item in items:
-    try:
-      if is_video_file(item.path):
-        clip = read_video(item.path, processor.video_cfg, resize=True, record=item.id)
-        ok.append((item, {"type": "video", "video": clip}))
-      else:
-        image = load_image(item.path, processor.vision_cfg.max_image_pixels, record=item.id)
-        image.load()
-        ok.append((item, {"type": "image", "image": image}))
-    except Exception as e:
-      errors.append({"id": item.id, "image": item.path, "error": str(e)})
-  return ok, errors
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -111,6 +66,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--slots", type=int, default=None, help="paged engine: decode slots (default: --batch_size)")
   ap.add_argument("--page_size", type=int, default=16, help="paged engine: tokens per KV-cache page")
   ap.add_argument("--segment_steps", type=int, default=32, help="paged engine: decode steps between refills")
+  ap.add_argument(
+    "--stream_images",
+    type=int,
+    default=256,
+    help="paged engine: images per engine call (whole batches; the slots stay full across them, captions are "
+    "written after each call)",
+  )
   args = ap.parse_args(argv)
   if args.batch_size < 1:
     ap.error(f"--batch_size={args.batch_size}; use at least 1")
@@ -186,29 +148,48 @@ def annotate(args: argparse.Namespace) -> int:
       sampler = PagedSampler(model, processor=processor, sampling=sampling, engine=engine, owns_weights=True)
     else:
       sampler = Sampler(model, processor=processor, sampling=sampling, owns_weights=True)
-    for start in range(0, len(ordered), args.batch_size):
-      loaded, bad = load_images(ordered[start : start + args.batch_size], processor)
-      append_lines(err_path, bad)
-      rows = []
-      if loaded:
-        conversations = [
-          [{"role": "user", "content": [media, {"type": "text", "text": args.prompt}]}] for _, media in loaded
-        ]
-        key = jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(loaded[0][0].id.encode()))
-        result = sampler(conversations, key)
-        tokens, lengths = jax.device_get((result.tokens, result.lengths))
-        stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
-        for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
-          stopped = int(row_tokens[n - 1]) in stops
-          rows.append(
-            {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
-          )
-        append_lines(out_path, rows)
-      n_errors += len(bad)
-      bar.update(len(loaded) + len(bad))
+    stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
+    # the paged engine takes --stream_images images (whole batches) per call: its slots stay full across them
+    window = args.batch_size * (max(1, args.stream_images // args.batch_size) if args.engine == "paged" else 1)
+    for start in range(0, len(ordered), window):
+      batches = []
+      for first in range(start, min(start + window, len(ordered)), args.batch_size):
+        loaded, bad = load_images(ordered[first : first + args.batch_size], processor)
+        append_lines(err_path, bad)
+        n_errors += len(bad)
+        bar.update(len(bad))
+        batches += [loaded] if loaded else []
+      conversations = [
+        [[{"role": "user", "content": [media, {"type": "text", "text": args.prompt}]}] for _, media in loaded]
+        for loaded in batches
+      ]
+      keys = [jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(b[0][0].id.encode())) for b in batches]
+      if not batches:
+        results = []
+      elif args.engine == "paged":  # one engine call, keyed by its first image
+        results = sampler.stream(conversations, keys[0])
+      else:
+        results = [sampler(c, k) for c, k in zip(conversations, keys)]
+      for loaded, result in zip(batches, results):
+        append_lines(out_path, caption_rows(loaded, result, stops))
+        bar.update(len(loaded))
       bar.set_postfix(errors=n_errors, refresh=False)
   bar.close()
   return 0
+
+
+def caption_rows(loaded, result, stops: set[int]) -> list[dict]:
+  """The output lines of a batch: `loaded` (item, media) pairs and their `Rollouts` (one sample each)."""
+  import jax
+
+  tokens, lengths = jax.device_get((result.tokens, result.lengths))
+  rows = []
+  for (item, _), text, row_tokens, n in zip(loaded, result.text, tokens, lengths):
+    stopped = int(row_tokens[n - 1]) in stops
+    rows.append(
+      {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
+    )
+  return rows
 
 
 def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:

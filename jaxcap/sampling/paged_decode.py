@@ -1,6 +1,7 @@
-"""The paged engine's compiled programs: prefill a chunk of prompts into pages, admit samples into decode slots, a
-decode segment of up to K steps, compaction of slots into a smaller row bucket. The host scheduler
-(`jaxcap.sampling.engine`) decides what each does.
+"""The paged engine's decode programs: prefill a chunk of prompts into pages, a decode segment of up to K steps, and
+the decoder weights a segment reads (laid out once per call and row layout, not per segment). Admission and
+compaction of slots are `jaxcap.sampling.paged_slots`; the host scheduler (`jaxcap.sampling.scheduler`) decides
+what each does.
 
 Shapes: R decode slots, n pages a slot reads (the live bucket), Z tokens per page, O output rows (every prompt's G
 samples, prompt-major: row p * G + g is sample g of prompt p), N = max_new_tokens.
@@ -11,9 +12,6 @@ which other samples share its batch.
 """
 
 from __future__ import annotations
-
-import collections
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -26,51 +24,8 @@ from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
+from jaxcap.sampling.paged_slots import TRACE_COUNTS, Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
-
-# How many times each program has been traced (= compiled) in this process.
-TRACE_COUNTS: collections.Counter = collections.Counter()
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-  """What the rollout returns, in output-row order: tokens int32 [O, N] (pad after the stop), sample_logprobs /
-  policy_logprobs float32 [O, N] (0 after it), lengths int32 [O] (tokens emitted, the stop token included)."""
-
-  tokens: jax.Array
-  sample_logprobs: jax.Array
-  policy_logprobs: jax.Array
-  lengths: jax.Array
-
-  @classmethod
-  def empty(cls, rows: int, max_new_tokens: int, pad_id: int) -> "Outputs":
-    zeros = lambda: jnp.zeros((rows, max_new_tokens), jnp.float32)  # separate buffers: all are donated
-    return cls(jnp.full((rows, max_new_tokens), pad_id, jnp.int32), zeros(), zeros(), jnp.zeros((rows,), jnp.int32))
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Slots:
-  """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); done bool [R] (True when
-  empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
-  many tokens it may emit; start int32 [R]: its first visible cache position (the prompt's left padding in its
-  first page comes before it); length int32 [R]: positions in its pages (the next token is written at `length`);
-  position int32 [R]: the mRoPE position of its last token."""
-
-  row: jax.Array
-  done: jax.Array
-  token: jax.Array
-  emitted: jax.Array
-  limit: jax.Array
-  start: jax.Array
-  length: jax.Array
-  position: jax.Array
-
-  @classmethod
-  def empty(cls, slots: int, out_rows: int) -> "Slots":
-    zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(6)]
-    return cls(jnp.full((slots,), out_rows, jnp.int32), jnp.ones((slots,), bool), *zeros)
 
 
 def sample_key(key: jax.Array, prompt: jax.Array, sample: jax.Array, position: jax.Array) -> jax.Array:
@@ -134,35 +89,37 @@ def prefill(
   return pool, _put(out, rows, zero, token, sample_lp, policy_lp)
 
 
-def admit(slots: Slots, out: Outputs, index, row, limit, start, length, position, *, stop_ids):
-  """Places samples in slots: index int32 [A] (R = none), the rest int32 [A] per `Slots`. Each starts from its
-  token 0, already sampled by the prefill."""
-  TRACE_COUNTS["admit"] += 1
-  token = out.tokens[jnp.minimum(row, out.tokens.shape[0] - 1), 0]
-  done = is_stop(token, stop_ids) | (limit <= 1)
-  set_ = lambda a, x: a.at[index].set(x.astype(a.dtype), mode="drop")
-  return Slots(
-    set_(slots.row, row),
-    set_(slots.done, done),
-    set_(slots.token, token),
-    set_(slots.emitted, jnp.ones_like(row)),
-    set_(slots.limit, limit),
-    set_(slots.start, start),
-    set_(slots.length, length),
-    set_(slots.position, position),
-  )
+def decode_weights(params, *, graphdef, rows):
+  """The decoder's per-layer weights and LM head as a decode loop of `rows` rows reads them (compute dtype, row
+  blocks where they apply: `Qwen25VL.layer_params` / `head_params`)."""
+  TRACE_COUNTS["decode_weights"] += 1
+  model = nnx.merge(graphdef, compute_dtype_params(params, nnx.merge(graphdef, params).cfg.dtype))
+  return model.layer_params(rows), model.head_params(rows)
 
 
-def compact(slots: Slots, index, *, out_rows):
-  """The slots `index` int32 [R'] names (-1 = empty), as a bucket of R' slots."""
-  TRACE_COUNTS["compact"] += 1
-  keep = index >= 0
-  taken = jax.tree.map(lambda a: a[jnp.maximum(index, 0)], slots)
-  return dataclasses.replace(taken, row=jnp.where(keep, taken.row, out_rows), done=jnp.where(keep, taken.done, True))
+class SegmentWeights:
+  """The (layers, head) every segment of one call reads. Params a sampler holds as the decode loop reads them
+  (`decode_layout.DecodeWeights`) are passed as they are (head None: the segment takes it from the params); plain
+  params are laid out by `decode_weights` once per row layout (row blocks or not) and reused by every segment: on
+  CPU the layout is a copy of the decoder's weights, too dear to make per segment."""
+
+  def __init__(self, params, graphdef):
+    self.params, self.graphdef, self.made = params, graphdef, {}
+
+  def for_rows(self, rows: int):
+    _, held = unpack(self.params)
+    if held is not None:
+      return held, None
+    blocked = row_blocks.applies(rows)
+    if blocked not in self.made:
+      self.made[blocked] = decode_weights_jit(self.params, graphdef=self.graphdef, rows=rows if blocked else None)
+    return self.made[blocked]
 
 
 def segment(
   params,
+  layers,
+  head,
   pool: PagePool,
   slots: Slots,
   out: Outputs,
@@ -177,16 +134,18 @@ def segment(
   steps,
 ):
   """Up to `steps` decode steps of every live slot, returning early once at most `stop_live` (int32 scalar) slots
-  are live. table int32 [R, n]: each slot's pages (`NULL_PAGE` past its own); a step attends over the n * Z
-  positions they hold, masked to the slot's [start, length]."""
+  are live. layers / head: `decode_weights(params, rows=R)`. table int32 [R, n]: each slot's pages (`NULL_PAGE`
+  past its own); a step attends over the n * Z positions they hold, masked to the slot's [start, length].
+  Returns the pool, slots and outputs, and the steps run (int32 scalar)."""
   TRACE_COUNTS["segment"] += 1
-  params, held = unpack(params)
+  params, _ = unpack(params)
   dtype = nnx.merge(graphdef, params).cfg.dtype
   model = nnx.merge(graphdef, compute_dtype_params(params, dtype))
   cfg = model.cfg.text
   rows = slots.row.shape[0]
-  layers = model.layer_params(rows) if held is None else compute_dtype_params(held, dtype)  # as `generate.decode`
-  head = model.head_params(rows)
+  # held weights arrive in their own dtype: cast in the program, each layer converted as its step runs (in_step)
+  layers = compute_dtype_params(layers, dtype)
+  head = model.head_params(rows) if head is None else head
   layer_graph = nnx.graphdef(model.layers)
   z = pool.page_size
   columns = jnp.arange(table.shape[1] * z, dtype=jnp.int32)
@@ -232,12 +191,11 @@ def segment(
     )
     return i + 1, PagePool(tuple(ks), tuple(vs)), s, out
 
-  _, pool, slots, out = jax.lax.while_loop(keep_going, step, (jnp.int32(0), pool, slots, out))
-  return pool, slots, out
+  steps_run, pool, slots, out = jax.lax.while_loop(keep_going, step, (jnp.int32(0), pool, slots, out))
+  return pool, slots, out, steps_run
 
 
 _MODEL = ("graphdef", "sampling", "num_samples")
+decode_weights_jit = jax.jit(decode_weights, static_argnames=("graphdef", "rows"))
 prefill_jit = jax.jit(prefill, static_argnames=_MODEL, donate_argnames=("pool", "out"))
-admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots",))
-compact_jit = jax.jit(compact, static_argnames=("out_rows",))
 segment_jit = jax.jit(segment, static_argnames=_MODEL + ("stop_ids", "steps"), donate_argnames=("pool", "slots", "out"))

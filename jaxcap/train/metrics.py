@@ -14,6 +14,21 @@ import jax
 import numpy as np
 
 
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_COMPILES = [0]  # XLA backend compiles in this process since the first `compiles()` call
+
+
+def compiles() -> int:
+  """XLA backend compiles so far in this process (every program, eager ops' included), counted from the first
+  call (jax.monitoring's backend-compile event)."""
+  if not hasattr(compiles, "listening"):
+    compiles.listening = True
+    jax.monitoring.register_event_duration_secs_listener(
+      lambda event, *_, **__: _COMPILES.__setitem__(0, _COMPILES[0] + (event == BACKEND_COMPILE))
+    )
+  return _COMPILES[0]
+
+
 def to_scalars(metrics: Mapping) -> dict[str, float]:
   """Flattens device/host metric values to floats; vector metrics become name/0, name/1, ..."""
   out = {}
@@ -63,7 +78,8 @@ class PendingMetrics:
 class StepLog:
   """A phase's step records, each written one step late: `defer` holds step t's PendingMetrics while step t+1 is
   dispatched, so fetching them never leaves the device idle; `flush` writes the held one (with its wall time,
-  time/step_s) to `writer` and advances the progress bar. `check(phase, step, row) -> (row, error or None)` (the
+  time/step_s, and time/compiles: the XLA compiles made between the previous step's `defer` and its own, i.e.
+  while its rollout and update ran and dispatched) to `writer` and advances the progress bar. `check(phase, step, row) -> (row, error or None)` (the
   step guard, jaxcap.train.guard) sees each record first; its error is raised once the record is written."""
 
   def __init__(
@@ -79,23 +95,27 @@ class StepLog:
 
     self.writer, self.phase, self.check = writer, phase, check
     self.progress = tqdm(total=total, initial=initial, desc=phase, disable=not enabled, dynamic_ncols=True)
-    self._pending: tuple[int, PendingMetrics, float] | None = None
+    self._pending: tuple[int, PendingMetrics, float, int] | None = None
+    self._compiled = compiles()
 
   def defer(self, step: int, metrics: PendingMetrics, t0: float) -> None:
     """Holds step `step`'s metrics (started at perf_counter `t0`), writing the one held before (ended at `t0`)."""
     self.flush(end=t0)
-    self._pending = (step, metrics, t0)
+    now = compiles()
+    self._pending = (step, metrics, t0, now - self._compiled)
+    self._compiled = now
 
   def flush(self, end: float | None = None) -> None:
     if self._pending is None:
       return
-    step, metrics, t0 = self._pending
+    step, metrics, t0, compiled = self._pending
     self._pending = None
     row = metrics.result()
     error = None
     if self.check is not None:
       row, error = self.check(self.phase, step + 1, row)
     row["time/step_s"] = (time.perf_counter() if end is None else end) - t0
+    row["time/compiles"] = compiled
     self.writer.write(self.phase, step + 1, row)
     self.progress.update(1)
     shown = ("loss", "reward/mean", "length/mean")

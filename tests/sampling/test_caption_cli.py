@@ -115,12 +115,15 @@ def test_listing_sources(setup, tmp_path):
 
 
 @pytest.mark.parametrize(
-  "engine", [[], ["--engine", "paged", "--slots", "2", "--page_size", "4"]], ids=["static", "paged"]
+  "engine",
+  [[], ["--engine", "paged", "--slots", "2", "--page_size", "4", "--batch_size", "2"]],
+  ids=["static", "paged"],
 )
 @pytest.mark.slow
 def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine):
   """One batch of images of three sizes and an mp4 clip: each caption equals greedy decoding of that item alone
-  (static sampler), with either engine (the paged one with fewer slots than items: refilled mid-batch)."""
+  (static sampler), with either engine (the paged one with fewer slots than items, its two batches streamed
+  through one engine call: slots refilled across them)."""
   import av
   import jax
 

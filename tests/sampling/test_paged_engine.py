@@ -11,6 +11,7 @@ from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.sampling.paged_cache import paged_attention
 from jaxcap.sampling.paged_decode import _draw, sample_uniforms
+from jaxcap.sampling.paged_slots import TRACE_COUNTS
 from sampling_fixtures import PADDED_BATCH, hf_greedy, image, tiny_checkpoint, user
 
 draw = jax.jit(_draw, static_argnums=(4, 5))
@@ -78,6 +79,12 @@ def test_sampled_tokens_do_not_depend_on_slots_pages_or_segments(models):
     np.testing.assert_allclose(np.asarray(run.policy_logprobs), np.asarray(runs[0].policy_logprobs), atol=1e-5)
   tokens = np.asarray(runs[0].tokens)
   assert not np.array_equal(tokens[0::G], tokens[1::G])
+  before = dict(TRACE_COUNTS)  # a second call of the same shapes compiles no program of the engine
+  again = PagedSampler(model, processor=proc, sampling=sampling, engine=configs[0])(
+    PADDED_BATCH, jax.random.key(5), num_samples=G
+  )
+  assert dict(TRACE_COUNTS) == before
+  np.testing.assert_array_equal(np.asarray(again.tokens), tokens)
 
 
 def test_per_sample_uniforms_are_keyed_by_sample_and_position_only():

@@ -1,0 +1,90 @@
+"""The paged engine's decode slots and what a rollout returns: `Outputs` (in output-row order), `Slots` (the R
+slots' device state), and the programs that admit samples into slots and compact slots into a smaller row bucket.
+The host scheduler (`jaxcap.sampling.scheduler`) decides what each does; the decode programs are
+`jaxcap.sampling.paged_decode`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxcap.sampling.distribution import is_stop
+
+# How many times each of the engine's programs has been traced (= compiled) in this process.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+  """What the rollout returns, in output-row order: tokens int32 [O, N] (pad after the stop), sample_logprobs /
+  policy_logprobs float32 [O, N] (0 after it), lengths int32 [O] (tokens emitted, the stop token included)."""
+
+  tokens: jax.Array
+  sample_logprobs: jax.Array
+  policy_logprobs: jax.Array
+  lengths: jax.Array
+
+  @classmethod
+  def empty(cls, rows: int, max_new_tokens: int, pad_id: int) -> "Outputs":
+    zeros = lambda: jnp.zeros((rows, max_new_tokens), jnp.float32)  # separate buffers: all are donated
+    return cls(jnp.full((rows, max_new_tokens), pad_id, jnp.int32), zeros(), zeros(), jnp.zeros((rows,), jnp.int32))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Slots:
+  """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); done bool [R] (True when
+  empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
+  many tokens it may emit; start int32 [R]: its first visible cache position (the prompt's left padding in its
+  first page comes before it); length int32 [R]: positions in its pages (the next token is written at `length`);
+  position int32 [R]: the mRoPE position of its last token."""
+
+  row: jax.Array
+  done: jax.Array
+  token: jax.Array
+  emitted: jax.Array
+  limit: jax.Array
+  start: jax.Array
+  length: jax.Array
+  position: jax.Array
+
+  @classmethod
+  def empty(cls, slots: int, out_rows: int) -> "Slots":
+    zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(6)]
+    return cls(jnp.full((slots,), out_rows, jnp.int32), jnp.ones((slots,), bool), *zeros)
+
+
+def admit(slots: Slots, out: Outputs, index, row, limit, start, length, position, *, stop_ids):
+  """Places samples in slots: index int32 [A] (R = none), the rest int32 [A] per `Slots`. Each starts from its
+  token 0, already sampled by the prefill."""
+  TRACE_COUNTS["admit"] += 1
+  token = out.tokens[jnp.minimum(row, out.tokens.shape[0] - 1), 0]
+  done = is_stop(token, stop_ids) | (limit <= 1)
+  set_ = lambda a, x: a.at[index].set(x.astype(a.dtype), mode="drop")
+  return Slots(
+    set_(slots.row, row),
+    set_(slots.done, done),
+    set_(slots.token, token),
+    set_(slots.emitted, jnp.ones_like(row)),
+    set_(slots.limit, limit),
+    set_(slots.start, start),
+    set_(slots.length, length),
+    set_(slots.position, position),
+  )
+
+
+def compact(slots: Slots, index, *, out_rows):
+  """The slots `index` int32 [R'] names (-1 = empty), as a bucket of R' slots."""
+  TRACE_COUNTS["compact"] += 1
+  keep = index >= 0
+  taken = jax.tree.map(lambda a: a[jnp.maximum(index, 0)], slots)
+  return dataclasses.replace(taken, row=jnp.where(keep, taken.row, out_rows), done=jnp.where(keep, taken.done, True))
+
+
+admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots",))
+compact_jit = jax.jit(compact, static_argnames=("out_rows",))

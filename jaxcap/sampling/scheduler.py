@@ -1,0 +1,244 @@
+"""The paged rollout engine's host scheduler: decode slots refilled as samples finish, a paged KV cache.
+
+A call queues every sample (G per prompt, prompt-major) and loops:
+
+1. prefill: when the queue cannot fill the free slots, the next chunk of prompts (a bucketed `SamplerBatch`) is
+   run once and its keys and values written into pages (each prompt right-aligned in ceil(real / Z) pages);
+2. admit: queued samples take free slots, each with pages of its own for its max_new_tokens; their page tables
+   start with their prompt's pages (shared by reference by the prompt's G samples);
+3. compact: when the queue has run dry, live slots move into the smallest row bucket that holds them (the ladder
+   of `jaxcap.buckets` at 2 sizes per octave: 32, 24, 16, 12, ...), so a long tail decodes at its own size;
+4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the
+   pages any live slot can fill in the segment, up the same ladder), returning early once enough slots have
+   finished to refill (1/8 of them) or, draining, to compact into the next smaller row bucket;
+5. finished samples free their pages (a prompt's when its last sample finishes).
+
+Programs compile once per (row bucket, page bucket) and per prefill shape. Single process, unsharded (see
+`jaxcap.sampling.engine.PagedSampler`). `stats` counts where a call's work goes (see `generate`).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcap.buckets import ladder
+from jaxcap.sampling import paged_decode as programs
+from jaxcap.sampling import paged_slots
+from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages
+from jaxcap.sampling.paged_cache import PagePool
+from jaxcap.sampling.prompts import pad_length
+from jaxcap.sampling.sampler import SampledArrays, SamplerBatch
+
+REFILL_FRACTION = 8  # a segment returns to refill once 1/8 of the slots (at least one) have finished
+BUCKET_STEPS = 2  # sizes per octave of the row and page buckets
+
+
+def row_bucket(live: int, slots: int) -> int:
+  """The compiled row count for `live` slots: the next ladder size, at most `slots`."""
+  return min(ladder(max(1, live), 1, BUCKET_STEPS), slots)
+
+
+def smaller_bucket(rows: int) -> int:
+  """The largest ladder size below `rows` (0 for rows <= 1): a draining segment returns once that many are live."""
+  b = rows - 1
+  while b > 0 and ladder(b, 1, BUCKET_STEPS) >= rows:
+    b -= 1
+  return b
+
+
+class HostSlots:
+  """The host's mirror of the decode slots: row int [R] (output row, -1 = free), pages (each slot's own page ids),
+  table int32 [R, n] (its page table), base int [R] (positions in its prompt's pages), emitted int [R]."""
+
+  def __init__(self, rows: int):
+    self.row = np.full(rows, -1, np.int64)
+    self.pages: list[list[int]] = [[] for _ in range(rows)]
+    self.table = np.zeros((rows, 0), np.int32)
+    self.base = np.zeros(rows, np.int64)
+    self.emitted = np.zeros(rows, np.int64)
+
+  def place(self, i: int, row: int, prompt: PromptPages, pages: list[int], page_size: int) -> None:
+    """Slot `i` starts output row `row` (its token 0 emitted by the prefill) with its own `pages`."""
+    self.row[i], self.pages[i] = row, pages
+    table = prompt.pages + pages
+    if len(table) > self.table.shape[1]:
+      self.table = np.pad(self.table, ((0, 0), (0, len(table) - self.table.shape[1])))
+    self.table[i] = 0
+    self.table[i, : len(table)] = table
+    self.base[i], self.emitted[i] = len(prompt.pages) * page_size, 1
+
+  def take(self, index: np.ndarray) -> None:
+    """Keeps the slots `index` int [R'] names (-1 = an empty slot), in that order."""
+    keep = (index >= 0).reshape(-1, 1)
+    pick = lambda a, fill: np.where(keep.reshape(-1, *([1] * (a.ndim - 1))), a[np.maximum(index, 0)], fill)
+    self.row, self.table = pick(self.row, -1), pick(self.table, 0)
+    self.base, self.emitted = pick(self.base, 0), pick(self.emitted, 0)
+    self.pages = [self.pages[k] if k >= 0 else [] for k in index]
+
+  def reach(self, steps: int) -> int:
+    """Cache positions the live slots can fill within `steps` more steps (their longest)."""
+    return int(np.where(self.row >= 0, self.base + self.emitted - 1 + steps, 0).max())
+
+
+def generate(
+  params,
+  chunks: Sequence[SamplerBatch],
+  key: jax.Array,
+  *,
+  graphdef,
+  cfg,
+  engine,
+  sampling: SamplingConfig,
+  num_samples: int,
+  pad_id: int,
+  max_lengths: np.ndarray | None = None,
+  stats: dict | None = None,
+) -> SampledArrays:
+  """G samples of every real prompt of `chunks` (host `SamplerBatch`es, in order). Output rows: chunk c's block
+  of `block * G` rows after the earlier chunks', row (offset + b) * G + g sample g of its prompt b; padded prompts'
+  rows are left empty (length 0). `engine`: an `EngineConfig`. `max_lengths` int [O] (optional): a per-row cap on
+  emitted tokens (a stop schedule for benchmarks). `stats`, when given, is filled with: segments, compactions,
+  row_steps (decode steps x compiled rows, summed over segments), attention_positions (row steps x page-bucket
+  positions each row read), host_s (wall seconds between a segment's results arriving and the next segment's
+  dispatch: the scheduler's own time), pages, free_pages and the programs' trace counts."""
+  g, n_new, z = num_samples, sampling.max_new_tokens, engine.page_size
+  stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
+  offsets = np.cumsum([0] + [c.block for c in chunks])
+  out_rows = int(offsets[-1]) * g
+  own = own_pages(n_new, z)
+  chunk_pages = [prompt_pages(c.prompts.attention_mask, c.rows, z) for c in chunks]
+  total_pages = pool_pages(chunk_pages, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
+
+  text = cfg.text
+  pool = PagePool.zeros(text.num_hidden_layers, total_pages, z, text.num_key_value_heads, text.head_dim, cfg.dtype)
+  alloc = PageAllocator(total_pages)
+  out = paged_slots.Outputs.empty(out_rows, n_new, pad_id)
+  limits = np.full(out_rows, n_new, np.int64) if max_lengths is None else np.minimum(max_lengths, n_new)
+  model_static = dict(graphdef=graphdef, sampling=sampling, num_samples=g)
+  weights = programs.SegmentWeights(params, graphdef)
+
+  rows = engine.slots
+  slots = paged_slots.Slots.empty(rows, out_rows)
+  host = HostSlots(rows)
+  prompts: dict[int, PromptPages] = {}
+  queue: collections.deque = collections.deque()
+  pending = collections.deque(range(len(chunks)))
+  count = collections.Counter()
+  host_s, since = 0.0, time.perf_counter()
+
+  def prefill_next():
+    nonlocal pool, out
+    c = pending.popleft()
+    chunk = chunks[c]
+    padded = pad_length(chunk.prompts, -(-chunk.prompts.length // z) * z, pad_id)
+    blocks = padded.length // z
+    page_ids = np.zeros((chunk.block, blocks), np.int32)
+    real = np.asarray(padded.attention_mask).sum(-1)
+    deltas = np.asarray(padded.rope_deltas)
+    for b in range(chunk.rows):
+      pages = alloc.take(int(chunk_pages[c][b]))
+      page_ids[b, blocks - len(pages) :] = pages
+      prompt = int(offsets[c]) + b
+      prompts[prompt] = PromptPages(pages, len(pages) * z - int(real[b]), int(real[b] + deltas[b]) - 1, g)
+      queue.extend((prompt, s) for s in range(g))
+    placed = jax.tree.map(jnp.asarray, padded)
+    pool, out = programs.prefill_jit(
+      params,
+      placed,
+      pool,
+      out,
+      jnp.asarray(page_ids),
+      jnp.int32(offsets[c]),
+      jnp.int32(chunk.rows),
+      key,
+      **model_static,
+    )
+
+  def can_prefill() -> bool:
+    return bool(pending) and len(alloc.free) >= int(chunk_pages[pending[0]].sum()) + own
+
+  while True:
+    free = [i for i in range(rows) if host.row[i] < 0]
+    while pending and len(queue) < len(free) and can_prefill():
+      prefill_next()
+    if pending and not queue and not (host.row >= 0).any():
+      raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
+        f"chunk {pending[0]} needs {int(chunk_pages[pending[0]].sum())} pages for its prompts plus {own} "
+        f"for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages or use smaller chunks"
+      )
+    admitted = np.zeros((6, rows), np.int64)
+    admitted[0] = rows  # slot index rows = no one
+    j = 0
+    while queue and free and len(alloc.free) >= own:
+      prompt, s = queue.popleft()
+      i, row, p = free.pop(0), prompt * g + s, prompts[prompt]
+      host.place(i, row, p, alloc.take(own), z)
+      admitted[:, j] = (i, row, limits[row], p.start, host.base[i], p.position)
+      j += 1
+    if j:
+      slots = paged_slots.admit_jit(slots, out, *(jnp.asarray(x, jnp.int32) for x in admitted), stop_ids=stop_ids)
+    live = int((host.row >= 0).sum())
+    if live == 0 and not queue and not pending:
+      break
+    if live == 0:
+      raise ValueError(
+        f"no sample fits: {len(alloc.free)} free pages of rollout.pages={total_pages}, {own} needed for one "
+        f"sample's max_new_tokens={n_new}; raise rollout.pages or lower sampling.max_new_tokens"
+      )
+    draining = not queue and not pending
+    if draining and row_bucket(live, engine.slots) < rows:
+      keep = np.flatnonzero(host.row >= 0)
+      rows = row_bucket(live, engine.slots)
+      index = np.full(rows, -1, np.int64)
+      index[: len(keep)] = keep
+      slots = paged_slots.compact_jit(slots, jnp.asarray(index, jnp.int32), out_rows=out_rows)
+      host.take(index)
+      count["compactions"] += 1
+    # the live bucket: pages any live slot can fill during this segment, up the ladder
+    width = min(ladder(max(1, math.ceil(host.reach(engine.segment_steps) / z)), 1, BUCKET_STEPS), host.table.shape[1])
+    stop_live = smaller_bucket(rows) if draining else max(0, live - max(1, rows // REFILL_FRACTION))
+    layers, head = weights.for_rows(rows)
+    host_s += time.perf_counter() - since
+    pool, slots, out, steps = programs.segment_jit(
+      params,
+      layers,
+      head,
+      pool,
+      slots,
+      out,
+      jnp.asarray(host.table[:, :width]),
+      key,
+      jnp.int32(stop_live),
+      stop_ids=stop_ids,
+      steps=engine.segment_steps,
+      **model_static,
+    )
+    done, emitted, steps = jax.device_get((slots.done, slots.emitted, steps))
+    since = time.perf_counter()
+    count["segments"] += 1
+    count["row_steps"] += rows * int(steps)
+    count["attention_positions"] += rows * int(steps) * width * z
+    for i in np.flatnonzero((host.row >= 0) & done):
+      prompt = int(host.row[i]) // g
+      alloc.give(host.pages[i])
+      host.pages[i], host.row[i] = [], -1
+      p = prompts[prompt]
+      p.remaining -= 1
+      if p.remaining == 0:
+        alloc.give(p.pages)
+        del prompts[prompt]
+    host.emitted = np.asarray(emitted, np.int64)
+
+  if stats is not None:
+    host_s += time.perf_counter() - since
+    stats.update(count, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
+    stats["traces"] = dict(paged_slots.TRACE_COUNTS)
+  return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
