@@ -26,7 +26,7 @@ import zlib
 from typing import Sequence
 
 from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
-from jaxcap.data.annotation_media import load_images, media_grid, sort_by_size
+from jaxcap.processing.annotation_media import load_images, media_grid, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
 
