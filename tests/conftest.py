@@ -1,8 +1,12 @@
 import os
 import sys
 
-# Tests run on CPU with 8 virtual devices so that mesh code is exercised; set before jax is imported.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(__file__))
+from processes import FAST_COMPILE_FLAGS  # noqa: E402  (imports no jax)
+
+# Tests run on CPU with 8 virtual devices so that mesh code is exercised, compiling with the tests' fast-compile
+# flags (see processes.py); set before jax is imported.
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,7 +20,6 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-sys.path.insert(0, os.path.dirname(__file__))
 
 # Longest files first. xdist hands out whole files (--dist loadfile) in collection order; by default it orders
 # them by test count, which puts one-test end-to-end files (minutes each) last, where a single worker finishes them
