@@ -249,10 +249,12 @@ class Qwen25VL(nnx.Module):
     cache: KVCache | None = None,
     cache_index: jax.Array | int = 0,
     layers: tuple | None = None,
+    segments: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Runs the decoder on embeddings x [B, T, D] at mRoPE `positions` int [3, B, T].
 
-    Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens.
+    Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens, and
+    with `segments` int [B, T] (packed rows, jaxcap.train.packing) only within a token's own segment.
     With a cache: the T new tokens are written at slots [cache_index, cache_index + T) and `attention_mask` is
     bool [B, S] over cache slots (real tokens, including the new ones); slot j is visible to slot i iff j <= i.
     Returns the final-norm hidden states [B, T, D] and the updated cache. `layers`: `layer_params()`, taken once
@@ -264,6 +266,8 @@ class Qwen25VL(nnx.Module):
     q_slot = cache_index + jnp.arange(t)
     k_slot = jnp.arange(cache.slots if cache is not None else t)
     mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
+    if segments is not None:
+      mask = mask & (segments[:, None, :, None] == segments[:, None, None, :])
     x = shard(x, ("batch", None, None))
     if cache is None:
       body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]

@@ -55,30 +55,16 @@ def rl_advantages(rollouts: RolloutBatch, weights: jax.Array, estimator: str, es
   return adv.advantages.reshape(m, b * g), adv.sample_valid.reshape(m, b * g), adv.metrics
 
 
-def rl_step(
-  state: TrainState,
-  prompts: PromptBatch,
+def rl_terms(
   rollouts: RolloutBatch,
-  layout: VisionLayout | None,
-  *,
-  graphdef,
-  optimizer: optax.GradientTransformation,
   loss_config: PolicyLossConfig,
-  estimator: str = "grpo",
-  master_update: str = "exact",
-  max_update_ratio: float = 0.0,
-  correction: RolloutCorrectionConfig | None = None,
-  mask_truncated: bool = False,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One policy-gradient update: advantages from rewards (over the whole batch), the policy loss accumulated
-  over micro-batches, one optimizer step (landing on the params as `master_update`, the phase's
-  `optim.master_update`, says). Old / reference log-probs come precomputed in `rollouts`, so the caller can
-  overlap computing them with judging.
-
-  `correction` (enabled): importance weights / rejection between `rollouts.behaviour_logprobs` and the old
-  log-probs, over the whole batch (metrics `rollout_corr/*`). `mask_truncated`: rollouts flagged
-  `rollouts.truncated` keep their place in the group statistics but carry no gradient (metrics
-  `truncated/frac`, `truncated/masked_frac`). With neither, the program is the plain one."""
+  estimator: str,
+  correction: RolloutCorrectionConfig | None,
+  mask_truncated: bool,
+):
+  """The per-sequence inputs of the policy loss over the whole step's batch, in the update's layout [M, b*G, ...]:
+  (advantages, sample_valid, old and ref log-probs (detached), the completion mask after any rollout correction,
+  extra loss inputs (is_weights), advantage metrics, truncation / correction metrics). See `rl_step`."""
   advantages, sample_valid, adv_metrics = rl_advantages(rollouts, rollouts.weights, estimator)
   old = jax.lax.stop_gradient(rollouts.old_logprobs)
   ref = None if rollouts.ref_logprobs is None else jax.lax.stop_gradient(rollouts.ref_logprobs)
@@ -104,10 +90,52 @@ def rl_step(
     if is_w is not None:
       extras["is_weights"] = is_w.reshape(shape)
     extra_metrics.update({f"rollout_corr/{k}": v for k, v in corr_metrics.items()})
+  return advantages, sample_valid, old, ref, cmask, extras, adv_metrics, extra_metrics
+
+
+def surrogate_keys(state: TrainState, num_micro: int) -> jax.Array:
+  """One PRNG key per micro-batch for surrogates that draw (clip_cov), from the state's key and step."""
+  return jax.random.split(jax.random.fold_in(jax.random.fold_in(state.key, 29), state.step), num_micro)
+
+
+def micro_weights(cmask: jax.Array, sample_valid: jax.Array, aggregation: str) -> jax.Array:
+  """Each micro-batch's share of the step's loss [M] from its mask [M, n, C] and valid sequences [M, n]: its tokens
+  (token-mean) or its sequences (seq-mean-*), so that the micro-batches' weighted losses are the whole batch's."""
+  counted = cmask & sample_valid[..., None]
+  if aggregation == "token-mean":
+    return jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
+  return jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
+
+
+def rl_step(
+  state: TrainState,
+  prompts: PromptBatch,
+  rollouts: RolloutBatch,
+  layout: VisionLayout | None,
+  *,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+  loss_config: PolicyLossConfig,
+  estimator: str = "grpo",
+  master_update: str = "exact",
+  max_update_ratio: float = 0.0,
+  correction: RolloutCorrectionConfig | None = None,
+  mask_truncated: bool = False,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One policy-gradient update: advantages from rewards (over the whole batch), the policy loss accumulated
+  over micro-batches, one optimizer step (landing on the params as `master_update`, the phase's
+  `optim.master_update`, says). Old / reference log-probs come precomputed in `rollouts`, so the caller can
+  overlap computing them with judging.
+
+  `correction` (enabled): importance weights / rejection between `rollouts.behaviour_logprobs` and the old
+  log-probs, over the whole batch (metrics `rollout_corr/*`). `mask_truncated`: rollouts flagged
+  `rollouts.truncated` keep their place in the group statistics but carry no gradient (metrics
+  `truncated/frac`, `truncated/masked_frac`). With neither, the program is the plain one."""
+  advantages, sample_valid, old, ref, cmask, extras, adv_metrics, extra_metrics = rl_terms(
+    rollouts, loss_config, estimator, correction, mask_truncated
+  )
   if POLICY_LOSSES[loss_config.policy].uses_key:
-    extras["key"] = jax.random.split(
-      jax.random.fold_in(jax.random.fold_in(state.key, 29), state.step), rollouts.tokens.shape[0]
-    )
+    extras["key"] = surrogate_keys(state, rollouts.tokens.shape[0])
 
   def loss_fn(params, mb):
     pb, lay, tokens, mask, old_lp, ref_lp, adv, valid, extra = mb
@@ -122,11 +150,7 @@ def rl_step(
 
   layouts = per_micro(layout, rollouts.tokens.shape[0])
   batches = (prompts, layouts, rollouts.tokens, cmask, old, ref, advantages, sample_valid, extras)
-  counted = cmask & sample_valid[..., None]
-  if loss_config.loss_aggregation == "token-mean":
-    weights = jnp.sum(counted, axis=(1, 2))  # tokens per micro-batch
-  else:
-    weights = jnp.sum(jnp.any(counted, axis=2), axis=1)  # sequences per micro-batch
+  weights = micro_weights(cmask, sample_valid, loss_config.loss_aggregation)
   loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}

@@ -1,0 +1,69 @@
+"""The RL update over packed micro-batches (`jaxcap.train.packing`): `rl_step`'s loss and gradients, with each
+micro-batch's sequences packed into rows instead of padded.
+
+Advantages, masks and rollout correction are computed over the whole step in the update's padded layout, exactly
+as `rl_step` does; each packed micro-batch then gathers its sequences' slots. Its loss aggregates over its own
+sequences and is weighted by its tokens (token-mean) or sequences (seq-mean-*), so the step's loss is the whole
+batch's whatever the packing: token-mean over the global batch, seq-mean-* over its sequences, Dr.GRPO's constant
+(`max_gen_len`, or C of the padded layout) unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+from flax import nnx
+
+from jaxcap.rl import POLICY_LOSSES, PolicyLossConfig, policy_loss
+from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
+from jaxcap.train.accumulate import accumulate, apply_update
+from jaxcap.train.batches import PromptBatch, RolloutBatch
+from jaxcap.train.packed import flat_prompts, gather_sequences, packed_logprobs, token_source
+from jaxcap.train.packing import PackedRows
+from jaxcap.train.state import TrainState
+from jaxcap.train.step import micro_weights, rl_terms, surrogate_keys
+
+
+def packed_rl_step(
+  state: TrainState,
+  prompts: PromptBatch,
+  rollouts: RolloutBatch,
+  pixels: jax.Array | None,
+  rows: PackedRows,
+  *,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+  loss_config: PolicyLossConfig,
+  estimator: str = "grpo",
+  master_update: str = "exact",
+  max_update_ratio: float = 0.0,
+  correction: RolloutCorrectionConfig | None = None,
+  mask_truncated: bool = False,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """`rl_step` over packed rows: prompts [M0, b, P] and rollouts [M0, b*G, C] in the update's layout (their
+  micro-batching is only a layout here; `prompts.pixel_values` is not read), `pixels` the step's [Lp, patch_dim],
+  `rows` the packed micro-batches [M, ...] (`jaxcap.train.packing.pack`)."""
+  advantages, sample_valid, old, ref, cmask, extras, adv_metrics, extra_metrics = rl_terms(
+    rollouts, loss_config, estimator, correction, mask_truncated
+  )
+  gather = lambda x: None if x is None else gather_sequences(x, rows)
+  valid = gather(sample_valid) & rows.seq_valid
+  cmask = gather(cmask) & rows.seq_valid[..., None]
+  extras = {k: gather(v) for k, v in extras.items()}
+  if POLICY_LOSSES[loss_config.policy].uses_key:
+    extras["key"] = surrogate_keys(state, rows.source.shape[0])
+  tokens = rollouts.tokens
+  source = token_source(*flat_prompts(prompts), tokens.reshape(-1, tokens.shape[-1]))
+
+  def loss_fn(params, mb):
+    mb_rows, mask, old_lp, ref_lp, adv, ok, extra = mb
+    model = nnx.merge(graphdef, params)
+    lp, ent = packed_logprobs(model, source, mb_rows, pixels, tokens.shape[-1], with_entropy=True)
+    return policy_loss(lp, old_lp, adv, mask, loss_config, ref_logprobs=ref_lp, sample_valid=ok, entropy=ent, **extra)
+
+  batches = (rows, cmask, gather(old), gather(ref), gather(advantages), valid, extras)
+  weights = micro_weights(cmask, valid, loss_config.loss_aggregation)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
+  adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
+  return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}

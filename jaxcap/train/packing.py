@@ -1,0 +1,227 @@
+"""Packed micro-batches (host side, numpy): a step's (prompt, completion) sequences laid end to end in rows of a
+token budget, with segment ids, instead of every sequence padded to the longest prompt plus the longest completion.
+
+A step's sequences are N = Np * G: sequence n is completion n of prompt n // G (the padded layout's flattened
+order). Each prompt's G sequences go to one micro-batch where they fit (first-fit decreasing over prompts by
+tokens, so each micro-batch embeds its prompts' images once); within a micro-batch, sequences go to rows by
+first-fit decreasing. Rows are `row_len` tokens (the `jaxcap.buckets.ladder` size of the longest sequence, at most
+the budget), `budget // row_len` rows per micro-batch; micro-batch count, sequence slots and target count are
+rounded up the same ladder, so a stream of steps compiles a handful of programs.
+
+The device side (`jaxcap.train.packed`) gathers every packed array from the step's padded arrays through these
+indexes: only lengths and vision items are read on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from jaxcap.buckets import DEFAULT_STEPS, ladder
+from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionItem:
+  """One image or video of a step: its prompt, kind, grid (t, h, w patches) and first patch in the step's pixels."""
+
+  prompt: int
+  video: bool
+  grid: tuple[int, int, int]
+  start: int
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+  """M packed micro-batches of R rows of L tokens, S sequence slots and K target slots each.
+
+  source int32 [M, R, L]: each slot's token in the step's token source, prompt ids [Np * P] then completions
+    [N * C] flattened (padding slots: 0); segments int32 [M, R, L]: 1, 2, ... per sequence of a row, 0 padding;
+    feature int32 [M, R, L]: a vision token's row in its micro-batch's vision features, -1 elsewhere.
+  target_index int32 [M, K]: the slot (flat in R * L) whose hidden state predicts target k (its token is the next
+    slot's); target_dest int32 [M, K]: where target k's log-prob lands in the micro-batch's [S, C] completions
+    (flat; S * C for padding, dropped).
+  seq_index int32 [M, S]: each slot's sequence in the step (0 for padding); seq_valid bool [M, S].
+  pixel_index int32 [M, Lpix]: each micro-batch's vision pack from the step's pixels (padding: patch 0);
+    layout: the packs' VisionLayouts [M, ...]. Both None without vision."""
+
+  source: np.ndarray
+  segments: np.ndarray
+  feature: np.ndarray
+  target_index: np.ndarray
+  target_dest: np.ndarray
+  seq_index: np.ndarray
+  seq_valid: np.ndarray
+  pixel_index: np.ndarray | None = None
+  layout: VisionLayout | None = None
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    """(micro-batches, rows, row length)."""
+    return tuple(self.source.shape)
+
+  def padding_share(self) -> float:
+    """The share of row slots holding no token."""
+    return float(np.mean(self.segments == 0))
+
+
+def fill_rows(lengths: Sequence[int], row_len: int, rows: int, free: list[int] | None = None) -> list[int] | None:
+  """First-fit of `lengths` (in the given order) into `rows` rows of `row_len` with `free` slots each (default all):
+  each length's row, or None if one does not fit. Updates `free` in place only on success."""
+  free_now = list(free) if free is not None else [row_len] * rows
+  where = []
+  for n in lengths:
+    r = next((i for i, f in enumerate(free_now) if f >= n), None)
+    if r is None:
+      return None
+    free_now[r] -= n
+    where.append(r)
+  if free is not None:
+    free[:] = free_now
+  return where
+
+
+def assign(
+  prompt_lens: Sequence[int], completion_lens: Sequence[int], group: int, budget: int, steps: int = DEFAULT_STEPS
+):
+  """Sequences -> micro-batches and rows. prompt_lens [Np], completion_lens [N = Np * group] (tokens).
+  Returns (row_len, rows per micro-batch, micro-batches: lists of (sequence, row) in row-fill order)."""
+  seq_lens = [int(prompt_lens[n // group]) + int(completion_lens[n]) for n in range(len(completion_lens))]
+  longest = max(seq_lens, default=1)
+  if longest > budget:
+    raise ValueError(
+      f"a sequence of {longest} tokens does not fit rl.micro_batch_tokens={budget}; raise it to at least {longest}"
+    )
+  row_len = min(ladder(longest, 8, steps), budget)
+  rows = max(1, budget // row_len)
+  order = lambda seqs: sorted(seqs, key=lambda n: -seq_lens[n])
+  groups = sorted(range(len(prompt_lens)), key=lambda p: -sum(seq_lens[p * group : (p + 1) * group]))
+  micros: list[tuple[list[int], list[tuple[int, int]]]] = []  # (free per row, [(seq, row)])
+  for p in groups:
+    seqs = order(range(p * group, (p + 1) * group))
+    for free, placed in micros:
+      where = fill_rows([seq_lens[n] for n in seqs], row_len, rows, free)
+      if where is not None:
+        placed.extend(zip(seqs, where))
+        break
+    else:  # a fresh micro-batch, split over several if the group does not fit one
+      while seqs:
+        free, placed = [row_len] * rows, []
+        rest = []
+        for n in seqs:
+          where = fill_rows([seq_lens[n]], row_len, rows, free)
+          (rest.append(n) if where is None else placed.append((n, where[0])))
+        micros.append((free, placed))
+        seqs = rest
+  return row_len, rows, [placed for _, placed in micros]
+
+
+def pack(
+  prompt_ids: np.ndarray,
+  prompt_mask: np.ndarray,
+  completion_mask: np.ndarray,
+  budget: int,
+  *,
+  image_token_id: int,
+  video_token_id: int,
+  items: Sequence[VisionItem] = (),
+  vision_cfg=None,
+  steps: int = DEFAULT_STEPS,
+) -> PackedRows:
+  """The packed micro-batches of a step. prompt_ids / prompt_mask [Np, P] (any padding side), completion_mask bool
+  [N, C] (True on a completion's tokens, a prefix of each row), N = Np * G; `budget`: tokens per micro-batch
+  (`rl.micro_batch_tokens`); `items`: the step's vision items in prompt order (images and videos interleaved as
+  the prompts hold them), with `vision_cfg` (the model's VisionConfig)."""
+  prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask, bool)
+  completion_mask = np.asarray(completion_mask, bool)
+  num_prompts, p_len = prompt_ids.shape
+  n_seqs, c_len = completion_mask.shape
+  if n_seqs % num_prompts:
+    raise ValueError(f"{n_seqs} completions for {num_prompts} prompts: give G completions per prompt")
+  g = n_seqs // num_prompts
+  comp_lens = completion_mask.sum(1)
+  if np.any(completion_mask != (np.arange(c_len) < comp_lens[:, None])):
+    raise ValueError("completion_mask must be a prefix of each row (tokens up to the completion's length)")
+  prompt_lens = prompt_mask.sum(1)
+  row_len, rows, micros = assign(prompt_lens, comp_lens, g, budget, steps)
+  m = ladder(len(micros), 1, steps)
+  s = ladder(max(len(mb) for mb in micros), 1, steps)
+  k = ladder(max(int(sum(comp_lens[n] for n, _ in mb)) for mb in micros), 8, steps)
+  source = np.zeros((m, rows, row_len), np.int32)
+  segments = np.zeros((m, rows, row_len), np.int32)
+  feature = np.full((m, rows, row_len), -1, np.int32)
+  target_index = np.zeros((m, k), np.int32)
+  target_dest = np.full((m, k), s * c_len, np.int32)
+  seq_index = np.zeros((m, s), np.int32)
+  seq_valid = np.zeros((m, s), bool)
+  by_prompt: dict[int, list[VisionItem]] = {}
+  for it in items:
+    by_prompt.setdefault(it.prompt, []).append(it)
+  packs = []
+  for i, mb in enumerate(micros):
+    prompts = sorted({n // g for n, _ in mb})
+    feats, offsets = _feature_offsets([by_prompt.get(p, []) for p in prompts], vision_cfg)
+    packs.append(feats)
+    fill = [0] * rows
+    count = [0] * rows
+    targets = 0
+    for slot, (n, r) in enumerate(mb):
+      p = n // g
+      real = np.flatnonzero(prompt_mask[p])
+      start = fill[r]
+      src = np.concatenate([p * p_len + real, num_prompts * p_len + n * c_len + np.arange(comp_lens[n])])
+      end = start + len(src)
+      source[i, r, start:end] = src
+      count[r] += 1
+      segments[i, r, start:end] = count[r]
+      ids = prompt_ids[p, real]
+      img_off, vid_off = offsets[prompts.index(p)]
+      is_img, is_vid = ids == image_token_id, ids == video_token_id
+      f = np.where(is_img, img_off + np.cumsum(is_img) - 1, np.where(is_vid, vid_off + np.cumsum(is_vid) - 1, -1))
+      feature[i, r, start : start + len(real)] = f
+      c = int(comp_lens[n])
+      flat = r * row_len + start + len(real) - 1 + np.arange(c)  # the slot before each completion token
+      target_index[i, targets : targets + c] = flat
+      target_dest[i, targets : targets + c] = slot * c_len + np.arange(c)
+      targets += c
+      seq_index[i, slot], seq_valid[i, slot] = n, True
+      fill[r] = end
+  pixel_index, layout = _vision_packs(packs, m, vision_cfg, steps) if items else (None, None)
+  return PackedRows(source, segments, feature, target_index, target_dest, seq_index, seq_valid, pixel_index, layout)
+
+
+def _feature_offsets(items_per_prompt, cfg):
+  """A micro-batch's vision pack (all its prompts' images, then their videos, in prompt order: as `embed` reads a
+  pack) and each prompt's first image / video feature row in it."""
+  unit = cfg.spatial_merge_size**2 if cfg is not None else 1
+  tokens = lambda it: int(np.prod(it.grid)) // unit
+  images = [it for items in items_per_prompt for it in items if not it.video]
+  videos = [it for items in items_per_prompt for it in items if it.video]
+  n_img = sum(tokens(it) for it in images)
+  offsets, img, vid = [], 0, n_img
+  for items in items_per_prompt:
+    offsets.append((img, vid))
+    img += sum(tokens(it) for it in items if not it.video)
+    vid += sum(tokens(it) for it in items if it.video)
+  return images + videos, offsets
+
+
+def _vision_packs(packs, m: int, cfg, steps: int):
+  """Pixel gather index [M, Lpix] and stacked layouts of each micro-batch's pack (empty ones for padding)."""
+  packs = packs + [[] for _ in range(m - len(packs))]
+  grids = [np.array([it.grid for it in pack], np.int64).reshape(-1, 3) for pack in packs]
+  shape = None
+  for grid in grids:
+    need = layout_shape(grid, cfg).bucketed(cfg, steps)
+    shape = need if shape is None else shape.union(need)
+  index = np.zeros((m, shape.patches), np.int32)
+  for i, pack in enumerate(packs):
+    patches = [np.arange(it.start, it.start + int(np.prod(it.grid))) for it in pack]
+    if patches:
+      flat = np.concatenate(patches)
+      index[i, : len(flat)] = flat
+  return index, stack_layouts([vision_layout(grid, cfg, shape) for grid in grids])
