@@ -27,6 +27,22 @@ class RMSNorm(nnx.Module):
     return self.weight[...].astype(dtype) * x32.astype(dtype)
 
 
+class LayerNorm(nnx.Module):
+  """LayerNorm with gain and bias (HF names `weight` / `bias`), computed in float32, cast back to the input dtype."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((dim,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+    return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
+
+
 class Linear(nnx.Linear):
   """`nnx.Linear` applied to its input flattened to 2-D [rows, in] (same params, same math): XLA:CPU computes the
   kernel gradient of a 3-D input, a dot with two contracting dims, ~1.5x slower than the 2-D one (SwiGLU block

@@ -194,7 +194,9 @@ def _preset(vision: dict, text: dict, **overrides) -> Qwen3VLConfig:
 
 
 # The three dense Instruct checkpoints' config.json values (as recalled; not read from the Hub in this repo).
-_SMALL_VIT = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, deepstack_visual_indexes=(5, 11, 17))
+_SMALL_VIT = dict(
+  depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, deepstack_visual_indexes=(5, 11, 17)
+)
 
 
 def qwen3vl_2b(**overrides) -> Qwen3VLConfig:

@@ -228,6 +228,17 @@ def _blocked_attention(q, k, v, blocks: AttentionBlocks, scale: float) -> jax.Ar
   return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
 
 
+def axial_rotary(rotary_pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """Axial 2D RoPE tables cos, sin float32 [L, head_dim] of patches at (row, column) `rotary_pos` int [L, 2]: the
+  first half of the rotated dims follow the row, the second the column."""
+  half = head_dim // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))
+  freqs = rotary_pos.astype(jnp.float32)[..., None] * inv_freq  # [L, 2, half/2]
+  freqs = freqs.reshape(freqs.shape[0], -1)
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
 class VisionAttention(nnx.Module):
   def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs):
     self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
@@ -302,13 +313,7 @@ class VisionTower(nnx.Module):
     self.merger = PatchMerger(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def rotary(self, rotary_pos: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Axial 2D RoPE: the first half of the rotated dims follow the row, the second the column."""
-    half = self.cfg.head_dim // 2
-    inv_freq = 1.0 / (self.cfg.rope_theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))
-    freqs = rotary_pos.astype(jnp.float32)[..., None] * inv_freq  # [L, 2, half/2]
-    freqs = freqs.reshape(freqs.shape[0], -1)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
+    return axial_rotary(rotary_pos, self.cfg.head_dim, self.cfg.rope_theta)
 
   def __call__(self, pixel_values: jax.Array, layout: VisionLayout) -> jax.Array:
     unit = self.cfg.spatial_merge_size**2
