@@ -222,34 +222,41 @@ def test_hf_round_trip_is_bit_exact(models, tmp_path):
   )
 
 
-def _greedy(model: Qwen3VL, c: dict, steps: int) -> np.ndarray:
-  """Greedy tokens [B, steps] through the KV cache: one prefill (with DeepStack), then one token per step."""
+def _greedy(model: Qwen3VL, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
+  """Greedy tokens [B, steps] and their logits [B, steps, V] through the KV cache: one prefill (with DeepStack),
+  then one token per step at text positions continuing the prompt's largest position."""
   positions, vision = _ours(model.cfg, c)
   ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
   b, t = ids.shape
   slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
   x, deepstack = model.embed_vision(ids, vision)
-  hidden, cache = model.decode(x, jnp.asarray(positions), slots, KVCache.zeros(model.cfg, b, t + steps), 0,
-                               deepstack=deepstack)  # fmt: skip
-  token = jnp.argmax(model.logits(hidden[:, -1]), -1)
-  out, next_pos = [token], jnp.asarray(positions.max(axis=(0, 2)) + 1)
+  cache = KVCache.zeros(model.cfg, b, t + steps)
+  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0, deepstack=deepstack)
+  logits = [model.logits(hidden[:, -1])]
+  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
   step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
   for i in range(steps - 1):
     slots = slots.at[:, t + i].set(True)
     pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
-    hidden, cache = step(token, pos, slots, cache, t + i)
-    token = jnp.argmax(model.logits(hidden[:, -1]), -1)
-    out.append(token)
-  return np.asarray(jnp.stack(out, 1))
+    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
+    logits.append(model.logits(hidden[:, -1]))
+  logits = np.asarray(jnp.stack(logits, 1))
+  return logits.argmax(-1), logits
 
 
 @pytest.mark.parametrize("kind", ["two_images", "video"])
 def test_greedy_generation_equals_transformers_generate(models, kind):
+  """Token-equal to `generate` (greedy), and every step's logits equal its logits: a tiny random model tends to
+  repeat one token, so the logits are what shows the cache and the decode positions right."""
   ref, ours, _ = models
   steps = 8
   c = _case(ours.cfg, kind)
   with torch.no_grad():
-    want = ref.generate(**_hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False)[:, c["ids"].shape[1] :]
-  got = _greedy(ours, c, steps)
-  assert want.shape[1] >= 1
-  np.testing.assert_array_equal(got[:, : want.shape[1]], want.numpy())
+    out = ref.generate(
+      **_hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+  want = out.sequences[:, c["ids"].shape[1] :].numpy()
+  tokens, logits = _greedy(ours, c, steps)
+  assert want.shape == tokens.shape  # no early end of sequence in these cases: every step compared
+  np.testing.assert_array_equal(tokens, want)
+  np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)
