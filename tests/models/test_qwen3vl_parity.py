@@ -260,3 +260,22 @@ def test_greedy_generation_equals_transformers_generate(models, kind):
   assert want.shape == tokens.shape  # no early end of sequence in these cases: every step compared
   np.testing.assert_array_equal(tokens, want)
   np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "tiny"])
+def test_presets_round_trip_through_transformers_config(preset):
+  """A preset's config.json, read by transformers and written back, is the same preset; its shapes are consistent
+  (mRoPE sections fill half a head, DeepStack blocks exist and feed no more layers than the decoder has)."""
+  from jaxcap.models.qwen3vl_config import PRESETS
+
+  cfg = PRESETS[preset]()
+  assert Qwen3VLConfig.from_hf_dict(transformers.Qwen3VLConfig(**cfg.to_hf_dict()).to_dict()) == cfg
+  assert sum(cfg.text.mrope_section) == cfg.text.head_dim // 2
+  ds = cfg.vision.deepstack_visual_indexes
+  assert max(ds) < cfg.vision.depth and len(ds) <= cfg.text.num_hidden_layers
+  assert cfg.vision.out_hidden_size == cfg.text.hidden_size
+
+
+def test_non_qwen3_config_json_is_a_clear_error():
+  with pytest.raises(ValueError, match="qwen3_vl"):
+    Qwen3VLConfig.from_hf_dict({"model_type": "qwen2_5_vl"})
