@@ -279,3 +279,23 @@ def test_presets_round_trip_through_transformers_config(preset):
 def test_non_qwen3_config_json_is_a_clear_error():
   with pytest.raises(ValueError, match="qwen3_vl"):
     Qwen3VLConfig.from_hf_dict({"model_type": "qwen2_5_vl"})
+
+
+def test_sharded_forward_equals_single_device(models):
+  """Loaded over a ('fsdp', 'tensor') mesh of the 8 test devices, jitted: the single-device logits."""
+  from flax import nnx
+
+  from jaxcap.sharding import make_mesh
+
+  _, ours, directory = models
+  c = _case(ours.cfg, "mixed_batch")
+  positions, vision = _ours(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want, _ = ours(*args)
+  mesh = make_mesh({"tensor": 2, "fsdp": 4})
+  sharded = load_hf_checkpoint(directory, mesh=mesh)
+  graphdef, params = nnx.split(sharded)
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params))
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a)[0])(params, *args)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
