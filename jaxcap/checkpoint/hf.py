@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 
 from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.models.config import Qwen25VLConfig
-from jaxcap.models.families import family_of_model_type
+from jaxcap.models.families import family_of_config, family_of_model_type
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.sharding import param_shardings
 
@@ -278,6 +278,7 @@ def save_hf_checkpoint(
   directory = Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
+  nested = family_of_config(cfg).nested_keys  # the key layout its transformers class reads
   _, state = nnx.split(model, nnx.Param)
   tensors: dict[str, np.ndarray] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
@@ -287,7 +288,7 @@ def save_hf_checkpoint(
       value = value.astype(dtype)
     stacked = "*" in template
     for hf, v in zip(layer_names(template, value.shape[0] if stacked else 1), value if stacked else [value]):
-      tensors[hf] = _to_hf(v, layout, _hf_shape(v.shape, layout, cfg))
+      tensors[_alt_names(hf)[-1] if nested else hf] = _to_hf(v, layout, _hf_shape(v.shape, layout, cfg))
 
   shards, current, size = [], {}, 0
   for name in sorted(tensors):

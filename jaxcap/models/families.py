@@ -22,8 +22,9 @@ from jaxcap.models.rope_index import qwen3vl_rope_index, rope_index
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A student family: its `model.family` name, its config.json model_type, config class, Flax module class,
-  presets (name -> config builder) and 3D position ids (`rope_index(cfg, input_ids, attention_mask, image_grid_thw,
-  video_grid_thw, ...)`)."""
+  presets (name -> config builder), 3D position ids (`rope_index(cfg, input_ids, attention_mask, image_grid_thw,
+  video_grid_thw, ...)`) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`,
+  `model.visual.*`, the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`."""
 
   name: str
   model_type: str
@@ -31,6 +32,7 @@ class Family:
   model_cls: Any = None
   presets: dict = dataclasses.field(default_factory=dict)
   rope_index: Any = None
+  nested_keys: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -49,6 +51,7 @@ FAMILIES: dict[str, Family] = {
     model_cls=Qwen3VL,
     presets=qwen3vl_config.PRESETS,
     rope_index=qwen3vl_rope_index,
+    nested_keys=True,
   ),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"
