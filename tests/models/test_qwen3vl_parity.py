@@ -300,3 +300,26 @@ def test_sharded_forward_equals_single_device(models):
   with jax.set_mesh(mesh):
     got = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a)[0])(params, *args)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(models):
+  from flax import nnx
+
+  from jaxcap.models.flops import model_flops, param_counts
+
+  _, ours, _ = models
+  v = ours.cfg.vision
+  counts = param_counts(nnx.state(ours, nnx.Param))
+  merger_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(ours.visual.merger, nnx.Param)))
+  deepstack_params = sum(
+    int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(ours.visual.deepstack_merger_list, nnx.Param))
+  )
+  assert counts["merger"] == merger_params + deepstack_params
+  t = ours.cfg.text
+  assert counts["embedding"] == t.vocab_size * t.hidden_size + v.num_position_embeddings * v.hidden_size
+  f = model_flops(ours.cfg, counts, sequences=2, prompt=10, completion=5, images=2, patches_per_image=24)
+  patches = 48
+  want = (
+    6 * counts["vision"] * patches + 6 * counts["merger"] * patches / 4 + 12 * v.hidden_size * v.depth * 24 * patches
+  )
+  assert f["vision"] == pytest.approx(want, rel=1e-12)
