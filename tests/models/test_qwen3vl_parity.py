@@ -323,3 +323,42 @@ def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(mode
     6 * counts["vision"] * patches + 6 * counts["merger"] * patches / 4 + 12 * v.hidden_size * v.depth * 24 * patches
   )
   assert f["vision"] == pytest.approx(want, rel=1e-12)
+
+
+def test_padded_vision_pack_gives_the_same_logits(models):
+  """The mixed batch's images and video padded to a larger layout shape (a bucket): the same logits."""
+  _, ours, _ = models
+  c = _case(ours.cfg, "mixed_batch")
+  exact = qwen3_layout_shape(np.concatenate([c["image_grid"], c["video_grid"]]))
+  shape = exact.__class__(exact.patches + 32, 1, 1, exact.frames + 3, exact.frame_len + 8)
+  args = jnp.asarray(c["ids"]), None, jnp.asarray(c["mask"], bool)
+  positions, vision = _ours(ours.cfg, c)
+  _, padded = _ours(ours.cfg, c, shape)
+  want, _ = ours(args[0], jnp.asarray(positions), args[2], vision)
+  got, _ = ours(args[0], jnp.asarray(positions), args[2], padded)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow  # three more loads and a gradient: ~30 s on 2 cores
+def test_remat_unrolled_and_bf16_variants(models):
+  """Rematerialised and unrolled stacks compute the same logits, gradients reach the DeepStack mergers, and
+  float32 masters with bfloat16 compute stay near the float32 logits."""
+  from flax import nnx
+
+  _, ours, directory = models
+  c = _case(ours.cfg, "two_images")
+  positions, vision = _ours(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want = np.asarray(ours(*args)[0])
+  for overrides in (dict(remat="full"), dict(scan_layers=False)):
+    model = load_hf_checkpoint(directory, **overrides)
+    np.testing.assert_allclose(np.asarray(model(*args)[0]), want, atol=1e-5, rtol=0)
+  graphdef, params = nnx.split(load_hf_checkpoint(directory, remat="dots"))
+  grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(*args)[0][..., :8] ** 2))(params)
+  ds_grads = jax.tree.leaves(grads["visual"]["deepstack_merger_list"])
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert all(float(jnp.abs(g).max()) > 0 for g in ds_grads)
+  mixed = load_hf_checkpoint(directory, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  got = mixed(*args)[0]
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), want, atol=0.05 * np.abs(want).max(), rtol=0)
