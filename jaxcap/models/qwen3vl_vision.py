@@ -16,7 +16,8 @@ from flax import nnx
 
 from jaxcap.models.layers import LayerNorm, linear, scan_layers, stacked
 from jaxcap.models.qwen3vl_config import Qwen3VisionConfig
-from jaxcap.models.vision import AttentionBlocks, LayoutShape, VisionAttention, _as_packs, _blocks, axial_rotary
+from jaxcap.models.vision import VisionAttention, axial_rotary
+from jaxcap.models.vision_layout import AttentionBlocks, LayoutShape, as_packs, attention_blocks
 
 
 @jax.tree_util.register_dataclass
@@ -61,7 +62,7 @@ def _item(t: int, h: int, w: int, cfg: Qwen3VisionConfig):
 
 def qwen3_layout_shape(grid_thw) -> LayoutShape:
   """The exact shape `qwen3_vision_layout` needs (its window fields are unused, 1)."""
-  packs = _as_packs(grid_thw)
+  packs = as_packs(grid_thw)
   patches = max([int(np.prod(p, -1).sum()) if len(p) else 0 for p in packs] or [0])
   frames = sum(int(t) for p in packs for t, _, _ in p.tolist())
   frame_len = max([h * w for p in packs for _, h, w in p.tolist()] or [1])
@@ -72,7 +73,7 @@ def qwen3_vision_layout(grid_thw, cfg: Qwen3VisionConfig, shape: LayoutShape | N
   """Arrays for `grid_thw` (int [N, 3] temporal, height, width patches per item in pack order, or a list of
   packs), mirroring transformers' Qwen3VLVisionModel inputs. With `shape`, each pack is padded to `shape.patches`
   patches (padding attends only among itself) and the frame segments to the shape's count and length."""
-  packs = _as_packs(grid_thw)
+  packs = as_packs(grid_thw)
   unit = cfg.spatial_merge_size**2
   exact = qwen3_layout_shape(packs)
   if shape is None:
@@ -106,7 +107,7 @@ def qwen3_vision_layout(grid_thw, cfg: Qwen3VisionConfig, shape: LayoutShape | N
     interp_index=np.concatenate(index).astype(np.int32),
     interp_weight=np.concatenate(weight).astype(np.float32),
     reverse_index=np.concatenate([units[is_real], units[~is_real]]).astype(np.int32),
-    frames=_blocks(segments, pos, shape.frames, shape.frame_len),
+    frames=attention_blocks(segments, pos, shape.frames, shape.frame_len),
   )
 
 
