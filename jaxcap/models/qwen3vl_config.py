@@ -265,4 +265,45 @@ def qwen3vl_tiny(vocab_size: int = 512, **overrides) -> Qwen3VLConfig:
   )
 
 
-PRESETS = {"qwen3-vl-2b": qwen3vl_2b, "qwen3-vl-4b": qwen3vl_4b, "qwen3-vl-8b": qwen3vl_8b, "tiny": qwen3vl_tiny}
+def qwen3vl_mid(**overrides) -> Qwen3VLConfig:
+  """A 54M-parameter config for CPU benchmarks (the 2B's shape ratios: mRoPE sections, DeepStack every 6 of 24
+  blocks scaled to 8), token ids as `jaxcap.models.config.mid`'s."""
+  return _preset(
+    dict(
+      depth=8,
+      hidden_size=256,
+      intermediate_size=1024,
+      num_heads=4,
+      out_hidden_size=512,
+      num_position_embeddings=576,
+      deepstack_visual_indexes=(1, 3, 5),
+    ),
+    dict(
+      vocab_size=32000,
+      hidden_size=512,
+      intermediate_size=1536,
+      num_hidden_layers=8,
+      num_attention_heads=8,
+      num_key_value_heads=2,
+      head_dim=64,
+      mrope_section=(12, 10, 10),
+      max_position_embeddings=32768,
+      tie_word_embeddings=True,
+    ),
+    image_token_id=31995,
+    video_token_id=31996,
+    vision_start_token_id=31993,
+    vision_end_token_id=31994,
+    bos_token_id=31990,
+    eos_token_id=31991,
+    **overrides,
+  )
+
+
+PRESETS = {
+  "qwen3-vl-2b": qwen3vl_2b,
+  "qwen3-vl-4b": qwen3vl_4b,
+  "qwen3-vl-8b": qwen3vl_8b,
+  "tiny": qwen3vl_tiny,
+  "mid": qwen3vl_mid,
+}

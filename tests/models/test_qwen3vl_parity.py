@@ -263,7 +263,7 @@ def test_greedy_generation_equals_transformers_generate(models, kind):
   np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("preset", ["qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "tiny"])
+@pytest.mark.parametrize("preset", ["qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "tiny", "mid"])
 def test_presets_round_trip_through_transformers_config(preset):
   """A preset's config.json, read by transformers and written back, is the same preset; its shapes are consistent
   (mRoPE sections fill half a head, DeepStack blocks exist and feed no more layers than the decoder has)."""
