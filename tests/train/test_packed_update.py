@@ -242,3 +242,26 @@ def test_packed_update_with_options_equals_padded(policy, options):
   got, want = jax.tree.leaves(new.opt_state), jax.tree.leaves(padded.opt_state)
   errors = [float(jnp.linalg.norm(g - w) / jnp.maximum(jnp.linalg.norm(w), 1e-30)) for g, w in zip(got, want)]
   assert max(errors) < 1e-5, (options, max(errors))
+
+
+@pytest.mark.slow  # a training run in a subprocess (~40 s)
+def test_tiny_run_with_packed_micro_batches(tmp_path):
+  """The main job with rl.micro_batch_tokens: RL's log-prob passes and update are the packed programs, compiled
+  once each over the run, and every RL step logs its packing."""
+  import collections
+  import json
+
+  from processes import compiles, cpu_env, launch, tiny_run
+
+  out = launch(
+    "caprl", *tiny_run({"rl.micro_batch_tokens": 256}), workdir=tmp_path, env=cpu_env(1, JAX_LOG_COMPILES="1")
+  )
+  by_name = collections.Counter(name for name, _ in compiles(out.stderr))
+  assert by_name["packed_rl_step"] == 1 and by_name["packed_sequence_logprobs"] == 1, by_name
+  assert by_name["rl_step"] == 0 and by_name["sequence_logprobs"] == 0, by_name
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in records if r.get("phase") == "rl" and "loss" in r]
+  assert len(rl) == 2
+  for r in rl:
+    assert 0 <= r["packing/padding_share"] < 0.5 and r["packing/micro_batches"] == 1
+    assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
