@@ -123,7 +123,7 @@ def main():
       f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
       f"{budget}); padding share padded {share['padded']:.3f}, packed {share['packed']:.3f}"
     )
-    tokens = jnp.asarray(rng.randint(0, cfg.vocab_size, (m, n // m, width)).astype(np.int32))
+    tokens = jnp.asarray(rng.randint(0, cfg.text.vocab_size, (m, n // m, width)).astype(np.int32))
     cmask = jnp.asarray((np.arange(width)[None] < lengths[:, None]).reshape(m, n // m, width))
     vision = {"padded": (prompts_padded, layout), "packed": (prompts_packed, packed)}
     old = {}
@@ -155,7 +155,7 @@ def main():
           calls[name] = call
       warm = {name: warm_up(fn) for name, fn in calls.items()}
       print(f"-- {which} ({case}): warm-up (compile) " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
-      with Section(args) as section:
+      with Section() as section:
         t_packed, t_padded = interleaved(calls["packed"], calls["padded"], args.pairs, names=("packed", "padded"))
       results[f"{which}/{case}"] = report(
         f"{which} pass, {case} lengths (real tokens/s)",

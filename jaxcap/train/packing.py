@@ -5,8 +5,9 @@ A step's sequences are N = Np * G: sequence n is completion n of prompt n // G (
 order). Each prompt's G sequences go to one micro-batch where they fit (first-fit decreasing over prompts by
 tokens, so each micro-batch embeds its prompts' images once); within a micro-batch, sequences go to rows by
 first-fit decreasing. Rows are `row_len` tokens (the `jaxcap.buckets.ladder` size of the longest sequence, at most
-the budget), `budget // row_len` rows per micro-batch; micro-batch count, sequence slots and target count are
-rounded up the same ladder, so a stream of steps compiles a handful of programs.
+the budget), at most `budget // row_len` rows per micro-batch (fewer when the step uses fewer: the most any
+micro-batch uses, up the ladder); micro-batch count, rows, sequence slots and target count are rounded up the same
+ladder, so a stream of steps compiles a handful of programs.
 
 The device side (`jaxcap.train.packed`) gathers every packed array from the step's padded arrays through these
 indexes: only lengths and vision items are read on the host.
@@ -148,6 +149,8 @@ def pack(
     raise ValueError("completion_mask must be a prefix of each row (tokens up to the completion's length)")
   prompt_lens = prompt_mask.sum(1)
   row_len, rows, micros = assign(prompt_lens, comp_lens, g, budget, steps)
+  # first-fit fills the lowest rows first: a step smaller than the budget computes only the rows it uses (laddered)
+  rows = min(rows, ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps))
   m = ladder(len(micros), 1, steps)
   s = ladder(max(len(mb) for mb in micros), 1, steps)
   k = ladder(max(int(sum(comp_lens[n] for n, _ in mb)) for mb in micros), 8, steps)
