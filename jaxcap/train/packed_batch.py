@@ -13,7 +13,7 @@ import numpy as np
 from jaxcap.sampling.prompts import VisionItems
 from jaxcap.sampling.sampler import SamplerBatch
 from jaxcap.train.packed import PackedInputs
-from jaxcap.train.packing import VisionItem, pack
+from jaxcap.train.packing import PackedRows, VisionItem, pack
 
 
 def vision_items(items: VisionItems, input_ids: np.ndarray, cfg, real_rows: int) -> list[VisionItem]:
@@ -67,3 +67,23 @@ def packed_inputs(
   )
   pixels = None if placed.prompts.vision is None else placed.prompts.vision.pixel_values
   return PackedInputs(pixels, packed)
+
+
+def planned_rows(
+  num_prompts: int, group: int, prompt_len: int, completion_len: int, grid, budget: int, cfg, steps: int
+) -> PackedRows:
+  """The packed micro-batches of the step `jaxcap.plan` plans (host numpy): `num_prompts` prompts of `prompt_len`
+  tokens, each with one image of `grid` (t, h, w patches; None: text only) and `group` completions of
+  `completion_len` tokens, every sequence at its longest, so each micro-batch is as full as the budget lets it."""
+  vision_tokens = 0 if grid is None else int(np.prod(grid)) // cfg.vision.spatial_merge_size**2
+  ids = np.zeros((num_prompts, prompt_len), np.int32)
+  ids[:, :vision_tokens] = cfg.image_token_id
+  items = (
+    [] if grid is None else [VisionItem(i, False, tuple(grid), i * int(np.prod(grid))) for i in range(num_prompts)]
+  )
+  mask = np.ones((num_prompts, prompt_len), bool)
+  cmask = np.ones((num_prompts * group, completion_len), bool)
+  return pack(
+    ids, mask, cmask, budget, image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id, items=items,
+    vision_cfg=cfg.vision, steps=steps,
+  )  # fmt: skip

@@ -116,6 +116,9 @@ def test_first_fit_decreasing_assignment():
     [(0, 0), (1, 1)],
     [(2, 0), (3, 0)],
   ]
+  # sequences a little over half the longest's ladder size: rows of twice that hold two each, fewer slots in all
+  row_len, rows, micros = assign([40] * 4, [90, 80, 90, 80, 90, 80, 90, 80], group=2, budget=1024, steps=2)
+  assert row_len == 256 and max(r for _, r in micros[0]) == 3 and len(micros) == 1
   with pytest.raises(ValueError, match="micro_batch_tokens"):
     assign([40], [10], group=1, budget=32)
 
