@@ -113,6 +113,7 @@ class RLPhase(Phase):
       c.rl.recompute_old_logprobs,
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
+      micro_batch_tokens=c.rl.micro_batch_tokens,
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 

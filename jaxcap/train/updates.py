@@ -29,6 +29,7 @@ from jaxcap.sampling import Sampler
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
+from jaxcap.train.packed_batch import packed_inputs
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
 from jaxcap.train.vqa import vqa_questions
@@ -107,7 +108,10 @@ class SFTUpdate:
 @dataclasses.dataclass
 class RLUpdate:
   """`update(step_fn, state, batch, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)`; rewards come
-  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`."""
+  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
+  `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
+  `PackedInputs` where the padded ones take the micro-batches' vision layouts; metrics `packing/padding_share`
+  (the share of packed row slots holding no token) and `packing/micro_batches`."""
 
   batcher: Batcher
   sampler: Sampler
@@ -118,6 +122,7 @@ class RLUpdate:
   recompute_old_logprobs: bool
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
+  micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -130,9 +135,19 @@ class RLUpdate:
     rollouts = self.sampler(source, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
-    prompts, layout = self.batcher.prompt_batch(placed, m)
+    packed = self.micro_batch_tokens > 0
+    prompts, layout = self.batcher.prompt_batch(placed, m, vision=not packed)
     recompute = self.recompute_old_logprobs
     tokens, cmask, behaviour = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=True)
+    host = {}
+    if packed:  # rows cut by the completions' lengths: waits for the rollout (the captions are decoded from them)
+      b = self.batcher
+      layout = packed_inputs(
+        batch.prompts, placed, rollouts.host_lengths, tokens.shape[-1], self.micro_batch_tokens,
+        b.processor.cfg, b.bucket_steps,
+      )  # fmt: skip
+      host["packing/padding_share"] = layout.rows.padding_share()
+      host["packing/micro_batches"] = float(layout.rows.shape[0])
     old = self.logprob_fn(state.params, prompts, layout, tokens) if recompute else behaviour
     # the sampler's log-probs vs the training program's, a program of its own so the update's is unchanged; with
     # the sampler's as old log-probs there is nothing to compare (SAMPLER_OLD_MISMATCH)
@@ -157,7 +172,8 @@ class RLUpdate:
     )
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
     metrics = {**metrics, **{f"rollout_corr/{k}": v for k, v in mismatch.items()}}
-    host = {} if recompute else {f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()}
+    if not recompute:
+      host.update({f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()})
     host.update(reward_metrics(rewards, group_size=g))
     host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
     return state, PendingMetrics(metrics, host)
