@@ -33,9 +33,9 @@ from ml_collections import config_flags
 
 from jaxcap.checkpoint import read_config
 from jaxcap.models.config import PRESETS, dtype_from_name
+from jaxcap.models.families import family_of_config, layout_for
 from jaxcap.models.flops import model_flops, param_counts, peak_tflops
-from jaxcap.models.qwen25vl import CACHE_AXES, Qwen25VL, VisionInput
-from jaxcap.models.vision import vision_layout
+from jaxcap.models.qwen25vl import CACHE_AXES, VisionInput
 from jaxcap.processing.vision import smart_resize
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
@@ -172,7 +172,7 @@ def rl_step_inputs(config, cfg, mesh, abstract_params, optimizer, text: int = 48
   def arr(shape, dtype, logical):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, logical_to_spec(logical, shape, mesh)))
 
-  layout = vision_layout(np.asarray([grid] * b), cfg.vision)
+  layout = layout_for(np.asarray([grid] * b), cfg.vision)
   prompt_batch = PromptBatch(
     arr((m, b, p), jnp.int32, (None, "batch", None)),
     arr((m, 3, b, p), jnp.int32, (None, None, "batch", None)),
@@ -201,7 +201,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
 
   mesh = make_mesh(dict(config.mesh.shape), devices=devices)
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  model_cls = family_of_config(cfg).model_cls
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0))))
   programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
   opt = programs.optimizer("rl")
   inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
@@ -218,7 +219,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   state_bytes = per_device_bytes(state)
   params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
-  sample_layout = vision_layout(np.asarray([grid] * rows), cfg.vision)
+  sample_layout = layout_for(np.asarray([grid] * rows), cfg.vision)
   sample_prompts = Prompts(
     arr((rows, p), jnp.int32, ("batch", None)),
     arr((rows, p), jnp.bool_, ("batch", None)),

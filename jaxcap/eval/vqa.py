@@ -25,7 +25,7 @@ from flax import nnx
 from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.eval.metrics import RatioMetric
-from jaxcap.models.vision import layout_shape, vision_layout
+from jaxcap.models.families import layout_for, layout_shape_for
 from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, vqa_prompt
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
 from jaxcap.sampling.placement import SamplerBatch, place_batch
@@ -107,11 +107,11 @@ def vqa_answers(
     length = max(length, prompts.length)
     prompts = pad_length(prompts, length, pad_id)
     if vision_items is not None:
-      need = layout_shape(vision_items.grid_thw, cfg.vision).bucketed(cfg.vision, bucket_steps)
+      need = layout_shape_for(vision_items.grid_thw, cfg.vision).bucketed(cfg.vision, bucket_steps)
       shape = need if shape is None else shape.union(need)
       vision = type(prompts.vision)(
         pad_patches(prompts.vision.pixel_values, shape.patches),
-        vision_layout(vision_items.grid_thw, cfg.vision, shape),
+        layout_for(vision_items.grid_thw, cfg.vision, shape),
       )
       prompts = dataclasses.replace(prompts, vision=vision)
       vision_items = dataclasses.replace(vision_items, patches=shape.patches)

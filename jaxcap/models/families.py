@@ -1,8 +1,7 @@
 """Model-family registry: which student family a config or checkpoint directory belongs to.
 
 One place maps a family name (`model.family`) and a config.json `model_type` to the family's config class, Flax
-module, presets and position-id function. Qwen3-VL (issue 33) has its module, presets and HF import / export;
-its processor (timestamps, video) and the trainer / sampler wiring are still to come.
+module, presets, position-id function and vision layout.
 """
 
 import dataclasses
@@ -15,16 +14,19 @@ from jaxcap.models import qwen3vl_config
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.models.qwen3vl import Qwen3VL
-from jaxcap.models.qwen3vl_config import Qwen3VLConfig
+from jaxcap.models.qwen3vl_config import Qwen3VisionConfig, Qwen3VLConfig
+from jaxcap.models.qwen3vl_vision import qwen3_layout_shape, qwen3_vision_layout
 from jaxcap.models.rope_index import qwen3vl_rope_index, rope_index
+from jaxcap.models.vision_layout import LayoutShape, layout_shape, vision_layout
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A student family: its `model.family` name, its config.json model_type, config class, Flax module class,
   presets (name -> config builder), 3D position ids (`rope_index(cfg, input_ids, attention_mask, image_grid_thw,
-  video_grid_thw, ...)`) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`,
-  `model.visual.*`, the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`."""
+  video_grid_thw, ...)`), its vision tower's config class and host-side layout (`vision_layout(grid_thw, vision_cfg,
+  shape)`, `layout_shape(grid_thw, vision_cfg)`: what `layout_for` / `layout_shape_for` call) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`, `model.visual.*`,
+  the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`."""
 
   name: str
   model_type: str
@@ -32,6 +34,9 @@ class Family:
   model_cls: Any = None
   presets: dict = dataclasses.field(default_factory=dict)
   rope_index: Any = None
+  vision_config_cls: Any = None
+  vision_layout: Any = None
+  layout_shape: Any = None
   nested_keys: bool = False
 
 
@@ -43,6 +48,9 @@ FAMILIES: dict[str, Family] = {
     model_cls=Qwen25VL,
     presets=qwen25vl_config.PRESETS,
     rope_index=rope_index,
+    vision_config_cls=qwen25vl_config.VisionConfig,
+    vision_layout=vision_layout,
+    layout_shape=layout_shape,
   ),
   "qwen3_vl": Family(
     name="qwen3_vl",
@@ -51,6 +59,9 @@ FAMILIES: dict[str, Family] = {
     model_cls=Qwen3VL,
     presets=qwen3vl_config.PRESETS,
     rope_index=qwen3vl_rope_index,
+    vision_config_cls=Qwen3VisionConfig,
+    vision_layout=qwen3_vision_layout,
+    layout_shape=lambda grid_thw, cfg: qwen3_layout_shape(grid_thw),
     nested_keys=True,
   ),
 }
@@ -81,6 +92,27 @@ def family_of_config(cfg) -> Family:
     if type(cfg) is f.config_cls:
       return f
   raise ValueError(f"{type(cfg).__name__} is no registered family's config; supported: {sorted(FAMILIES)}.")
+
+
+def family_of_vision(vision_cfg) -> Family:
+  """The family whose vision config class is exactly `type(vision_cfg)`."""
+  for f in FAMILIES.values():
+    if type(vision_cfg) is f.vision_config_cls:
+      return f
+  raise ValueError(
+    f"{type(vision_cfg).__name__} is no registered family's vision config; supported: {sorted(FAMILIES)}."
+  )
+
+
+def layout_for(grid_thw, vision_cfg, shape: LayoutShape | None = None):
+  """The host-side layout of `grid_thw` for the vision tower of `vision_cfg`'s family, padded to `shape` if given
+  (`jaxcap.models.vision_layout.vision_layout` for Qwen2.5-VL, `qwen3vl_vision.qwen3_vision_layout`)."""
+  return family_of_vision(vision_cfg).vision_layout(grid_thw, vision_cfg, shape)
+
+
+def layout_shape_for(grid_thw, vision_cfg) -> LayoutShape:
+  """The exact (unpadded) shape `layout_for(grid_thw, vision_cfg)` needs."""
+  return family_of_vision(vision_cfg).layout_shape(grid_thw, vision_cfg)
 
 
 def family_of_checkpoint(ckpt_dir: str | pathlib.Path) -> Family:

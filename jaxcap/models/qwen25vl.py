@@ -66,14 +66,33 @@ class Qwen25VL(nnx.Module):
     )
 
   # ---------------------------------------------------------------- pieces
-  def embed(self, input_ids: jax.Array, vision: VisionInput | None = None) -> jax.Array:
-    """Token embeddings [B, T, D] with visual features placed, in order, at image-pad then video-pad tokens."""
+  def visual_features(self, pixel_values: jax.Array, layout) -> tuple[jax.Array, jax.Array | None]:
+    """Patches -> merged visual features [F, D] and the DeepStack features [n, F, D] the family adds to its first
+    n decoder layers (Qwen3-VL), or None (Qwen2.5-VL has none)."""
+    return self.visual(pixel_values, layout), None
+
+  def embed_vision(self, input_ids: jax.Array, vision: VisionInput | None) -> tuple[jax.Array, jax.Array | None]:
+    """Token embeddings [B, T, D] with the visual features placed, in order, at image-pad then video-pad tokens,
+    and the DeepStack additions [n, B, T, D] for `decode(..., deepstack=)` (zero away from the visual tokens), or
+    None. Every caller that embeds a prompt with its images goes through here, for either family."""
     x = self.embed_tokens(input_ids)
     if vision is None:
-      return x
-    feats = self.visual(vision.pixel_values, vision.layout).astype(x.dtype)  # [Ni + Nv, D]
-    placed, is_visual = self.place_visual(input_ids, feats)
-    return jnp.where(is_visual, placed, x)
+      return x, None
+    feats, deepstack = self.visual_features(vision.pixel_values, vision.layout)  # [Ni + Nv, D]
+    placed, is_visual = self.place_visual(input_ids, feats.astype(x.dtype))
+    x = jnp.where(is_visual, placed, x)
+    if deepstack is None:
+      return x, None
+    placed, _ = self.place_visual(input_ids, deepstack.astype(x.dtype))
+    return x, jnp.where(is_visual, placed, 0).astype(x.dtype)
+
+  def embed(self, input_ids: jax.Array, vision: VisionInput | None = None) -> jax.Array:
+    """Token embeddings [B, T, D] with visual features placed (`embed_vision` without DeepStack additions: a
+    family that has them refuses, since dropping them would change the model)."""
+    x, deepstack = self.embed_vision(input_ids, vision)
+    if deepstack is not None:
+      raise ValueError(f"{type(self).__name__} prompts with images need their DeepStack features: use embed_vision()")
+    return x
 
   def place_visual(self, input_ids: jax.Array, feats: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Visual features feats [..., Ni + Nv, D] (images then videos) gathered to the prompt's image-pad then
@@ -200,5 +219,6 @@ class Qwen25VL(nnx.Module):
     cache_index: jax.Array | int = 0,
   ) -> tuple[jax.Array, KVCache | None]:
     """input_ids int [B, T] -> (float32 logits [B, T, V], updated cache). See `decode` for the mask contract."""
-    hidden, cache = self.decode(self.embed(input_ids, vision), positions, attention_mask, cache, cache_index)
+    x, deepstack = self.embed_vision(input_ids, vision)
+    hidden, cache = self.decode(x, positions, attention_mask, cache, cache_index, deepstack=deepstack)
     return self.logits(hidden), cache

@@ -79,8 +79,10 @@ def qwen3vl_rope_index(
   attention_mask: np.ndarray | None = None,
   image_grid_thw: np.ndarray | None = None,
   video_grid_thw: np.ndarray | None = None,
+  second_per_grid_ts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """3D position ids as `transformers`' `Qwen3VLModel.get_rope_index`: Qwen3-VL separates a video's frames by
+  """3D position ids as `transformers`' `Qwen3VLModel.get_rope_index` (`second_per_grid_ts` is accepted for the
+  families' common signature and unused: Qwen3-VL's time is in the text timestamps): Qwen3-VL separates a video's frames by
   text timestamps, so each temporal patch is an item of its own (grid [1, h, w], no time scaling); the rest is
   Qwen2.5-VL's `rope_index`. Returns positions int32 [3, B, T] and rope_deltas int32 [B]."""
   if video_grid_thw is not None:

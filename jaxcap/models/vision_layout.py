@@ -79,11 +79,12 @@ class LayoutShape:
     segments' counts and lengths to powers of two (a window at most its full size), as attention over padded slots
     costs little next to the MLPs and fewer distinct shapes mean fewer programs."""
     unit = cfg.spatial_merge_size**2
-    full_window = (cfg.window_size // cfg.patch_size) ** 2
+    window_size = getattr(cfg, "window_size", None)  # a tower without window attention keeps 1 x 1 (unused)
+    full_window = 1 if window_size is None else (window_size // cfg.patch_size) ** 2
     return LayoutShape(
       patches=ladder(self.patches, 64 if self.patches > 256 else unit, steps),
       windows=batch_bucket(self.windows),
-      window_len=min(full_window, max(unit, batch_bucket(self.window_len))),
+      window_len=min(full_window, max(unit if window_size else 1, batch_bucket(self.window_len))),
       frames=batch_bucket(self.frames),
       frame_len=max(unit, batch_bucket(self.frame_len)),
     )
@@ -208,13 +209,13 @@ def vision_layout(grid_thw, cfg: VisionConfig, shape: LayoutShape | None = None)
   )
 
 
-def stack_layouts(layouts: Sequence[VisionLayout]) -> VisionLayout:
-  """Layouts of one shape -> one layout whose arrays carry a leading axis (e.g. one per micro-batch); its block
-  sets are `tiled` only where every layout's are (one program serves all the micro-batches)."""
-  untile = lambda b, tiled: dataclasses.replace(b, tiled=tiled)
-  windows = all(lay.windows.tiled for lay in layouts)
-  frames = all(lay.frames.tiled for lay in layouts)
-  layouts = [
-    dataclasses.replace(lay, windows=untile(lay.windows, windows), frames=untile(lay.frames, frames)) for lay in layouts
-  ]
-  return jax.tree.map(lambda *xs: np.stack(xs), *layouts)
+def stack_layouts(layouts: Sequence):
+  """Layouts of one shape (either family's) -> one layout whose arrays carry a leading axis (e.g. one per
+  micro-batch); its block sets are `tiled` only where every layout's are (one program serves all the
+  micro-batches)."""
+  blocks = [f.name for f in dataclasses.fields(layouts[0]) if isinstance(getattr(layouts[0], f.name), AttentionBlocks)]
+  tiled = {name: all(getattr(lay, name).tiled for lay in layouts) for name in blocks}
+  untile = lambda lay: dataclasses.replace(
+    lay, **{name: dataclasses.replace(getattr(lay, name), tiled=tiled[name]) for name in blocks}
+  )
+  return jax.tree.map(lambda *xs: np.stack(xs), *map(untile, layouts))

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcap.models.config import Qwen25VLConfig
-from jaxcap.models.rope_index import rope_index
-from jaxcap.models.vision import VisionLayout, vision_layout
+from jaxcap.models.families import family_of_config, layout_for
+from jaxcap.models.vision import VisionLayout
 from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
 from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
@@ -220,14 +220,14 @@ class Processor:
     image_grid = np.stack([g for _, g in images]) if images else None
     video_grid = np.stack([g for _, g in videos]) if videos else None
     spg = np.array(seconds, np.float32) if videos else None
-    positions, deltas = rope_index(self.cfg, input_ids, mask, image_grid, video_grid, spg)
+    positions, deltas = family_of_config(self.cfg).rope_index(self.cfg, input_ids, mask, image_grid, video_grid, spg)
     out = ModelInputs(
       input_ids, mask, positions, deltas, image_grid_thw=image_grid, video_grid_thw=video_grid, second_per_grid_ts=spg
     )
     if images or videos:
       out.pixel_values = np.concatenate([p for p, _ in images + videos]).astype(np.float32)
       out.grid_thw = np.stack([g for _, g in images + videos])
-      out.layout = vision_layout(out.grid_thw, self.cfg.vision)
+      out.layout = layout_for(out.grid_thw, self.cfg.vision)
     return out
 
   def _encode(self, pieces: list[tuple[str, bool]], vision: list, index: int, messages) -> list[int]:

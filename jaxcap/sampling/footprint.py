@@ -53,9 +53,10 @@ def _param_sizes(cfg: Qwen25VLConfig) -> list[tuple[str, tuple[int, ...]]]:
   """(path, shape) of every param, from the model's abstract shapes (nothing allocated)."""
   from flax import nnx
 
-  from jaxcap.models.qwen25vl import Qwen25VL
+  from jaxcap.models.families import family_of_config
 
-  state = nnx.state(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  model_cls = family_of_config(cfg).model_cls
+  state = nnx.state(nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0))), nnx.Param)
   flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]
   return [(".".join(str(getattr(k, "key", k)) for k in path), tuple(leaf.shape)) for path, leaf in flat]
 

@@ -86,9 +86,11 @@ def prefill(
   model = nnx.merge(graphdef, params)
   b, t = prompts.input_ids.shape
   g, n = num_samples, sampling.max_new_tokens
-  x = model.embed(prompts.input_ids, prompts.vision)
+  x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision)
   mask = prompts.attention_mask.astype(bool)
-  hidden, prompt_cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers)
+  hidden, prompt_cache = model.decode(
+    x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
+  )
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 
   cache = prompt_cache.grow(g, n)

@@ -77,9 +77,11 @@ def prefill(
   model = nnx.merge(graphdef, params)
   b, t = prompts.input_ids.shape
   g = num_samples
-  x = model.embed(prompts.input_ids, prompts.vision)
+  x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision)
   mask = prompts.attention_mask.astype(bool)
-  hidden, cache = model.decode(x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers)
+  hidden, cache = model.decode(
+    x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
+  )
   pool = write_prompt_pages(pool, cache.k, cache.v, page_ids)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
@@ -159,8 +161,13 @@ def segment(
     i, pool, s, out = carry
     live = ~s.done
     position = s.position + 1
+    # a decoded token's three mRoPE components are equal, so the band layout changes nothing; passed for clarity
     cos, sin = mrope_cos_sin(
-      jnp.broadcast_to(position[None, :, None], (3, rows, 1)), cfg.head_dim, cfg.rope_theta, cfg.mrope_section
+      jnp.broadcast_to(position[None, :, None], (3, rows, 1)),
+      cfg.head_dim,
+      cfg.rope_theta,
+      cfg.mrope_section,
+      cfg.mrope_interleaved,
     )
     page = jnp.take_along_axis(table, (s.length // z)[:, None], axis=1)[:, 0]
     write_page = jnp.where(live, page, NULL_PAGE)

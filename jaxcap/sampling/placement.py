@@ -51,7 +51,7 @@ def _to_global(batch: SamplerBatch, cfg, pad_id: int, steps: int) -> tuple[Promp
 
   The processes first agree on one bucket (the largest prompt length and vision pack any of them needs; one small
   host all-gather), pad their own arrays to it, and lay out every process's images in one global vision layout."""
-  from jaxcap.models.vision import layout_shape, vision_layout
+  from jaxcap.models.families import layout_for, layout_shape_for
   from jaxcap.multihost import allgather_ints
 
   mesh = jax.sharding.get_mesh()
@@ -72,10 +72,10 @@ def _to_global(batch: SamplerBatch, cfg, pad_id: int, steps: int) -> tuple[Promp
     if not all(int(e[2]) for e in everyone):
       raise ValueError("some processes' prompts have images and others' none; every process needs vision items")
     packs = tuple(_decode_items(e[3:]) for e in everyone)
-    shape = layout_shape([p.grid_thw for p in packs], cfg.vision).bucketed(cfg.vision, steps)
+    shape = layout_shape_for([p.grid_thw for p in packs], cfg.vision).bucketed(cfg.vision, steps)
     shape = dataclasses.replace(shape, patches=max(shape.patches, *(p.patches for p in packs)))
     packs = tuple(dataclasses.replace(p, patches=shape.patches) for p in packs)
-    layout = vision_layout([p.grid_thw for p in packs], cfg.vision, shape)
+    layout = layout_for([p.grid_thw for p in packs], cfg.vision, shape)
     pixels = pad_patches(prompts.vision.pixel_values, shape.patches)
     prompts = dataclasses.replace(prompts, vision=type(prompts.vision)(pixels, layout))
 

@@ -15,7 +15,7 @@ import numpy as np
 from jaxcap.buckets import DEFAULT_STEPS, batch_bucket, ladder
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import VisionInput
-from jaxcap.models.vision import layout_shape, vision_layout
+from jaxcap.models.families import layout_for, layout_shape_for
 from jaxcap.processing.prompt import ModelInputs
 
 
@@ -109,10 +109,10 @@ def bucket_prompts(
   if pixels is not None:
     grids = np.asarray(grids)
     image_grid = grids if inputs.video_grid_thw is None else inputs.image_grid_thw
-    shape = layout_shape(grids, cfg.vision).bucketed(cfg.vision, steps)
+    shape = layout_shape_for(grids, cfg.vision).bucketed(cfg.vision, steps)
     items = VisionItems(grids, item_rows(ids, image_grid, inputs.video_grid_thw, cfg), shape.patches)
     pixels = pad_patches(pixels, shape.patches)
-    prompts = dataclasses.replace(prompts, vision=VisionInput(pixels, vision_layout(grids, cfg.vision, shape)))
+    prompts = dataclasses.replace(prompts, vision=VisionInput(pixels, layout_for(grids, cfg.vision, shape)))
   return prompts, rows, items
 
 

@@ -12,6 +12,7 @@ import jax
 from flax import nnx
 
 from jaxcap.buckets import DEFAULT_STEPS
+from jaxcap.models.families import family_of_config
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.prompt import ModelInputs
 from jaxcap.sampling.decode_layout import hold_for_decoding
@@ -56,7 +57,8 @@ class Sampler:
       # Sampling has no backward pass, and nnx.remat inside the decode loop cannot trace: use the same params
       # through a graph built without activation checkpointing.
       self.cfg = self.cfg.replace(remat="none")
-      self.graphdef = nnx.split(nnx.eval_shape(lambda: Qwen25VL(self.cfg, rngs=nnx.Rngs(0))))[0]
+      model_cls = family_of_config(self.cfg).model_cls
+      self.graphdef = nnx.split(nnx.eval_shape(lambda: model_cls(self.cfg, rngs=nnx.Rngs(0))))[0]
     self.processor = processor
     self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
     self.sampling = sampling

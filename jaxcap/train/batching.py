@@ -21,7 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
-from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
+from jaxcap.models.families import layout_for, layout_shape_for
+from jaxcap.models.vision import VisionLayout, stack_layouts
 from jaxcap.processing import Processor
 from jaxcap.sampling.prompts import bucket_prompts
 from jaxcap.sampling.placement import SamplerBatch, place_batch
@@ -195,13 +196,13 @@ def micro_packs(
     groups.append(group)
   shape = None
   for group in groups:
-    need = layout_shape([g for g, _ in group], cfg).bucketed(cfg, steps)
+    need = layout_shape_for([g for g, _ in group], cfg).bucketed(cfg, steps)
     shape = need if shape is None else shape.union(need)
   index = np.zeros((num_micro, len(packs) * shape.patches), np.int32)
   for m, group in enumerate(groups):
     for p, (_, patches) in enumerate(group):
       index[m, p * shape.patches : p * shape.patches + len(patches)] = patches
-  layouts = stack_layouts([vision_layout([g for g, _ in group], cfg, shape) for group in groups])
+  layouts = stack_layouts([layout_for([g for g, _ in group], cfg, shape) for group in groups])
   return index, layouts
 
 

@@ -84,12 +84,14 @@ def completion_logprobs(
   b, p = prompt_ids.shape
   n, c = completions.shape
   g = n // b
-  x_prompt = jnp.repeat(model.embed(prompt_ids, vision), g, axis=0)
-  x = jnp.concatenate([x_prompt, model.embed_tokens(completions)], axis=1)
+  x_prompt, deepstack = model.embed_vision(prompt_ids, vision)
+  x = jnp.concatenate([jnp.repeat(x_prompt, g, axis=0), model.embed_tokens(completions)], axis=1)
+  if deepstack is not None:  # [n, B, P, D] -> [n, N, P + C, D]: the completions are text, nothing to add there
+    deepstack = jnp.pad(jnp.repeat(deepstack, g, axis=1), ((0, 0), (0, 0), (0, c), (0, 0)))
   positions = jnp.concatenate([prompt_positions, completion_positions(prompt_positions, prompt_mask, c)], axis=2)
   positions = jnp.repeat(positions, g, axis=1)
   mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
-  hidden, _ = model.decode(x, positions, mask)
+  hidden, _ = model.decode(x, positions, mask, deepstack=deepstack)
   # position t predicts token t + 1
   token_logp, entropy = token_logprobs(
     model, hidden[:, p - 1 : p + c - 1], completions, with_entropy=with_entropy, chunk=chunk or model.cfg.logprob_chunk

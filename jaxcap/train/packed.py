@@ -58,13 +58,15 @@ def packed_logprobs(
   r, length = rows.source.shape
   ids = flat_ids[rows.source]  # [R, L]
   positions = flat_pos[:, rows.source]  # [3, R, L]
-  x = model.embed_tokens(ids)
+  x, deepstack = model.embed_tokens(ids), None
   if rows.pixel_index is not None:
-    feats = model.visual(pixels[rows.pixel_index], rows.layout).astype(x.dtype)  # [F, D]
-    placed = feats[jnp.clip(rows.feature, 0, feats.shape[0] - 1)]
-    x = jnp.where((rows.feature >= 0)[..., None], placed, x)
+    feats, stack = model.visual_features(pixels[rows.pixel_index], rows.layout)  # [F, D], [n, F, D] or None
+    index, is_visual = jnp.clip(rows.feature, 0, feats.shape[0] - 1), (rows.feature >= 0)[..., None]
+    x = jnp.where(is_visual, feats.astype(x.dtype)[index], x)
+    if stack is not None:  # Qwen3-VL's DeepStack additions at the same slots
+      deepstack = jnp.where(is_visual, stack.astype(x.dtype)[:, index], 0).astype(x.dtype)
   real = rows.segments > 0
-  hidden, _ = model.decode(x, jnp.where(real[None], positions, 0), real, segments=rows.segments)
+  hidden, _ = model.decode(x, jnp.where(real[None], positions, 0), real, segments=rows.segments, deepstack=deepstack)
   h = hidden.reshape(r * length, -1)[rows.target_index][None]  # [1, K, D]
   targets = ids.reshape(-1)[jnp.minimum(rows.target_index + 1, r * length - 1)][None]
   lp, ent = token_logprobs(model, h, targets, with_entropy=with_entropy, chunk=model.cfg.logprob_chunk)

@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 from jaxcap.buckets import DEFAULT_STEPS, ladder
-from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
+from jaxcap.models.families import layout_for, layout_shape_for
+from jaxcap.models.vision import VisionLayout, stack_layouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +240,7 @@ def _vision_packs(packs, m: int, cfg, steps: int):
   grids = [np.array([it.grid for it in pack], np.int64).reshape(-1, 3) for pack in packs]
   shape = None
   for grid in grids:
-    need = layout_shape(grid, cfg).bucketed(cfg, steps)
+    need = layout_shape_for(grid, cfg).bucketed(cfg, steps)
     shape = need if shape is None else shape.union(need)
   index = np.zeros((m, shape.patches), np.int32)
   for i, pack in enumerate(packs):
@@ -247,4 +248,4 @@ def _vision_packs(packs, m: int, cfg, steps: int):
     if patches:
       flat = np.concatenate(patches)
       index[i, : len(flat)] = flat
-  return index, stack_layouts([vision_layout(grid, cfg, shape) for grid in grids])
+  return index, stack_layouts([layout_for(grid, cfg, shape) for grid in grids])

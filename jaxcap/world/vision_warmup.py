@@ -25,7 +25,8 @@ from PIL import Image
 from jaxcap.world import vocabulary as V
 from jaxcap.world.render import render_frame
 from jaxcap.world.scene import Scene, WorldConfig, sample_scene
-from jaxcap.models.vision import VisionTower, vision_layout
+from jaxcap.models.families import layout_for
+from jaxcap.models.vision import VisionTower
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 from jaxcap.world import student as embedded
 
@@ -117,7 +118,7 @@ def warm_up_vision(
 
   def logits(params, pixels, grid):
     tower_params, heads = params
-    layout = vision_layout(np.repeat(np.asarray(grid)[None], pixels.shape[0], axis=0), tower.cfg)
+    layout = layout_for(np.repeat(np.asarray(grid)[None], pixels.shape[0], axis=0), tower.cfg)
     feats = nnx.merge(graph, tower_params)(pixels.reshape(-1, pixels.shape[-1]), layout)
     return _split_logits(feats.reshape(pixels.shape[0], -1, width) @ heads["kernel"] + heads["bias"])
 

@@ -362,3 +362,68 @@ def test_remat_unrolled_and_bf16_variants(models):
   got = mixed(*args)[0]
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(got), want, atol=0.05 * np.abs(want).max(), rtol=0)
+
+
+# ------------------------------------------------------------------- the samplers and the update's log-probs
+def _model_inputs(cfg: Qwen3VLConfig, c: dict):
+  """A case as the left-padded `ModelInputs` batch a processor would give (images then videos in one pack)."""
+  from jaxcap.models.families import layout_for
+  from jaxcap.processing.prompt import ModelInputs
+
+  positions, deltas = qwen3vl_rope_index(cfg, c["ids"], c["mask"], c["image_grid"], c["video_grid"])
+  grids = [g for g in (c["image_grid"], c["video_grid"]) if g is not None]
+  px = [p for p in (c["image_px"], c["video_px"]) if p is not None]
+  out = ModelInputs(c["ids"].astype(np.int32), c["mask"].astype(bool), positions, deltas)
+  out.image_grid_thw, out.video_grid_thw = c["image_grid"], c["video_grid"]
+  if grids:
+    out.pixel_values, out.grid_thw = np.concatenate(px), np.concatenate(grids)
+    out.layout = layout_for(out.grid_thw, cfg.vision)  # the family registry picks Qwen3-VL's layout
+  return out
+
+
+@pytest.mark.parametrize("kind", ["two_images", "video"])
+def test_samplers_and_update_logprobs_equal_transformers(models, kind):
+  """Qwen3-VL through jaxcap's own rollout paths: the static-cache `Sampler` and the paged engine (prompts and the
+  vision pack padded to their buckets, DeepStack at prefill) give `generate`'s greedy tokens, and the update's
+  `completion_logprobs` of those tokens (each prompt embedded once for its G = 2 completions) equal the log-softmax
+  of transformers' logits on prompt + completion."""
+  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling.engine import EngineConfig, PagedSampler
+  from jaxcap.train.logprobs import completion_logprobs
+
+  ref, ours, _ = models
+  if (kind == "video") != ours.cfg.text.tie_word_embeddings:
+    pytest.skip("each kind on one variant (untied: two images, tied: video): both heads covered at half the compiles")
+  steps = 6
+  c = _case(ours.cfg, kind)
+  with torch.no_grad():
+    want = ref.generate(**_hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False)
+  want = want[:, c["ids"].shape[1] :].numpy()
+  assert want.shape[1] == steps  # no early end of sequence: every step compared
+  batch = _model_inputs(ours.cfg, c)
+  greedy = SamplingConfig(temperature=0, max_new_tokens=steps)
+  static = Sampler(ours, sampling=greedy)(batch, jax.random.key(0), num_samples=2)
+  np.testing.assert_array_equal(np.asarray(static.tokens), np.repeat(want, 2, axis=0))
+  engine = EngineConfig(slots=4, page_size=4, segment_steps=3, pages=64)
+  paged = PagedSampler(ours, sampling=greedy, engine=engine)(batch, jax.random.key(0), num_samples=2)
+  np.testing.assert_array_equal(np.asarray(paged.tokens), np.repeat(want, 2, axis=0))
+
+  completions = np.repeat(want, 2, axis=0).astype(np.int32)
+  got, _ = completion_logprobs(
+    ours,
+    jnp.asarray(batch.input_ids),
+    jnp.asarray(batch.positions),
+    jnp.asarray(batch.attention_mask),
+    batch.vision(),
+    jnp.asarray(completions),
+  )
+  full = dict(_hf_kwargs(ours.cfg, c))
+  full["input_ids"] = torch.as_tensor(np.concatenate([c["ids"], want], 1))
+  full["attention_mask"] = torch.as_tensor(np.concatenate([c["mask"], np.ones_like(want)], 1))
+  types = torch.zeros_like(full["input_ids"], dtype=torch.int)
+  types[:, : c["ids"].shape[1]] = full["mm_token_type_ids"]
+  full["mm_token_type_ids"] = types
+  with torch.no_grad():
+    logits = ref(**full).logits[:, c["ids"].shape[1] - 1 : -1].double()
+  hf = torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(want)[..., None])[..., 0].numpy()
+  np.testing.assert_allclose(np.asarray(got), np.repeat(hf, 2, axis=0), atol=ATOL, rtol=0)
