@@ -7,6 +7,7 @@ import dataclasses
 from jaxcap.choices import DTYPES, REMAT_POLICIES
 from jaxcap.config.fields import ALLOWED, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
+from jaxcap.models.families import FAMILIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,13 @@ class Student(Block):
 class Model(Block):
   """The policy: a local Qwen2.5-VL checkpoint or the embedded student, and how it computes."""
 
-  checkpoint: str = field("", "local HF Qwen2.5-VL directory; empty = the tiny embedded student")
+  checkpoint: str = field("", "local HF Qwen2.5-VL / Qwen3-VL directory; empty = the tiny embedded student")
+  family: str = field(
+    "qwen2_5_vl",
+    "the embedded student's family (a checkpoint's config.json names its own)",
+    choices=tuple(FAMILIES),
+    resume=SHAPE,
+  )
   dtype: str = field("float32", "compute dtype", choices=DTYPES)
   param_dtype: str = field("float32", "master-weight dtype", choices=DTYPES)
   # remat and logprob_chunk are memory / speed knobs with the same math

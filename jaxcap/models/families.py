@@ -26,7 +26,9 @@ class Family:
   presets (name -> config builder), 3D position ids (`rope_index(cfg, input_ids, attention_mask, image_grid_thw,
   video_grid_thw, ...)`), its vision tower's config class and host-side layout (`vision_layout(grid_thw, vision_cfg,
   shape)`, `layout_shape(grid_thw, vision_cfg)`: what `layout_for` / `layout_shape_for` call) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`, `model.visual.*`,
-  the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`."""
+  the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`. `preprocess`: the image
+  processor's defaults that differ from Qwen2.5-VL's (a checkpoint's own preprocessor config still wins).
+  `like_qwen25(cfg)`: this family's config of a Qwen2.5-VL config's sizes (how the embedded student is built)."""
 
   name: str
   model_type: str
@@ -37,6 +39,8 @@ class Family:
   vision_config_cls: Any = None
   vision_layout: Any = None
   layout_shape: Any = None
+  preprocess: dict = dataclasses.field(default_factory=dict)
+  like_qwen25: Any = None
   nested_keys: bool = False
 
 
@@ -51,6 +55,7 @@ FAMILIES: dict[str, Family] = {
     vision_config_cls=qwen25vl_config.VisionConfig,
     vision_layout=vision_layout,
     layout_shape=layout_shape,
+    like_qwen25=lambda cfg: cfg,
   ),
   "qwen3_vl": Family(
     name="qwen3_vl",
@@ -62,6 +67,8 @@ FAMILIES: dict[str, Family] = {
     vision_config_cls=Qwen3VisionConfig,
     vision_layout=qwen3_vision_layout,
     layout_shape=lambda grid_thw, cfg: qwen3_layout_shape(grid_thw),
+    preprocess={"image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)},
+    like_qwen25=qwen3vl_config.qwen3vl_like,
     nested_keys=True,
   ),
 }

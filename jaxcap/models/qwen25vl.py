@@ -69,7 +69,7 @@ class Qwen25VL(nnx.Module):
   def visual_features(self, pixel_values: jax.Array, layout) -> tuple[jax.Array, jax.Array | None]:
     """Patches -> merged visual features [F, D] and the DeepStack features [n, F, D] the family adds to its first
     n decoder layers (Qwen3-VL), or None (Qwen2.5-VL has none)."""
-    return self.visual(pixel_values, layout), None
+    return self.visual.features(pixel_values, layout)
 
   def embed_vision(self, input_ids: jax.Array, vision: VisionInput | None) -> tuple[jax.Array, jax.Array | None]:
     """Token embeddings [B, T, D] with the visual features placed, in order, at image-pad then video-pad tokens,

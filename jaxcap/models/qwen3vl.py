@@ -8,7 +8,6 @@ layers at the visual tokens (`Qwen25VL.decode(..., deepstack=)`; prefill only, d
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
 from jaxcap.models.qwen25vl import Qwen25VL
@@ -17,15 +16,11 @@ from jaxcap.models.qwen3vl_vision import Qwen3VisionTower
 
 
 class Qwen3VL(Qwen25VL):
-  """The Qwen3-VL student: the Qwen2.5-VL module with the Qwen3 vision tower, whose `visual_features` carry the
-  DeepStack features that `embed_vision` places and `decode(..., deepstack=)` adds."""
+  """The Qwen3-VL student: the Qwen2.5-VL module with the Qwen3 vision tower, whose features carry the DeepStack
+  additions that `embed_vision` places and `decode(..., deepstack=)` adds."""
 
   @staticmethod
   def vision_tower(cfg: Qwen3VLConfig, rngs: nnx.Rngs) -> nnx.Module:
     return Qwen3VisionTower(
       cfg.vision, dtype=cfg.dtype, param_dtype=cfg.param_dtype, remat=cfg.remat, unroll=not cfg.scan_layers, rngs=rngs
     )
-
-  def visual_features(self, pixel_values: jax.Array, layout) -> tuple[jax.Array, jax.Array | None]:
-    """Patches -> merged features [F, D] and DeepStack features [n, F, D] (None without DeepStack layers)."""
-    return self.visual(pixel_values, layout)

@@ -199,6 +199,10 @@ class Qwen3VisionTower(nnx.Module):
     merged = self.merger(x)[layout.reverse_index]
     return merged, (jnp.stack(feats)[:, layout.reverse_index] if feats else None)
 
+  def features(self, pixel_values: jax.Array, layout: Qwen3VisionLayout) -> tuple[jax.Array, jax.Array | None]:
+    """The families' common tower output: this tower's own (merged tokens, DeepStack features or None)."""
+    return self(pixel_values, layout)
+
   def _deepstack_merger(self, i: int) -> PatchMerger:
     graphdef, params = nnx.split(self.deepstack_merger_list)
     return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params))

@@ -131,6 +131,11 @@ class VisionTower(nnx.Module):
   def rotary(self, rotary_pos: jax.Array) -> tuple[jax.Array, jax.Array]:
     return axial_rotary(rotary_pos, self.cfg.head_dim, self.cfg.rope_theta)
 
+  def features(self, pixel_values: jax.Array, layout: VisionLayout) -> tuple[jax.Array, None]:
+    """(merged visual tokens [L / merge^2, out_hidden_size], None): the families' common tower output (Qwen3-VL's
+    second item is its DeepStack features)."""
+    return self(pixel_values, layout), None
+
   def __call__(self, pixel_values: jax.Array, layout: VisionLayout) -> jax.Array:
     unit = self.cfg.spatial_merge_size**2
     x = self.patch_embed(pixel_values.astype(self.patch_embed.kernel.dtype))

@@ -123,6 +123,7 @@ class Processor:
       patch_size=cfg.vision.patch_size,
       temporal_patch_size=cfg.vision.temporal_patch_size,
       merge_size=cfg.vision.spatial_merge_size,
+      **family_of_config(cfg).preprocess,
     )
     self.video_cfg = video_cfg or VideoPreprocessConfig.from_image(self.vision_cfg)
     self.fps = float(fps) if fps is not None else self.video_cfg.fps

@@ -26,7 +26,7 @@ def vision_input(pixel_values, layout):
 
 def per_micro(layout: VisionLayout | None, num_micro: int) -> VisionLayout | None:
   """One layout per micro-batch [M, ...]: `layout` as is when it has the leading M axis, else shared by all."""
-  if layout is None or layout.window_index.ndim == 2:
+  if layout is None or layout.reverse_index.ndim == 2:  # a field every family's layout has
     return layout
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_micro, *x.shape)), layout)
 

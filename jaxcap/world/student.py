@@ -75,11 +75,12 @@ def build_world_manifests(config, workdir: Path) -> tuple[Path, Path]:
 
 
 def build_student(config, workdir: Path, mesh=None):
-  """(Qwen25VL, Processor): the tiny student (`config.model.student`) with fresh weights from `config.seed`,
-  created directly sharded on `mesh` when given, and its processor over the world's tokenizer."""
+  """(model, Processor): the tiny student (`config.model.student`, of family `config.model.family`) with fresh
+  weights from `config.seed`, created directly sharded on `mesh` when given, and its processor over the world's
+  tokenizer."""
   from flax import nnx
 
-  from jaxcap.models.qwen25vl import Qwen25VL
+  from jaxcap.models.families import family
   from jaxcap.processing import Processor
   from jaxcap.sharding import init_sharded
 
@@ -96,14 +97,15 @@ def build_student(config, workdir: Path, mesh=None):
     rope_theta=s.rope_theta,
   )
   m = config.model
-  cfg = cfg.replace(
+  student_family = family(m.family)
+  cfg = student_family.like_qwen25(cfg).replace(
     dtype=dtype_from_name(m.dtype),
     param_dtype=dtype_from_name(m.param_dtype),
     remat=m.remat,
     logprob_chunk=m.logprob_chunk,
     scan_layers=m.scan_layers,
   )
-  make = lambda: Qwen25VL(cfg, rngs=nnx.Rngs(seed))
+  make = lambda: student_family.model_cls(cfg, rngs=nnx.Rngs(seed))
   model = make() if mesh is None else init_sharded(make, mesh)
   return model, Processor(tok, cfg, system=None)  # the tiny student needs no system turn
 

@@ -119,7 +119,7 @@ def warm_up_vision(
   def logits(params, pixels, grid):
     tower_params, heads = params
     layout = layout_for(np.repeat(np.asarray(grid)[None], pixels.shape[0], axis=0), tower.cfg)
-    feats = nnx.merge(graph, tower_params)(pixels.reshape(-1, pixels.shape[-1]), layout)
+    feats, _ = nnx.merge(graph, tower_params).features(pixels.reshape(-1, pixels.shape[-1]), layout)
     return _split_logits(feats.reshape(pixels.shape[0], -1, width) @ heads["kernel"] + heads["bias"])
 
   def loss_fn(params, pixels, targets, grid):

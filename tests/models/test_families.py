@@ -24,3 +24,28 @@ def test_unknown_model_type_lists_supported(tmp_path):
     families.family_of_checkpoint(tmp_path)
   with pytest.raises(ValueError, match=r"supported: \['qwen2_5_vl', 'qwen3_vl'\]"):
     families.family("nope")
+
+
+def test_embedded_student_of_either_family_has_the_same_sizes_and_its_own_layout():
+  """`qwen3vl_like` (how `model.family=qwen3_vl` builds the embedded student) keeps the Qwen2.5-VL config's widths,
+  depths and token ids, and the registry gives each family's vision config its own host layout."""
+  import numpy as np
+
+  from jaxcap.models.config import tiny
+  from jaxcap.models.families import family, family_of_config, layout_for, layout_shape_for
+  from jaxcap.models.qwen3vl_vision import Qwen3VisionLayout
+  from jaxcap.models.vision import VisionLayout
+
+  base = tiny()
+  like = family("qwen3_vl").like_qwen25(base)
+  assert family_of_config(like).name == "qwen3_vl" and family("qwen2_5_vl").like_qwen25(base) is base
+  for f in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
+    assert getattr(like.text, f) == getattr(base.text, f), f
+  assert (like.vision.depth, like.vision.hidden_size) == (base.vision.depth, base.vision.hidden_size)
+  assert (like.image_token_id, like.eos_token_id) == (base.image_token_id, base.eos_token_id)
+  assert sum(like.text.mrope_section) == like.text.head_dim // 2 and like.text.mrope_interleaved
+  grid = np.array([[1, 4, 6]])
+  assert isinstance(layout_for(grid, base.vision), VisionLayout)
+  shape = layout_shape_for(grid, like.vision).bucketed(like.vision)
+  layout = layout_for(grid, like.vision, shape)
+  assert isinstance(layout, Qwen3VisionLayout) and layout.frames.gather.shape == (1, 32)  # 24 patches, one frame

@@ -339,6 +339,7 @@ def test_lock_of_a_dead_process_is_taken_over_with_a_note(tmp_path, capsys):
     ({"world.train_scenes": 12}, "world.train_scenes=12", "raise world.train_scenes or lower the batch size"),
     ({"world.min_objects": 3}, "world.min_objects=3", "min_objects <= max_objects"),
     ({"resume_changes": "yes"}, "resume_changes='yes'", "'refuse'"),
+    ({"model.family": "qwen4"}, "model.family='qwen4'", "qwen3_vl"),
   ],
 )
 def test_config_error_names_the_field(overrides, field, fix):
