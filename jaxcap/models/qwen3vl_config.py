@@ -195,31 +195,17 @@ def qwen3vl_like(cfg: Qwen25VLConfig, position_grid: int = 4) -> Qwen3VLConfig:
   first ViT block (when there are two or more), the Qwen3 decoder (q / k RMSNorm, no q / k / v biases, interleaved
   mRoPE in Qwen3-VL's band proportions 24 : 20 : 20)."""
   v, t = cfg.vision, cfg.text
+  same = lambda c, *names: {n: getattr(c, n) for n in names}
   half = t.head_dim // 2
   hw = half * 20 // 64
+  vision = same(v, "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size")
+  text = same(t, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+  text |= same(t, "num_key_value_heads", "head_dim", "rope_theta", "max_position_embeddings", "tie_word_embeddings")
   return Qwen3VLConfig(
     vision=Qwen3VisionConfig(
-      depth=v.depth,
-      hidden_size=v.hidden_size,
-      intermediate_size=v.intermediate_size,
-      num_heads=v.num_heads,
-      out_hidden_size=v.out_hidden_size,
-      num_position_embeddings=position_grid**2,
-      deepstack_visual_indexes=(0,) if v.depth > 1 else (),
+      **vision, num_position_embeddings=position_grid**2, deepstack_visual_indexes=(0,) if v.depth > 1 else ()
     ),
-    text=Qwen3TextConfig(
-      vocab_size=t.vocab_size,
-      hidden_size=t.hidden_size,
-      intermediate_size=t.intermediate_size,
-      num_hidden_layers=t.num_hidden_layers,
-      num_attention_heads=t.num_attention_heads,
-      num_key_value_heads=t.num_key_value_heads,
-      head_dim=t.head_dim,
-      mrope_section=(half - 2 * hw, hw, hw),
-      rope_theta=t.rope_theta,
-      max_position_embeddings=t.max_position_embeddings,
-      tie_word_embeddings=t.tie_word_embeddings,
-    ),
+    text=Qwen3TextConfig(**text, mrope_section=(half - 2 * hw, hw, hw)),
     **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("vision", "text")},
   )
 
