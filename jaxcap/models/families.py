@@ -10,7 +10,7 @@ import pathlib
 from typing import Any
 
 from jaxcap.models import config as qwen25vl_config
-from jaxcap.models import qwen3vl_config
+from jaxcap.models import qwen3vl_presets
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.models.qwen3vl import Qwen3VL
@@ -62,13 +62,13 @@ FAMILIES: dict[str, Family] = {
     model_type="qwen3_vl",
     config_cls=Qwen3VLConfig,
     model_cls=Qwen3VL,
-    presets=qwen3vl_config.PRESETS,
+    presets=qwen3vl_presets.PRESETS,
     rope_index=qwen3vl_rope_index,
     vision_config_cls=Qwen3VisionConfig,
     vision_layout=qwen3_vision_layout,
     layout_shape=lambda grid_thw, cfg: qwen3_layout_shape(grid_thw),
     preprocess={"image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)},
-    like_qwen25=qwen3vl_config.qwen3vl_like,
+    like_qwen25=qwen3vl_presets.qwen3vl_like,
     nested_keys=True,
   ),
 }

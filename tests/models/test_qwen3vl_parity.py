@@ -18,7 +18,8 @@ from jaxcap.models.decoder import KVCache
 from jaxcap.models.families import family_of_checkpoint
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.qwen3vl import Qwen3VL
-from jaxcap.models.qwen3vl_config import Qwen3VLConfig, qwen3vl_tiny
+from jaxcap.models.qwen3vl_config import Qwen3VLConfig
+from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
 from jaxcap.models.qwen3vl_vision import qwen3_layout_shape, qwen3_vision_layout
 from jaxcap.models.rope_index import qwen3vl_rope_index
 
@@ -267,7 +268,7 @@ def test_greedy_generation_equals_transformers_generate(models, kind):
 def test_presets_round_trip_through_transformers_config(preset):
   """A preset's config.json, read by transformers and written back, is the same preset; its shapes are consistent
   (mRoPE sections fill half a head, DeepStack blocks exist and feed no more layers than the decoder has)."""
-  from jaxcap.models.qwen3vl_config import PRESETS
+  from jaxcap.models.qwen3vl_presets import PRESETS
 
   cfg = PRESETS[preset]()
   assert Qwen3VLConfig.from_hf_dict(transformers.Qwen3VLConfig(**cfg.to_hf_dict()).to_dict()) == cfg
