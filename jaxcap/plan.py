@@ -32,8 +32,8 @@ from jax.sharding import NamedSharding
 from ml_collections import config_flags
 
 from jaxcap.checkpoint import read_config
-from jaxcap.models.config import PRESETS, dtype_from_name
-from jaxcap.models.families import family_of_config, layout_for
+from jaxcap.models.config import dtype_from_name
+from jaxcap.models.families import DEFAULT_FAMILY, family_of_config, layout_for, preset_config, preset_names
 from jaxcap.models.flops import model_flops, param_counts, peak_tflops
 from jaxcap.models.qwen25vl import CACHE_AXES, VisionInput
 from jaxcap.processing.vision import smart_resize
@@ -105,7 +105,7 @@ def model_config(config, name: str | None):
   name = name or m.checkpoint
   if not name:
     raise SystemExit(
-      "the config trains the embedded student; pass --model=qwen2.5-vl-3b | qwen2.5-vl-7b | tiny | mid or a "
+      f"the config trains the embedded student; pass --model={' | '.join(preset_names())} or a "
       "checkpoint directory (or set model.checkpoint)"
     )
   kw = dict(
@@ -115,11 +115,11 @@ def model_config(config, name: str | None):
     logprob_chunk=m.logprob_chunk,
     scan_layers=m.scan_layers,
   )
-  if name in PRESETS:
-    return PRESETS[name](**kw)
+  if name in preset_names():
+    return preset_config(name, m.get("family", DEFAULT_FAMILY), **kw)
   if Path(name).is_dir():
     return read_config(name, **kw)
-  raise SystemExit(f"--model={name!r}: not a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
+  raise SystemExit(f"--model={name!r}: not a preset ({', '.join(preset_names())}) nor a checkpoint directory")
 
 
 def image_grid(cfg, image_size: int, max_pixels: int = 0) -> tuple[int, int, int]:

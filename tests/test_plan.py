@@ -98,3 +98,17 @@ def test_packed_micro_batches_are_planned_at_the_budget():
     assert micro.endswith("packed") and all(p["temporaries"] > 0 for p in result["programs"]), result
     counts[budget] = int(micro.split()[0])
   assert counts[64] > counts[256] >= 1, counts
+
+
+def test_presets_of_either_family_and_tiny_by_the_configs_family():
+  """`--model` takes every family's presets; tiny / mid (in both families) follow `model.family`."""
+  from jaxcap.models.qwen3vl_config import Qwen3VLConfig
+  from jaxcap.plan import model_config
+
+  config = _config()
+  assert type(model_config(config, "tiny")).__name__ == "Qwen25VLConfig"
+  assert isinstance(model_config(config, "qwen3-vl-4b"), Qwen3VLConfig)
+  config.model.family = "qwen3_vl"
+  assert isinstance(model_config(config, "tiny"), Qwen3VLConfig)
+  with pytest.raises(SystemExit, match="qwen3-vl-8b"):
+    model_config(config, "qwen9")

@@ -75,6 +75,19 @@ FAMILIES: dict[str, Family] = {
 DEFAULT_FAMILY = "qwen2_5_vl"
 
 
+def preset_names() -> list[str]:
+  """Every preset name of every family (tiny / mid exist in each: `preset_config` picks by family)."""
+  return list(dict.fromkeys(n for f in FAMILIES.values() for n in f.presets))
+
+
+def preset_config(name: str, family_name: str = DEFAULT_FAMILY, **overrides):
+  """The preset `name`: a family's own (qwen2.5-vl-7b, qwen3-vl-4b, ...), or tiny / mid of `family_name`."""
+  for f in (family(family_name), *FAMILIES.values()):
+    if name in f.presets:
+      return f.presets[name](**overrides)
+  raise KeyError(f"{name!r} is no preset; presets: {', '.join(preset_names())}")
+
+
 def family(name: str) -> Family:
   """The registered family called `name`; a clear error listing the registered ones otherwise."""
   if name not in FAMILIES:
