@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -97,7 +98,7 @@ class WandB:
   def __init__(self, workdir: Path, config: Mapping, project: str, run_name: str):
     import wandb
 
-    run_id = _run_id(workdir, "wandb", wandb.util.generate_id)
+    run_id = _run_id(workdir, "wandb", lambda: secrets.token_hex(4))
     settings = wandb.Settings(console="off", silent=True)
     self.wandb = wandb
     self.run = wandb.init(
@@ -128,6 +129,12 @@ class WandB:
 _MLFLOW_KEY = re.compile(r"[^\w\-. /]")
 
 
+def mlflow_key(phase: str, key: str) -> str:
+  """`{phase}/{key}` with the key's slashes as dots: MLflow's file store keeps a metric per file under its key's
+  path, so judge/failed and judge/failed/auth could not both be files."""
+  return _MLFLOW_KEY.sub("_", f"{phase}/{key.replace('/', '.')}")
+
+
 class MLflow:
   """An MLflow run: scalars at their step, the config as params (and config.json), rollouts as JSON tables."""
 
@@ -154,7 +161,7 @@ class MLflow:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    metrics = [Metric(_MLFLOW_KEY.sub("_", f"{phase}/{k}"), v, now, step) for k, v in values.items()]
+    metrics = [Metric(mlflow_key(phase, k), v, now, step) for k, v in values.items()]
     for i in range(0, len(metrics), 1000):
       self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
