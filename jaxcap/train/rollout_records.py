@@ -22,6 +22,8 @@ holds a step twice.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 from pathlib import Path
@@ -32,7 +34,6 @@ import numpy as np
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.batch import RewardBatch
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, group_advantages
-from jaxcap.train.metrics import to_json
 
 MAX_ITEMS = 64  # longest list kept in a record's evidence (CapRL questions, claims, criteria)
 FILE_RE = re.compile(r"^step_(\d{6,})\.jsonl$")
@@ -51,9 +52,16 @@ def recorded_steps(directory: Path) -> list[int]:
 
 
 def bounded(value: Any, max_chars: int) -> Any:
-  """`value` with every string cut to `max_chars` (a note of how much was cut) and every list to MAX_ITEMS."""
+  """`value` as plain JSON: every string cut to `max_chars` (a note of how much was cut), every list to MAX_ITEMS,
+  numpy scalars as Python numbers and NaN / infinity as None (not measured), so `json.dumps` writes strict JSON."""
   if isinstance(value, str):
     return value if len(value) <= max_chars else value[:max_chars] + f"... [+{len(value) - max_chars} chars]"
+  if isinstance(value, (float, np.floating)):
+    return float(value) if math.isfinite(value) else None
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if isinstance(value, (int, np.integer)):
+    return int(value)
   if isinstance(value, dict):
     return {str(k): bounded(v, max_chars) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
@@ -138,8 +146,9 @@ class RolloutRecorder:
     g = len(captions) // b
     names, r = list(rewards.names), len(rewards.names)
     per_sample = sample_rewards(rewards)
-    with np.errstate(all="ignore"):
-      group_mean = np.array([np.nanmean(x) if np.isfinite(x).any() else np.nan for x in per_sample.reshape(b, g)])
+    judged = np.isfinite(per_sample).reshape(b, g)
+    total = np.where(judged, per_sample.reshape(b, g), 0.0).sum(axis=1)
+    group_mean = np.where(judged.any(axis=1), total / np.maximum(judged.sum(axis=1), 1), np.nan)
     adv = group_advantages(
       rewards.values.reshape(b, g, r),
       np.asarray(rewards.weights, np.float32),
@@ -152,11 +161,11 @@ class RolloutRecorder:
       ),
     )
     advantages = np.where(np.asarray(adv.sample_valid), np.asarray(adv.advantages), np.nan).reshape(-1)
-    n_max = tokens.shape[1]
-    stops = np.isin(tokens, self.stop_ids) & (np.arange(n_max)[None, :] < lengths[:, None])
     out = []
     for i, rank in pick_groups(group_mean, self.groups):
       rec, samples = records[i], []
+      rows = slice(i * g, (i + 1) * g)  # a caption stopped if a stop token is among its emitted tokens
+      stops = np.isin(tokens[rows], self.stop_ids) & (np.arange(tokens.shape[1])[None, :] < lengths[rows, None])
       for j in range(i * g, (i + 1) * g):
         samples.append(
           {
@@ -167,7 +176,7 @@ class RolloutRecorder:
             "advantage": advantages[j],
             "tokens": int(lengths[j]),
             "words": int(rewards.caption_lengths[j]),
-            "stop": "stop" if stops[j].any() else "length",
+            "stop": "stop" if stops[j - i * g].any() else "length",
             "evidence": rewards.evidence[j] if rewards.evidence else {},
           }
         )
@@ -187,11 +196,12 @@ class RolloutRecorder:
     return out
 
   def write(self, step: int, groups: list[dict]) -> Path:
-    """`groups` as the step's file (written whole, then renamed into place), then handed to the sinks."""
+    """`groups` (as `groups_of` made them: plain JSON) as the step's file, written whole then renamed into place;
+    then handed to the sinks."""
     self.directory.mkdir(parents=True, exist_ok=True)
     path = record_path(self.directory, step)
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(to_json(group) + "\n" for group in groups))
+    tmp.write_text("".join(json.dumps(group, allow_nan=False) + "\n" for group in groups))
     os.replace(tmp, path)
     for sink in self.sinks:
       sink(step, groups)
