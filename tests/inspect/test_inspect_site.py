@@ -5,6 +5,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from jaxcap.data.records import ImageRecord
@@ -87,3 +88,11 @@ def test_the_document_of_a_run_in_progress(tmp_path):
   assert text.count("</script>") == 2 and "<b>caption" not in text  # the data cannot close its script element
   # nothing is loaded from anywhere (the SVG namespace URI is a name, not a fetch)
   assert not re.search(r"(src|href|url)\s*[=(]\s*[\"']?https?:", text) and "fetch(" not in text
+
+
+def test_a_missing_workdir_is_exit_code_2(tmp_path, capsys):
+  from jaxcap.inspect.cli import main
+
+  with pytest.raises(SystemExit) as e:
+    main([str(tmp_path / "nowhere")])
+  assert e.value.code == 2 and "is not a directory" in capsys.readouterr().err
