@@ -121,7 +121,8 @@ class RLPhase(Phase):
   def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
     s = trainer.setup
-    self.update.recorder.resume(int(state.step))  # a resumed run writes the steps after its checkpoint again
+    if self.update.recorder is not None:  # a resumed run writes the steps after its checkpoint again
+      self.update.recorder.resume(int(state.step))
     changed = False
     for name in trainer.config.reward:
       hook = REWARD_FAMILIES[name].before_rl
