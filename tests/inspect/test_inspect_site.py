@@ -50,6 +50,18 @@ def _workdir(tmp_path):
   (w / "world" / "heldout" / "manifest.jsonl").write_text('{"id": "h0", "image": "../../images/0.png"}\n')
   (w / "captions").mkdir()
   (w / "captions" / "sft_end.jsonl").write_text('{"id": "h0", "caption": "a dark square", "qa_accuracy": 0.5}\n')
+  report = {  # a jaxcap.eval report.json, two captioners (only what the page reads)
+    "image_ids": ["h0"],
+    "headline": ["captionqa/full", "length/words"],
+    "settings": {"captioners": {"sft": f"jsonl:{w / 'captions' / 'sft_end.jsonl'}", "base": "builtin:x"}},
+    "models": [
+      {"name": "sft", "metrics": {"captionqa/full": {"num": [1.0], "den": [4.0]}}, "lengths": [3],
+       "estimates": {"captionqa/full": {"value": 0.25}}},
+      {"name": "base", "metrics": {"captionqa/full": {"num": [0.0], "den": [0.0]}}, "lengths": [7], "estimates": {}},
+    ],
+  }  # fmt: skip
+  (w / "eval_report").mkdir()
+  (w / "eval_report" / "report.json").write_text(json.dumps(report))
   names = ("a/x",)
   batch = RewardBatch(
     names=names,
@@ -84,6 +96,18 @@ def test_the_document_of_a_run_in_progress(tmp_path):
   assert doc["heldout"]["left"] == "sft_end" and doc["heldout"]["right"] is None
   assert pair["left"]["caption"] == "a dark square" and pair["left"]["qa_accuracy"] == 0.5 and pair["right"] is None
   assert pair["thumb"] is not None
+  (report,) = doc["evals"]
+  assert report["name"] == "eval_report" and report["models"] == ["sft", "base"]
+  (image,) = report["images"]
+  assert image["values"] == {"sft": {"captionqa/full": 0.25, "length/words": 3}, "base": {"captionqa/full": None,
+                             "length/words": 7}}  # fmt: skip
+  assert image["captions"] == {"sft": "a dark square"} and image["thumb"] == pair["thumb"]
+  (report,) = doc["evals"]
+  assert report["name"] == "eval_report" and report["models"] == ["sft", "base"]
+  (image,) = report["images"]
+  assert image["values"] == {"sft": {"captionqa/full": 0.25, "length/words": 3}, "base": {"captionqa/full": None,
+                             "length/words": 7}}  # fmt: skip
+  assert image["captions"] == {"sft": "a dark square"} and image["thumb"] == pair["thumb"]
   text = index.read_text()
   assert text.count("</script>") == 2 and "<b>caption" not in text  # the data cannot close its script element
   # nothing is loaded from anywhere (the SVG namespace URI is a name, not a fetch)
