@@ -9,7 +9,8 @@ MAX_ITEMS):
      "prompt": "...", "rank": "best" | "worst" | "sample", "group_reward": 0.62,
      "reward_names": [...], "weights": [...],
      "samples": [{"caption": "...", "reward": 0.75, "rewards": {name: value or null}, "valid": {name: bool},
-                  "advantage": 0.41, "tokens": 24, "words": 20, "stop": "stop" | "length",
+                  "advantage": 0.41, "tokens": 24 (the stop token included), "words": 20,
+                  "stop": "stop" | "length" (cut at sampling.max_new_tokens),
                   "evidence": {family: what its judge said}}, ...]}
 
 `reward` is the weighted sum of the caption's rewards (null when a weighted one was not judged); `advantage` is
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -208,5 +210,10 @@ class RolloutRecorder:
     return path
 
   def __call__(self, step: int, records, captions, rewards: RewardBatch, tokens, lengths) -> None:
-    if self.wants(step):
-      self.write(step, self.groups_of(step, records, captions, rewards, np.asarray(tokens), np.asarray(lengths)))
+    if not self.wants(step):
+      return
+    groups = self.groups_of(step, records, captions, rewards, np.asarray(tokens), np.asarray(lengths))
+    try:
+      self.write(step, groups)
+    except OSError as e:  # a record is for reading the run, never its end (a full disk stops the checkpoint anyway)
+      print(f"warning: rollout records of RL step {step} not written ({e})", file=sys.stderr, flush=True)
