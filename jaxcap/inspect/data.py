@@ -126,7 +126,9 @@ def _captions_of(spec: str, root: Path) -> dict[str, str]:
 def eval_reports(workdir: Path, thumbs: Thumbnails, extra: list[Path] = ()) -> list[dict]:
   """Every jaxcap.eval report.json under the workdir (and `extra` ones): per image, each captioner's headline
   metric values and, when the report's caption files can be read, their captions."""
-  paths = [*sorted(workdir.rglob("report.json")), *extra]
+  skip = {"checkpoints", "compile_cache", "wandb", "mlruns", "tensorboard", "rollouts", "world", "export", "site"}
+  found = [p for d in workdir.iterdir() if d.is_dir() and d.name not in skip for p in d.rglob("report.json")]
+  paths = [*sorted(found), *extra]
   out = []
   for path in dict.fromkeys(paths):
     try:
