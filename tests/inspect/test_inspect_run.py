@@ -134,8 +134,10 @@ def _wandb_records(path):
 @pytest.mark.skipif("wandb" not in TRACKERS, reason="wandb is not installed (pip install -e '.[tracking]')")
 def test_wandb_offline_scalars_equal_metrics_jsonl(run):
   (log,) = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
-  logged, tables = {}, 0
+  logged, tables, config = {}, 0, {}
   for record in _wandb_records(Path(log)):
+    if record.WhichOneof("record_type") == "run":
+      config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
     if record.WhichOneof("record_type") != "history":
       continue
     # a key is `key` or a one-element `nested_key`; a table is a nested key below its name
@@ -149,6 +151,7 @@ def test_wandb_offline_scalars_equal_metrics_jsonl(run):
         logged[(phase, items[f"{phase}/step"], key)] = v
   assert logged == pytest.approx(_expected(run))
   assert tables == 2  # one rollout table per record file
+  assert config["rl"]["steps"] == 2 and config["logging"]["rollouts_every"] == 1  # the run config
 
 
 @pytest.mark.skipif("mlflow" not in TRACKERS, reason="mlflow is not installed (pip install -e '.[tracking]')")
