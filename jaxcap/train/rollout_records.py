@@ -15,7 +15,8 @@ MAX_ITEMS):
 
 `reward` is the weighted sum of the caption's rewards (null when a weighted one was not judged); `advantage` is
 the step's advantage estimator over this process's groups, recomputed on the host (equal to the update's with one
-process; with several, c-GDPO's batch whitening sees the global batch and this the local one). A file is written
+process; with several, c-GDPO's batch whitening sees the global batch and this the local one; its eager ops compile
+on the first recorded step, which that step's time/compiles counts). A file is written
 whole and renamed into place; `resume(step)` removes the files after a restored checkpoint, so a resumed run never
 holds a step twice.
 """
