@@ -112,3 +112,29 @@ def test_caprl_evidence_names_each_question_and_whether_the_letter_was_right():
     share = np.mean([q["correct"] for q in asked])
     assert share == pytest.approx(batch.values[i, 0])
     assert all(q["gold"] in "ABCDEFGHI" and q["question"] for q in asked)
+
+
+def test_rubicap_and_balcaprl_evidence_agree_with_their_rewards():
+  from jaxcap.rewards.balcaprl import BalCapRLReward
+  from jaxcap.rewards.rubicap import RubiCapReward
+  from jaxcap.rewards.rubric import RubricJob, synthesize_rubrics
+
+  student = "There is a red circle at the bottom. A yellow diamond is on the left."
+  (outcome,) = synthesize_rubrics(W.judge(), [RubricJob(W.SCENE.id, tuple(W.TEACHERS.values()), student)])
+  rubric = outcome.rubric
+  assert len(rubric.criteria) >= 2
+  captions = [W.CAPTIONS["partial"], W.CAPTIONS["complete"]]
+  batch = RubiCapReward(W.judge())(captions, [W.record(rubric=rubric)])
+  for i in range(2):
+    checked = batch.evidence[i]["rubicap/pass_rate"]["criteria"]
+    assert [c["criterion"] for c in checked] == [c.text for c in rubric.criteria]
+    rate = sum(c["weight"] * c["passed"] for c in checked) / sum(c["weight"] for c in checked)
+    assert batch.valid[i, 0] and rate == pytest.approx(batch.values[i, 0])
+  batch = BalCapRLReward(W.judge())([W.HALLUCINATED, W.CAPTIONS["partial"]], [W.record()])
+  for i in range(2):
+    said = batch.evidence[i]["balcaprl"]
+    holds = [c["correct"] and c["pointable"] for c in said["claims"]]
+    assert sum(holds) / len(holds) == pytest.approx(batch.values[i, 0])
+    assert np.mean([u["covered"] for u in said["units"]]) == pytest.approx(batch.values[i, 1])
+    scores = [(said["language"][k] - 1) / 9 for k in ("clarity", "fluency", "coherence")]
+    assert np.mean(scores) == pytest.approx(batch.values[i, 2])
