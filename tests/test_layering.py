@@ -27,6 +27,7 @@ LAYERS = [
     "judge",
     "curate_qa",
     "synthesize_rubrics",
+    "inspect",
   },  # programs
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -50,6 +50,29 @@ class Export(Block):
   hf: bool = field(True, "export the final policy as a Hugging Face checkpoint")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # jaxcap.train.trackers builds each
+
+
+@dataclasses.dataclass(frozen=True)
+class Logging(Block):
+  """What a run records besides metrics.jsonl: rollout records for `python -m jaxcap.inspect`, and the experiment
+  trackers that mirror the metrics (process 0 only)."""
+
+  RESUME = ALLOWED
+
+  rollouts_every: int = field(10, "write rollout records every this many RL steps", ge=0, hint="0 = never")
+  rollout_groups: int = field(4, "groups per rollout record file (the step's best and worst always among them)", ge=1)
+  rollout_max_chars: int = field(8000, "longest string kept in a rollout record (longer ones are cut)", ge=16)
+  trackers: list[str] = field(("tensorboard",), "experiment trackers: tensorboard, wandb, mlflow ([] = none)")
+  project: str = field("jaxcap", "the W&B project / MLflow experiment")
+  mlflow_uri: str = field("", "MLflow tracking URI; '' = MLFLOW_TRACKING_URI, else file:<workdir>/mlruns")
+
+  def check(self, run, at):
+    unknown = [t for t in self.trackers if t not in TRACKERS]
+    if unknown:
+      yield f"{at}trackers={list(self.trackers)}: unknown {unknown}; choose from {', '.join(TRACKERS)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Mesh(Block):
   RESUME = ALLOWED  # the layout only: a checkpoint is resharded on restore
@@ -121,6 +144,7 @@ class Run(Block):
   eval: Eval = field(Eval(), "held-out evaluation")
   checkpoint: Checkpoint = field(Checkpoint(), "checkpoints")
   export: Export = field(Export(), "the final export")
+  logging: Logging = field(Logging(), "rollout records and experiment trackers")
 
   def check(self, run, at):
     for fam, opts in self.reward.items():

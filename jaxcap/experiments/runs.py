@@ -34,7 +34,7 @@ class Settings:
   eval_images: int = 256
 
 
-def config_hash(config: ml_collections.ConfigDict, ignore=("workdir", "compile_cache")) -> str:
+def config_hash(config: ml_collections.ConfigDict, ignore=("workdir", "compile_cache", "logging")) -> str:
   d = {k: v for k, v in config.to_dict().items() if k not in ignore}
   return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -59,6 +59,7 @@ class BalCapRLReward:
     values = np.zeros((n, 3))
     valid = np.zeros((n, 3), bool)
     failed = collections.Counter()
+    evidence: list[dict] = [{} for _ in captions]  # claims with verdicts, covered units, language scores
 
     # precision: split, then verify.
     splits = self.judge.split_claims([CaptionRequest(r.id, c) for c, r in zip(captions, records)])
@@ -80,6 +81,10 @@ class BalCapRLReward:
         failed["verify_claims"] += 1
         continue
       good = sum(bool(c) and bool(p) for c, p in zip(v.correct, v.pointable))
+      evidence[i]["claims"] = [
+        {"claim": t, "correct": bool(c), "pointable": bool(p)}
+        for t, c, p in zip(splits[i].claims, v.correct, v.pointable)
+      ]
       values[i, 0], valid[i, 0] = good / len(splits[i].claims), True
 
     # recall: coverage of the reference units.
@@ -97,6 +102,7 @@ class BalCapRLReward:
         failed["match_reference_units"] += 1
         continue
       values[i, 1], valid[i, 1] = sum(map(bool, cov.covered)) / len(units[i]), True
+      evidence[i]["units"] = [{"unit": u, "covered": bool(c)} for u, c in zip(units[i], cov.covered)]
 
     # linguistic: mean of three 1-10 ratings mapped to [0, 1].
     ratings = self.judge.rate_language([CaptionRequest(r.id, c) for c, r in zip(captions, records)])
@@ -106,7 +112,9 @@ class BalCapRLReward:
         continue
       mapped = [(min(10.0, max(1.0, float(x))) - 1) / 9 for x in (rt.clarity, rt.fluency, rt.coherence)]
       values[i, 2], valid[i, 2] = sum(mapped) / 3, True
-    return make_batch(self.names, values, valid, self.config.weights, captions, records, failed)
+      evidence[i]["language"] = {"clarity": rt.clarity, "fluency": rt.fluency, "coherence": rt.coherence}
+    evidence = [{"balcaprl": e} for e in evidence]
+    return make_batch(self.names, values, valid, self.config.weights, captions, records, failed, evidence)
 
 
 @reward_family("balcaprl", options=BalCapRLConfig)

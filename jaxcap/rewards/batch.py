@@ -23,6 +23,8 @@ class RewardBatch:
     reference caption (0 when there is none); BalCapRL's length-conditional mask uses their ratio.
   failed_judgments: judge primitive -> number of failed results during this call.
   extras: scalars a reward wrapper reports for logging, e.g. {"length/in_band": share of captions in band}.
+  evidence: per caption [N], what the judge said, by reward family (JSON-able dicts: CapRL's questions and
+    letters, RubiCap's verdicts, BalCapRL's claims, the length mask's decision), for rollout records; () = none.
   """
 
   names: tuple[str, ...]
@@ -33,12 +35,15 @@ class RewardBatch:
   reference_lengths: np.ndarray
   failed_judgments: Mapping[str, int] = dataclasses.field(default_factory=dict)
   extras: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  evidence: tuple[Mapping, ...] = ()
 
   def __post_init__(self):
     n, r = len(self.caption_lengths), len(self.names)
     for field, shape in (("values", (n, r)), ("valid", (n, r)), ("weights", (r,)), ("reference_lengths", (n,))):
       if np.shape(getattr(self, field)) != shape:
         raise ValueError(f"RewardBatch.{field} has shape {np.shape(getattr(self, field))}, expected {shape}.")
+    if self.evidence and len(self.evidence) != n:
+      raise ValueError(f"RewardBatch.evidence has {len(self.evidence)} entries, expected {n} (one per caption).")
 
   @property
   def masked_counts(self) -> dict[str, int]:
@@ -82,7 +87,16 @@ class RewardBatch:
       caption_lengths=batches[0].caption_lengths,
       reference_lengths=batches[0].reference_lengths,
       failed_judgments=dict(failed),
+      evidence=merge_evidence([b.evidence for b in batches], len(batches[0].caption_lengths)),
     )
+
+
+def merge_evidence(parts: Sequence[Sequence[Mapping]], n: int) -> tuple[Mapping, ...]:
+  """Per caption, the union of the parts' evidence dicts (parts without evidence skipped); () when none has any."""
+  parts = [p for p in parts if p]
+  if not parts:
+    return ()
+  return tuple({k: v for p in parts for k, v in p[i].items()} for i in range(n))
 
 
 class RewardFunction(Protocol):
@@ -105,6 +119,7 @@ def make_batch(
   captions: Sequence[str],
   records: Sequence[ImageRecord],
   failed: Mapping[str, int],
+  evidence: Sequence[Mapping] = (),
 ) -> RewardBatch:
   """Assembles a RewardBatch, zeroing masked entries and computing lengths."""
   valid = np.asarray(valid, bool)
@@ -117,4 +132,5 @@ def make_batch(
     caption_lengths=np.array([word_count(c) for c in captions], np.int32),
     reference_lengths=np.array([word_count(r.reference_caption) for r in records], np.int32),
     failed_judgments={k: int(v) for k, v in failed.items() if v},
+    evidence=tuple(evidence),
   )

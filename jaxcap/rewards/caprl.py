@@ -117,17 +117,30 @@ class CapRLReward:
     answered = np.zeros(len(captions))
     drawn = np.zeros(len(captions))
     failed = collections.Counter()
+    asked: list[list[dict]] = [[] for _ in captions]  # evidence: each question, the letter chosen, right or not
     for req, owner, gold, reply in zip(requests, owners, golds, replies):
       drawn[owner] += 1
+      seen = {"question": req.question, "options": list(req.options), "gold": LETTERS[gold]}
+      asked[owner].append(seen)
       if reply.failed:
         failed["answer_multiple_choice"] += 1
+        seen["failed"] = True
         continue
       answered[owner] += 1
-      correct[owner] += parse_choice(reply.reply, req.options, self.config.answer_parsing) == gold
+      choice = parse_choice(reply.reply, req.options, self.config.answer_parsing)
+      correct[owner] += choice == gold
+      seen.update(letter=None if choice is None else LETTERS[choice], correct=choice == gold)
     valid = (answered > 0) & (answered >= self.config.min_answered_fraction * drawn)
     accuracy = np.divide(correct, answered, out=np.zeros_like(correct), where=answered > 0)
     return make_batch(
-      self.names, (self.config.reward_scale * accuracy)[:, None], valid[:, None], [1.0], captions, records, failed
+      self.names,
+      (self.config.reward_scale * accuracy)[:, None],
+      valid[:, None],
+      [1.0],
+      captions,
+      records,
+      failed,
+      evidence=[{self.names[0]: {"questions": a}} for a in asked],
     )
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
-from jaxcap.rewards.batch import RewardBatch, RewardFunction
+from jaxcap.rewards.batch import RewardBatch, RewardFunction, merge_evidence
 from jaxcap.rewards.stage import RewardStage
 from jaxcap.rl.masks import apply_length_mask
 
@@ -26,6 +26,7 @@ class LengthMaskedReward(RewardStage):
     super().__init__(inner)
     self.tau_low, self.tau_high = tau_low, tau_high
     self.dims = [inner.names.index(n) for n in dims]
+    self.names_masked = list(dims)
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
     batch = self.inner(captions, records, step=step)
@@ -39,4 +40,10 @@ class LengthMaskedReward(RewardStage):
       self.tau_high,
     )
     extras = {**batch.extras, "length/in_band": float(np.asarray(in_range).mean())}
-    return dataclasses.replace(batch, values=np.asarray(masked).reshape(n, r), extras=extras)
+    inside = np.asarray(in_range).reshape(n)
+    decisions = [
+      {"length_mask": {"words": int(c), "reference_words": int(ref), "in_band": bool(ok), "dims": self.names_masked}}
+      for c, ref, ok in zip(batch.caption_lengths, batch.reference_lengths, inside)
+    ]
+    evidence = merge_evidence([batch.evidence, decisions], n)
+    return dataclasses.replace(batch, values=np.asarray(masked).reshape(n, r), extras=extras, evidence=evidence)

@@ -39,12 +39,14 @@ class LikertReward:
     )
     values = np.zeros(len(captions))
     valid = np.zeros(len(captions), bool)
+    evidence = [{self.names[0]: {"score": None}} for _ in captions]  # the judge's 1-10 score
     for i, s in zip(asked, scores):
       if s.failed:
         failed["score_likert"] += 1
         continue
       values[i], valid[i] = (min(10.0, max(1.0, float(s.score))) - 1) / 9, True
-    return make_batch(self.names, values[:, None], valid[:, None], [1.0], captions, records, failed)
+      evidence[i][self.names[0]]["score"] = float(s.score)
+    return make_batch(self.names, values[:, None], valid[:, None], [1.0], captions, records, failed, evidence)
 
 
 @reward_family("likert_direct", options=("name",))

@@ -56,7 +56,11 @@ class RubiCapReward:
     verdicts = self.judge.check_criteria(requests) if requests else []
     passed = np.zeros(len(captions))
     judged = np.zeros(len(captions))
-    for owner, weight, verdict in zip(owners, weights, verdicts):
+    checked: list[list[dict]] = [[] for _ in captions]  # evidence: each criterion, its weight and verdict
+    for request, owner, weight, verdict in zip(requests, owners, weights, verdicts):
+      checked[owner].append(
+        {"criterion": request.criterion, "weight": weight, "passed": None if verdict.failed else bool(verdict.passed)}
+      )
       if verdict.failed:
         failed["check_criteria"] += 1
         continue
@@ -64,7 +68,8 @@ class RubiCapReward:
       passed[owner] += weight * verdict.passed
     valid = (judged > 0) & (judged >= self.config.min_judged_weight_fraction * total_weight - 1e-9)
     rate = np.divide(passed, judged, out=np.zeros_like(passed), where=judged > 0)
-    return make_batch(self.names, rate[:, None], valid[:, None], [1.0], captions, records, failed)
+    evidence = [{self.names[0]: {"criteria": c}} for c in checked]
+    return make_batch(self.names, rate[:, None], valid[:, None], [1.0], captions, records, failed, evidence)
 
 
 def _policy_rubrics(run_config) -> bool:

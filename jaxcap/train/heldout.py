@@ -4,7 +4,6 @@ image, the run's own reward exactly as RL optimises it (length mask included), a
 from __future__ import annotations
 
 import dataclasses
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -17,6 +16,8 @@ from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.batch import RewardFunction
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.train.batching import Batcher
+from jaxcap.train.metrics import to_json
+from jaxcap.train.rollout_records import sample_rewards
 from jaxcap.train.updates import weighted_mean
 
 # Held-out QA: every question of each image (CapRL's paper preset), whatever the run's reward.
@@ -85,9 +86,12 @@ class HeldOutEval:
     if tag and is_lead_process():
       out = self.workdir / "captions"
       out.mkdir(exist_ok=True)
+      # with each image's scores, for jaxcap.inspect's SFT-vs-RL view (jaxcap.eval reads id and caption only)
+      scores = {"qa_accuracy": np.where(qa.valid[:, 0], qa.values[:, 0], np.nan), "reward": sample_rewards(own)}
       with open(out / f"{phase}_{tag}.jsonl", "w") as f:
-        for rec, cap in zip(records, captions):
-          f.write(json.dumps({"id": rec.id, "caption": cap}) + "\n")
+        for i, (rec, cap) in enumerate(zip(records, captions)):
+          row = {"id": rec.id, "caption": cap, "words": int(own.caption_lengths[i])}
+          f.write(to_json(row | {k: float(v[i]) for k, v in scores.items()}) + "\n")
     if is_lead_process():
       from tqdm.auto import tqdm
 

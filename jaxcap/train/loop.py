@@ -27,6 +27,7 @@ from jaxcap.train.curves import plot_curves
 from jaxcap.train.metrics import MetricsWriter, StepLog, to_json
 from jaxcap.train.phases import Phase, run_phases
 from jaxcap.train.programs import RunPrograms, build_sampler
+from jaxcap.train.rollout_records import RolloutRecorder
 from jaxcap.train.rundir import RunDirectory
 from jaxcap.train.setup import build
 from jaxcap.train.size_groups import record_patches
@@ -55,7 +56,11 @@ class Trainer:
     tokenizer = getattr(setup.processor, "tokenizer", setup.processor)
     tokenize = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     self.rewards = build_reward_pipeline(c, setup.judge, tokenize)
-    self.metrics = MetricsWriter(self.rundir.path)
+    lg = c.logging
+    self.metrics = MetricsWriter(
+      self.rundir.path, trackers=lg.trackers, config=c.to_dict(), project=lg.project, run_name=c.name,
+      mlflow_uri=lg.mlflow_uri,
+    )  # fmt: skip
     self.heldout = HeldOutEval(
       self.sampler,
       self.batcher,
@@ -172,6 +177,12 @@ class Trainer:
 
     warn = lambda line: print(line, file=sys.stderr, flush=True) if is_lead_process() else None
     return StepGuard.from_config(self.config.train, self.setup.model.cfg.text.vocab_size, last_checkpoint, warn)
+
+  def rollout_recorder(self, stop_ids) -> RolloutRecorder:
+    """The RL phase's rollout records (`logging` block; process 0 writes), mirrored to the trackers' tables."""
+    recorder = RolloutRecorder.from_config(self.config, self.rundir.path, stop_ids, is_lead_process())
+    recorder.sinks.append(self.metrics.log_rollouts)
+    return recorder
 
   def warm_up_vision(self, params):
     """The embedded student's vision warm-up (`jaxcap.world.vision_warmup`), logged as phase "vision"."""

@@ -1,17 +1,18 @@
-"""Metrics sinks: a JSONL log (the source of truth), TensorBoard event files, and PNG curves at the end."""
+"""Metrics sinks: a JSONL log (the source of truth) mirrored to the experiment trackers (jaxcap.train.trackers)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import shutil
 from pathlib import Path
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
+
+from jaxcap.train.trackers import open_trackers, scalars, warn
 
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -129,45 +130,48 @@ class StepLog:
 
 
 class MetricsWriter:
-  """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to TensorBoard (process 0).
+  """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to the experiment trackers
+  (jaxcap.train.trackers; TensorBoard by default), process 0 only.
 
-  The JSONL log is strict JSON: a value that was not measured (NaN, e.g. no valid judgment) is written as null
-  and left out of TensorBoard; a measured value that is not finite (a step's loss or gradient norm, `measured`) is
-  the string "nan", "inf" or "-inf", also left out of TensorBoard. TensorBoard's event files are rebuilt from the log whenever records are dropped
-  or replaced, so a resumed run never shows a step twice. A held-out evaluation record (only `eval/` keys)
-  logged again at the same (phase, step), as when a finished run is rerun, replaces the earlier one."""
+  Strict JSON: a value not measured (NaN, e.g. no valid judgment) is null, a measured non-finite one (`measured`)
+  the string "nan", "inf" or "-inf"; neither reaches the trackers. TensorBoard is rebuilt from the log whenever
+  records are dropped or replaced, so a resumed run never shows a step twice. An evaluation record (only `eval/`
+  keys) logged again at the same (phase, step), as when a finished run is rerun, replaces the earlier one. A tracker
+  that raises is dropped with one warning line; the log goes on."""
 
-  def __init__(self, directory: str | Path, enabled: bool = True):
+  def __init__(
+    self,
+    directory: str | Path,
+    enabled: bool = True,
+    trackers: Sequence[str] = ("tensorboard",),
+    config: Mapping | None = None,
+    **tracker_options,
+  ):
     self.directory = Path(directory)
     self.enabled = enabled and jax.process_index() == 0
     self.path = self.directory / "metrics.jsonl"
-    self._tb = None
+    self.trackers: list = []
     self._evals: set[tuple[str, int]] | None = None  # (phase, step) of the logged eval records; None: not read yet
     if self.enabled:
       self.directory.mkdir(parents=True, exist_ok=True)
-      self._tb = self._open_tensorboard()
+      self.trackers = open_trackers(list(trackers), self.directory, dict(config or {}), **tracker_options)
 
-  def _open_tensorboard(self):
-    try:
-      from tensorboardX import SummaryWriter
-    except ImportError:  # TensorBoard is optional; the JSONL log is complete without it
-      return None
-    return SummaryWriter(str(self.directory / "tensorboard"))
+  def _each(self, method: str, *args) -> None:
+    for t in list(self.trackers):
+      try:
+        getattr(t, method)(*args)
+      except Exception as e:  # a mirror: never the run's end
+        self.trackers.remove(t)
+        warn(f"tracker {type(t).__name__} failed ({type(e).__name__}: {e}); dropped, metrics.jsonl goes on")
 
   def _rows(self) -> list[dict]:
     return read_metrics(self.path) if self.path.exists() else []
 
   def _rewrite(self, rows: list[dict]) -> None:
-    """Replaces the log with `rows` and rebuilds the TensorBoard events from them (event files only append)."""
+    """Replaces the log with `rows`; the trackers that can rebuild from them do (event files only append)."""
     self.path.write_text("".join(to_json(r) + "\n" for r in rows))
     self._evals = None
-    if self._tb is not None:
-      self._tb.close()
-      shutil.rmtree(self.directory / "tensorboard", ignore_errors=True)
-      self._tb = self._open_tensorboard()
-      for r in rows:
-        self._add_scalars(r["phase"], r["step"], {k: v for k, v in r.items() if k not in ("phase", "step")})
-      self._tb.flush()
+    self._each("replace", rows)
 
   def truncate_after(self, phase: str, step: int) -> None:
     """Drops records logged after a checkpoint (phase, step), so a resumed run does not log them twice."""
@@ -197,18 +201,16 @@ class MetricsWriter:
       self._evals.add((phase, step))
     with open(self.path, "a") as f:
       f.write(to_json(record) + "\n")
-    if self._tb is not None:
-      self._add_scalars(phase, step, metrics)
-      self._tb.flush()
+    self._each("log", phase, step, scalars(metrics))
 
-  def _add_scalars(self, phase: str, step: int, metrics: Mapping[str, float | None]) -> None:
-    for k, v in metrics.items():
-      if is_number(v):  # no point for a value that was not measured, or not finite
-        self._tb.add_scalar(f"{phase}/{k}", v, step)
+  def log_rollouts(self, step: int, groups: list[dict]) -> None:
+    """A rollout record file's groups (jaxcap.train.rollout_records) as the trackers' tables."""
+    if self.enabled:
+      self._each("log_rollouts", step, groups)
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
+    self._each("close")
+    self.trackers = []
 
 
 def _is_eval(row: Mapping) -> bool:

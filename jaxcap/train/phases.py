@@ -114,12 +114,15 @@ class RLPhase(Phase):
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
       micro_batch_tokens=c.rl.micro_batch_tokens,
+      recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 
   def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
     s = trainer.setup
+    if self.update.recorder is not None:  # a resumed run writes the steps after its checkpoint again
+      self.update.recorder.resume(int(state.step))
     changed = False
     for name in trainer.config.reward:
       hook = REWARD_FAMILIES[name].before_rl

@@ -123,6 +123,7 @@ class RLUpdate:
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
+  recorder: Any = None  # jaxcap.train.rollout_records.RolloutRecorder: rollout records at its steps
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -156,6 +157,8 @@ class RLUpdate:
     future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
     self.reward.settle()  # e.g. the judge failure budget, agreed across processes
+    if self.recorder is not None and self.recorder.wants(step + 1):  # numbered as metrics.jsonl numbers the step
+      self.recorder(step + 1, batch.records, rollouts.text, rewards, rollouts.tokens, rollouts.host_lengths)
     r = len(rewards.names)
     values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
     valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)

@@ -13,8 +13,9 @@ from processes import SMALL, compiles, cpu_env, launch, launch_command, start, t
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
-# 4 SFT + 6 RL steps, a checkpoint every 2 and a held-out evaluation every 2 RL steps, with the HF export
-RUN = tiny_run({"export.hf": None}, base=SMALL)
+# 4 SFT + 6 RL steps, a checkpoint every 2 and a held-out evaluation every 2 RL steps, with the HF export and
+# rollout records at every RL step
+RUN = tiny_run({"export.hf": None, "logging.rollouts_every": 1}, base=SMALL)
 
 
 def _metrics(workdir):
@@ -69,6 +70,9 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
   rerun = launch("caprl", *RUN, workdir=workdir)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
+  records = lambda w: {p.name: p.read_text().replace(str(w), "<workdir>") for p in sorted((w / "rollouts").iterdir())}
+  assert list(records(workdir)) == [f"step_{s:06d}.jsonl" for s in range(1, 7)]  # no step twice, none left over
+  assert records(workdir) == records(uninterrupted)
 
 
 def test_each_program_compiles_once(uninterrupted_run):
