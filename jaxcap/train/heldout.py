@@ -17,7 +17,7 @@ from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.batch import RewardFunction
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.train.batching import Batcher
-from jaxcap.train.updates import weighted_mean
+from jaxcap.train.reward_metrics import weighted_mean
 
 # Held-out QA: every question of each image (CapRL's paper preset), whatever the run's reward.
 HELDOUT_QA = {"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}}

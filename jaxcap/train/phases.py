@@ -13,9 +13,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jaxcap.config.cli import ConfigError
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
+from jaxcap.rl.group_filter import OFF, SPREAD
 from jaxcap.train.programs import rollout_correction_config, with_reference
+from jaxcap.train.refill import GroupFilter
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
@@ -63,6 +66,9 @@ class Phase:
   def evaluate_at_start(self, trainer: Trainer, state, records_changed: bool) -> None:
     """The held-out evaluation at a fresh start of the phase (if the config asks for one)."""
 
+  def attach(self, loader) -> None:
+    """Hands the phase its loader (restored, if resuming) before its first step."""
+
 
 @PHASE_KINDS.register("sft")
 @dataclasses.dataclass
@@ -91,6 +97,17 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
+def _group_filter(config, reward_names: tuple[str, ...]) -> GroupFilter | None:
+  mode = config.rl.filter_groups
+  if mode == OFF:
+    return None
+  if mode != SPREAD and mode not in reward_names:
+    raise ConfigError(
+      f"rl.filter_groups={mode!r} names no reward dimension of this run; use off, spread or one of {list(reward_names)}"
+    )
+  return GroupFilter.from_config(config.rl)
+
+
 def _stop_ids(sampler) -> tuple[int, ...]:
   return tuple(int(i) for i in sampler.sampling.resolve_stop_ids(sampler.cfg.eos_token_id))
 
@@ -113,8 +130,13 @@ class RLPhase(Phase):
       c.rl.recompute_old_logprobs,
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
+      group_filter=_group_filter(c, trainer.rewards.names),
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
+
+  def attach(self, loader) -> None:
+    """Refills of dropped groups (rl.filter_groups) draw the loader's next batches: its saved position counts them."""
+    self.update.draw = lambda: next(loader)
 
   def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
