@@ -128,12 +128,12 @@ class Rl(Phase):
     yield from super().check(run, at)
     if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
       yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"
-    if self.batch_size >= 1 and self.filter_groups_max_extra % self.batch_size:
+    if self.batch_size >= 1 and self.filter_groups_max_extra > 0 and self.filter_groups_max_extra % self.batch_size:
       yield (
         f"{at}filter_groups_max_extra={self.filter_groups_max_extra}: refills draw whole batches; use a multiple of "
         f"{at}batch_size={self.batch_size} (e.g. {self.batch_size * max(1, self.filter_groups_max_extra // self.batch_size)})"
       )
-    if self.filter_groups == "off" and self.filter_groups_max_extra:
+    if self.filter_groups == "off" and self.filter_groups_max_extra > 0:
       yield f"{at}filter_groups_max_extra={self.filter_groups_max_extra} does nothing with {at}filter_groups=off"
 
 

@@ -34,7 +34,7 @@ KEYS = {
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batches", "num_samples"]
-  + ["recompute_old_logprobs", "steps"],
+  + ["filter_groups", "filter_groups_max_extra", "recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -145,6 +145,8 @@ def test_missing_field_is_named():
     ("rl.rollout_correction.is_level", "seq", "use none, token or sequence"),
     ("rl.rollout_correction.reject", "token_k4", "token_k1"),
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
+    ("rl.filter_groups_max_extra", -8, ">= 0"),
+    ("rl.filter_groups", "", "use off, spread or a reward dimension's name"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
@@ -188,6 +190,19 @@ def test_checks_apply_only_where_the_field_is_used():
   assert "data.eval_manifest" in _errors(c) and "eval.num_images=0" in _errors(c)
 
 
+def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
+  c = base_config()
+  c.rl.filter_groups, c.rl.filter_groups_max_extra = "spread", 12  # rl.batch_size 8
+  msg = _errors(c)
+  assert "rl.filter_groups_max_extra=12" in msg and "multiple of rl.batch_size=8" in msg and msg.count("\n  - ") == 1
+  c.rl.filter_groups_max_extra = 16
+  validate(c)
+  c.rl.filter_groups = "off"
+  assert "does nothing with rl.filter_groups=off" in _errors(c)
+  c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 0  # a dimension's name: checked at build
+  validate(c)
+
+
 def test_schema_validate_returns_the_typed_frozen_config():
   run = schema.validate(base_config())
   assert isinstance(run, Run) and run.rl.loss.kl_coef == base_config().rl.loss.kl_coef
@@ -217,7 +232,10 @@ def test_resume_policies_of_the_schema():
   assert schema.resume_policy("world.vocab_size") == SHAPE
   for key in ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat"):
     assert schema.resume_policy(key) == ALLOWED, key
-  for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind"):
+  for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind") + (
+    "rl.filter_groups",
+    "rl.filter_groups_max_extra",
+  ):
     assert schema.resume_policy(key) == ALTERS, key
   # a key the schema no longer has takes its block's policy (a field since removed from eval still may change)
   assert (schema.resume_policy("eval.removed"), schema.resume_policy("rl.removed")) == (ALLOWED, ALTERS)

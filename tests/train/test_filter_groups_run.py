@@ -1,0 +1,66 @@
+"""Dynamic sampling (rl.filter_groups) in the main job end to end: groups are dropped and refilled from the loader
+(tests/train/spread_reward_launch.py gives the tiny student's groups a reward that sometimes spreads), the filter/*
+counts are logged, and a SIGKILLed run resumes to the same metrics as an uninterrupted one: the refills' draws
+from the loader are part of its saved position."""
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from processes import SMALL, ROOT, launch, launch_command, start, tiny_run
+
+pytestmark = pytest.mark.slow  # launches training runs in subprocesses
+
+SCRIPT = str(Path(ROOT) / "tests" / "train" / "spread_reward_launch.py")
+# 4 SFT + 6 RL steps of 4 prompts x 4 samples, a checkpoint every 2 steps; one extra batch of 4 prompts per step
+RUN = tiny_run({"rl.filter_groups": "spread", "rl.filter_groups_max_extra": 4, "eval.every": 0}, base=SMALL)
+
+
+def _metrics(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("full")
+  launch("caprl", *RUN, workdir=workdir, script=SCRIPT)
+  return workdir
+
+
+def test_groups_are_dropped_refilled_and_counted(uninterrupted):
+  rows = [r for r in _metrics(uninterrupted) if r["phase"] == "rl" and "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+  for r in rows:
+    generated, dropped, rounds = r["filter/generated"], r["filter/dropped"], r["filter/rounds"]
+    assert rounds in (1.0, 2.0) and generated == 4 * rounds  # at most the one extra batch of the budget
+    assert r["filter/kept_frac"] == pytest.approx((generated - dropped) / generated)
+    # a second round is drawn exactly when the first left a slot open
+    assert (rounds == 2.0) == (r["filter/first_dropped_frac"] > 0)
+    kept = generated - dropped
+    assert r["filter/unfilled"] == max(0.0, 4 - kept)
+  assert any(r["filter/rounds"] == 2.0 and r["filter/generated"] - r["filter/dropped"] > 0 for r in rows), rows
+
+
+def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path):
+  workdir = tmp_path / "killed"
+  with open(tmp_path / "killed.log", "w") as log:
+    proc = start(launch_command("caprl", *RUN, workdir=workdir, script=SCRIPT), stdout=log)
+  ckpts = workdir / "checkpoints"
+  deadline = time.time() + 600
+  while time.time() < deadline:  # kill once an RL-phase checkpoint (global step > 4) is on disk
+    steps = [int(p.name) for p in ckpts.glob("[0-9]*") if p.name.isdigit()] if ckpts.exists() else []
+    if any(s >= 6 for s in steps) or proc.poll() is not None:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, (
+    f"the run ended before it could be killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
+  )
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  rerun = launch("caprl", *RUN, workdir=workdir, script=SCRIPT)
+  assert "resumed rl" in rerun.stdout + rerun.stderr
+  assert _metrics(workdir) == _metrics(uninterrupted)
