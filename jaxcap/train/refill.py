@@ -48,6 +48,7 @@ class SlotFill:
     self.source = [(0, i) for i in range(size)]
     self.filled = np.zeros(size, bool)
     self.rounds = 0
+    self.moved_anywhere = False  # some process's slots hold groups of later rounds (set by GroupFilter.fill)
 
   @property
   def open(self) -> int:
@@ -76,7 +77,8 @@ class SlotFill:
 @dataclasses.dataclass(frozen=True)
 class GroupFilter:
   """`fill(first, more)`: `first` is the step's judged Round, `more(r)` draws and judges round r >= 1; returns
-  (SlotFill, the rounds, the filter/* metrics, summed over processes)."""
+  (SlotFill, the rounds, the filter/* metrics, summed over processes). Its `moved_anywhere` is agreed by every
+  process: the batch is then assembled everywhere (the re-placed prompts and the gather are collectives)."""
 
   mode: str
   num_samples: int
@@ -97,8 +99,9 @@ class GroupFilter:
     first_dropped = None
     while True:
       fill.add(keep)
-      counts = np.sum(multihost.allgather_ints([fill.open, int((~keep).sum()), int(keep.sum()), len(keep)]), axis=0)
-      open_slots, d, k, n = (int(x) for x in counts)
+      local = [fill.open, int((~keep).sum()), int(keep.sum()), len(keep), int(not fill.same_rows)]
+      open_slots, d, k, n, moved = (int(x) for x in np.sum(multihost.allgather_ints(local), axis=0))
+      fill.moved_anywhere = moved > 0
       dropped, kept, generated = dropped + d, kept + k, generated + n
       first_dropped = d / n if first_dropped is None else first_dropped
       if open_slots == 0 or len(rounds) >= self.max_rounds:

@@ -183,7 +183,7 @@ class RLUpdate:
 
     fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
     first = rounds[0]
-    if fill.same_rows:
+    if not fill.moved_anywhere:
       placed, arrays = first.placed, (first.tokens, first.cmask, first.behaviour)
     else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
       placed = self.sampler.place(self.prepare([rounds[r].batch.records[i] for r, i in fill.source]).prompts)

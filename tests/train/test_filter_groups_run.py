@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import SMALL, ROOT, launch, launch_command, start, tiny_run
+from processes import ROOT, SMALL, launch, launch_command, run_processes, start, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -64,3 +64,39 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
   rerun = launch("caprl", *RUN, workdir=workdir, script=SCRIPT)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
+
+
+def test_two_processes_agree_on_the_rounds(tmp_path):
+  """Each process fills its own slots; one all-gather of counts per round makes both draw the same rounds (a
+  disagreement would hang the next collective), and the logged counts are the global ones."""
+  common = tiny_run(
+    {
+      "rl.batch_size": 2,  # per process
+      "rl.num_samples": 4,
+      "rl.filter_groups": "spread",
+      "rl.filter_groups_max_extra": 4,
+      "world.train_scenes": 16,
+      "eval.num_images": 0,
+      "vision_warmup.steps": 0,
+      "vision_warmup.batch_size": None,
+    }
+  )
+  run_processes(
+    lambda i, port: launch_command(
+      "caprl",
+      *common,
+      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+      "--config.distributed.num_processes=2",
+      f"--config.distributed.process_id={i}",
+      workdir=tmp_path / "two",
+      script=SCRIPT,
+    ),
+    count=2,
+    devices=1,
+  )
+  rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2]
+  assert any(r["filter/rounds"] > 1 for r in rows)  # a refill, so the assembled batch's collectives ran
+  for r in rows:
+    assert 1 <= r["filter/rounds"] <= 3 and r["filter/generated"] == 2 * 2 * r["filter/rounds"]
+    assert 0 <= r["filter/unfilled"] <= 4

@@ -50,7 +50,7 @@ def test_refill_rounds_counts_and_budget():
 
   fill, used, metrics = GroupFilter("spread", G, max_rounds=3).fill(rounds[0], more)
   assert drawn == [1, 2] and len(used) == 3
-  assert fill.source == [(2, 0), (0, 1)] and fill.filled.all()
+  assert fill.source == [(2, 0), (0, 1)] and fill.filled.all() and fill.moved_anywhere
   assert metrics == {
     "filter/dropped": 4.0,  # 1 + 2 + 1
     "filter/generated": 6.0,
@@ -69,7 +69,7 @@ def test_refill_rounds_counts_and_budget():
   assert drawn == [1] and metrics["filter/unfilled"] == 1.0 and metrics["filter/dropped"] == 3.0
   assert metrics["filter/generated"] == 4.0 and metrics["filter/kept_frac"] == 1 / 4
   values, valid = assembled_rewards(fill, used, G)
-  assert fill.same_rows and valid[:, 0].tolist() == [False, False, True, True]
+  assert fill.same_rows and not fill.moved_anywhere and valid[:, 0].tolist() == [False, False, True, True]
 
   # nothing dropped: no draw, one round
   drawn.clear()
