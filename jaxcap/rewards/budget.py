@@ -7,7 +7,8 @@ Per RL step the budget reads how many judgments the judge tried and how many of 
 judge's cumulative `judgment_counts()`; HttpJudge and RuleBasedJudge keep them). A judgment that was never sent
 (every endpoint's breaker open through a probe: `unsent_judgments()`) is masked and logged, but is no failure of
 the judge's answers, so it is left out of the share. When the share of valid judgments stays below
-`judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. A step that tried no
+`judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. Several calls in one step (dynamic sampling's refill
+rounds) count as one step of the streak. A step that tried no
 judgment (e.g. no image had questions) neither counts against the budget nor resets it. Steps are numbered as
 metrics.jsonl numbers them, from 1.
 """
@@ -80,7 +81,8 @@ class FailureBudget:
     if valid >= self.min_valid_fraction:
       self._reset()
       return valid
-    self.bad_steps.append(int(step))
+    if not self.bad_steps or self.bad_steps[-1] != int(step):  # a step's refill rounds (rl.filter_groups) are one step
+      self.bad_steps.append(int(step))
     self.asked += asked
     self.failed += failed
     self.unsent += unsent

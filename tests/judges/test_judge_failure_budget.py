@@ -128,6 +128,16 @@ def test_timeouts_behind_an_open_breaker_count_as_timeouts(world):
   assert "Failed judgments by kind: auth 0, timeout 6, connection 0, http_status 0, parse 0." in error
 
 
+def test_refill_rounds_of_one_step_count_as_one_bad_step():
+  """rl.filter_groups judges a step's refills in further calls with the same step: patience counts steps."""
+  budget = FailureBudget(0.5, patience=2)
+  for _ in range(3):
+    budget.observe(7, 4, 4, {"timeout": 4})
+  assert budget.bad_steps == [7] and budget.failed == 12
+  with pytest.raises(JudgeFailureBudgetError, match="steps 7-8: 0 of 16 judgments valid"):
+    budget.observe(8, 4, 4, {"timeout": 4})
+
+
 def test_budget_resets_on_a_good_step_and_ignores_steps_that_asked_nothing():
   budget = FailureBudget(min_valid_fraction=0.5, patience=3)
   assert budget.observe(0, 10, 10, {"timeout": 10}) == 0.0
