@@ -28,7 +28,7 @@ from jaxcap.eval.metrics import RatioMetric
 from jaxcap.models.vision import layout_shape, vision_layout
 from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, vqa_prompt
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
-from jaxcap.sampling.sampler import SamplerBatch, place_batch
+from jaxcap.sampling.placement import SamplerBatch, place_batch
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.train.logprobs import completion_logprobs
 

@@ -12,7 +12,9 @@ import jax
 import numpy as np
 
 from jaxcap.sampling.distribution import SamplingConfig
-from jaxcap.sampling.sampler import Rollouts, SampledArrays, Sampler, SamplerBatch
+from jaxcap.sampling.placement import SamplerBatch
+from jaxcap.sampling.rollouts import Rollouts, SampledArrays
+from jaxcap.sampling.sampler import Sampler
 from jaxcap.sampling.scheduler import generate
 
 

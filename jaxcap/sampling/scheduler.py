@@ -35,7 +35,8 @@ from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages
 from jaxcap.sampling.paged_cache import PagePool
 from jaxcap.sampling.prompts import pad_length
-from jaxcap.sampling.sampler import SampledArrays, SamplerBatch
+from jaxcap.sampling.placement import SamplerBatch
+from jaxcap.sampling.rollouts import SampledArrays
 
 REFILL_FRACTION = 8  # a segment returns to refill once 1/8 of the slots (at least one) have finished
 BUCKET_STEPS = 2  # sizes per octave of the row and page buckets

@@ -24,7 +24,8 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.models.vision import VisionLayout, layout_shape, stack_layouts, vision_layout
 from jaxcap.processing import Processor
 from jaxcap.sampling.prompts import bucket_prompts
-from jaxcap.sampling.sampler import SampledArrays, SamplerBatch, place_batch
+from jaxcap.sampling.placement import SamplerBatch, place_batch
+from jaxcap.sampling.rollouts import SampledArrays
 from jaxcap.sharding import logical_to_spec
 from jaxcap.train import data as data_lib
 from jaxcap.train.step import PromptBatch
