@@ -5,7 +5,11 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from jaxcap.config.cli import ConfigError
+from jaxcap.train.config import base_config
+from jaxcap.train.phases import _group_filter
 from jaxcap.train.refill import GroupFilter, Round, SlotFill, assembled_rewards, gather_index, gather_rows
 
 G = 2
@@ -101,3 +105,13 @@ def test_gather_moves_each_slot_from_its_round_in_the_update_layout():
       want[slot // mb, (slot % mb) * G + j] = 100 * r + 10 * i + j
   np.testing.assert_array_equal(out, want)
   assert gather_rows([None, None], index) is None
+
+
+def test_the_phase_builds_the_filter_from_the_config_and_names_unknown_dimensions():
+  c = base_config()
+  assert _group_filter(c, ("caprl/accuracy",)) is None  # off
+  c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 16  # rl.batch_size 8: two extra batches
+  assert _group_filter(c, ("caprl/accuracy",)) == GroupFilter("caprl/accuracy", 8, max_rounds=3)
+  c.rl.filter_groups = "rubicap/score"
+  with pytest.raises(ConfigError, match=r"rl.filter_groups='rubicap/score'.*\['caprl/accuracy'\]"):
+    _group_filter(c, ("caprl/accuracy",))
