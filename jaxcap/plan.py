@@ -40,7 +40,9 @@ from jaxcap.processing.vision import smart_resize
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
 from jaxcap.sharding import logical_to_spec, make_mesh
-from jaxcap.train.programs import RunPrograms, rollout_correction_config, with_reference
+from jaxcap.train.packed import PackedInputs
+from jaxcap.train.packed_batch import planned_rows
+from jaxcap.train.programs import RunPrograms, packs, rollout_correction_config, with_reference
 from jaxcap.train.state import _fresh_state, train_state_shardings
 from jaxcap.train.step import PromptBatch, RolloutBatch
 
@@ -252,6 +254,15 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     )
     return compiled
 
+  if packs(config):  # packed micro-batches at the budget (rl.micro_batch_tokens): the step's pixels, one pack
+    budget_tokens = int(config.rl.micro_batch_tokens)
+    packed_rows = planned_rows(prompts_total, g, p, c, grid, budget_tokens, cfg, config.data.bucket_steps)
+    replicated = lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh))
+    )
+    pixels = arr((prompts_total * patches, cfg.vision.patch_dim), jnp.float32, (None, None))
+    layout = PackedInputs(pixels, jax.tree.map(replicated, packed_rows))
+    prompt_batch = dataclasses.replace(prompt_batch, pixel_values=None)
   if "rl_step" in names:
     jitted = programs.update("rl", opt, jax.tree.map(lambda x: x.sharding, state))
     compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), 0)
@@ -287,7 +298,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "batch": {
       "prompts": prompts_total,
       "samples": g,
-      "micro_batches": config.rl.micro_batches,
+      "micro_batches": f"{packed_rows.shape[0]} packed" if packs(config) else config.rl.micro_batches,
       "prompt_tokens": p,
       "completion": c,
     },
@@ -332,7 +343,13 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
     if r.peak <= budget:
       continue
     over = (r.peak - budget) / GIB
-    if r.name == "rl_step" and r.temporaries > r.arguments:
+    if r.name in ("rl_step", "logprobs") and packs(config):
+      out.append(
+        f"{r.name} is {over:.1f} GiB over ({r.temporaries / GIB:.1f} GiB temporaries): lower rl.micro_batch_tokens "
+        f"(now {config.rl.micro_batch_tokens} tokens per packed micro-batch), set model.remat='full' (now "
+        f"'{config.model.remat}') or add devices"
+      )
+    elif r.name == "rl_step" and r.temporaries > r.arguments:
       m = config.rl.micro_batches
       out.append(
         f"rl_step is {over:.1f} GiB over, mostly activations ({r.temporaries / GIB:.1f} GiB temporaries): raise "

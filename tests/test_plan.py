@@ -80,3 +80,21 @@ def test_cli_prints_a_verdict(tmp_path):
 def test_cli_needs_a_model_for_the_embedded_student():
   out = cli("plan", "--config=configs/caprl.py", timeout=300, check=False)
   assert out.returncode != 0 and "pass --model=qwen2.5-vl-3b" in out.stderr
+
+
+@pytest.mark.slow
+def test_packed_micro_batches_are_planned_at_the_budget():
+  """With rl.micro_batch_tokens the plan compiles the packed programs on micro-batches of the budget, each as full as
+  the budget lets it be: a smaller budget, more of them. (The tiny model's temporaries are dominated by its
+  parameter-sized buffers, so they are not compared here.)"""
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  counts = {}
+  for budget in (64, 256):
+    c = _config()
+    c.rl.update(dict(micro_batches=1, micro_batch_tokens=budget))
+    result = plan(c, cfg, jax.devices()[:1], hbm_gib=80.0, names=("rl_step", "logprobs"), text=8)
+    assert [p["name"] for p in result["programs"]] == ["rl_step", "logprobs"]
+    micro = result["batch"]["micro_batches"]
+    assert micro.endswith("packed") and all(p["temporaries"] > 0 for p in result["programs"]), result
+    counts[budget] = int(micro.split()[0])
+  assert counts[64] > counts[256] >= 1, counts

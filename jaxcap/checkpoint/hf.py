@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint I/O for Qwen2.5-VL: local directory <-> Flax params, placed shard by shard.
+"""Hugging Face checkpoint I/O for the student families (Qwen2.5-VL, Qwen3-VL): local directory <-> Flax params,
+placed shard by shard. The family (config class, Flax module) is picked from config.json's `model_type`.
 
 Loading reads each tensor lazily from its safetensors file and hands every device only the slice it owns
 (`jax.make_array_from_callback`), converting dtype on the way, so a 7B model never needs a full host copy.
@@ -21,6 +22,7 @@ from safetensors.numpy import save_file
 
 from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.models.config import Qwen25VLConfig
+from jaxcap.models.families import family_of_config, family_of_model_type
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.sharding import param_shardings
 
@@ -41,7 +43,7 @@ TOKENIZER_FILES = (
 
 
 class CheckpointError(ValueError):
-  """A local directory that is not a loadable Qwen2.5-VL checkpoint, with what is wrong and how to fix it."""
+  """A local directory that is not a loadable student checkpoint, with what is wrong and how to fix it."""
 
 
 # --------------------------------------------------------------------------- name mapping
@@ -51,6 +53,9 @@ class CheckpointError(ValueError):
 # layer index goes (`layer_names`).
 _RULES: list[tuple[str, str, str]] = [
   (r"visual\.patch_embed\.kernel", "visual.patch_embed.proj.weight", "conv"),
+  (r"visual\.patch_embed\.bias", "visual.patch_embed.proj.bias", "same"),  # Qwen3-VL
+  (r"visual\.pos_embed\.embedding", "visual.pos_embed.weight", "same"),  # Qwen3-VL
+  (r"visual\.deepstack_merger_list\.(.*)", r"visual.deepstack_merger_list.*.\1", "lin"),  # Qwen3-VL, stacked
   (r"visual\.merger\.fc1\.(kernel|bias)", r"visual.merger.mlp.0.\1", "lin"),
   (r"visual\.merger\.fc2\.(kernel|bias)", r"visual.merger.mlp.2.\1", "lin"),
   (r"visual\.blocks\.(.*)", r"visual.blocks.*.\1", "lin"),
@@ -146,16 +151,22 @@ class _TensorIndex:
 
 
 def read_config(directory: str | os.PathLike, **overrides) -> Qwen25VLConfig:
+  """The config of a checkpoint directory, as its family's config class (a `Qwen25VLConfig` or a subclass)."""
   directory = Path(directory)
   if not (directory / "config.json").exists():
     raise CheckpointError(
-      f"{directory} has no config.json; pass the directory of a Qwen2.5-VL checkpoint "
+      f"{directory} has no config.json; pass the directory of a Qwen2.5-VL or Qwen3-VL checkpoint "
       "(the folder holding config.json and model*.safetensors)."
     )
+  d = json.loads((directory / "config.json").read_text())
   try:
-    return Qwen25VLConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), **overrides)
+    family = family_of_model_type(d.get("model_type"))
+  except ValueError as e:
+    raise CheckpointError(f"{directory}/config.json: {e}") from e
+  try:
+    return family.config_cls.from_hf_dict(d, **overrides)
   except (KeyError, ValueError) as e:
-    raise CheckpointError(f"{directory}/config.json is not a Qwen2.5-VL config: {e}") from e
+    raise CheckpointError(f"{directory}/config.json is not a valid {family.name} config: {e}") from e
 
 
 def _path_name(path) -> str:
@@ -165,7 +176,7 @@ def _path_name(path) -> str:
 def load_hf_checkpoint(
   directory: str | os.PathLike, *, mesh: Mesh | None = None, dtype=None, param_dtype=None, **config_overrides
 ) -> Qwen25VL:
-  """Builds a `Qwen25VL` from a local HF checkpoint directory.
+  """Builds the family's model (`Qwen25VL`, `Qwen3VL`) from a local HF checkpoint directory.
 
   Params are stored as `param_dtype` (default: the checkpoint's own, `checkpoint_dtype`; training passes its float32
   masters) and sharded per `jaxcap.sharding` rules over `mesh` (default: the first local device). `dtype` is the
@@ -175,7 +186,8 @@ def load_hf_checkpoint(
   param_dtype = param_dtype or checkpoint_dtype(directory)
   cfg = read_config(directory, dtype=dtype or param_dtype, param_dtype=param_dtype, **config_overrides)
   index = _TensorIndex(directory)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  model_cls = family_of_model_type(json.loads((directory / "config.json").read_text()).get("model_type")).model_cls
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0))))
   pure = nnx.to_pure_dict(abstract)
   single = SingleDeviceSharding(jax.local_devices()[0])
   shardings = param_shardings(pure, mesh) if mesh is not None else jax.tree.map(lambda _: single, pure)
@@ -209,7 +221,7 @@ def load_hf_checkpoint(
   if missing:
     raise CheckpointError(
       f"{directory} lacks {len(missing)} tensor(s) the config needs, e.g. {missing[:3]}; "
-      "is it a complete Qwen2.5-VL checkpoint (all shards present)?"
+      "is it a complete checkpoint of its model_type (all shards present)?"
     )
   nnx.replace_by_pure_dict(abstract, arrays)
   return nnx.merge(graphdef, abstract)
@@ -257,7 +269,7 @@ def save_hf_checkpoint(
   dtype=None,
   max_shard_bytes: int = 2 * 1024**3,
 ) -> Path:
-  """Writes `model` as an HF Qwen2.5-VL checkpoint that `transformers` loads with `from_pretrained(directory)`.
+  """Writes `model` as an HF checkpoint of its family that `transformers` loads with `from_pretrained(directory)`.
 
   Tensors are written in `dtype` (default: the params' dtype) to safetensors shards of at most
   `max_shard_bytes`, with `model.safetensors.index.json` when there is more than one; tokenizer and
@@ -266,6 +278,7 @@ def save_hf_checkpoint(
   directory = Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
+  nested = family_of_config(cfg).nested_keys  # the key layout its transformers class reads
   _, state = nnx.split(model, nnx.Param)
   tensors: dict[str, np.ndarray] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
@@ -275,7 +288,7 @@ def save_hf_checkpoint(
       value = value.astype(dtype)
     stacked = "*" in template
     for hf, v in zip(layer_names(template, value.shape[0] if stacked else 1), value if stacked else [value]):
-      tensors[hf] = _to_hf(v, layout, _hf_shape(v.shape, layout, cfg))
+      tensors[_alt_names(hf)[-1] if nested else hf] = _to_hf(v, layout, _hf_shape(v.shape, layout, cfg))
 
   shards, current, size = [], {}, 0
   for name in sorted(tensors):

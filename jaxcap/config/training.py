@@ -100,6 +100,17 @@ class Rl(Phase):
     8, "captions sampled per image (the group)", ge=2, rule="group advantages need >= 2", when=_trains
   )
   micro_batches: int = field(1, "gradient-accumulation slices of a batch", ge=1, hint="1 = no accumulation")
+  # Packed rows (jaxcap.train.packing): the log-prob passes and the update see each (prompt, completion) at its own
+  # length, several per row, instead of every row padded to the longest prompt plus the longest caption. The values
+  # equal the padded path's to float rounding (tests/train/test_packed_update.py), so a resume may change it.
+  micro_batch_tokens: int = field(
+    0,
+    "packed micro-batches of at most this many tokens for the log-prob passes and the update",
+    ge=0,
+    resume=ALLOWED,
+    hint="0 = off: padded rows in rl.micro_batches slices, which only lay out the batch when on; it must hold the "
+    "longest prompt plus sampling.max_new_tokens",
+  )
   estimator: str = field("grpo", "the group advantage estimator", choices=ADVANTAGE_ESTIMATORS)
   recompute_old_logprobs: bool = field(True, "recompute the sampling policy's log-probs with the training program")
   loss: Loss = field(Loss(), "the policy-gradient loss")
@@ -135,6 +146,18 @@ class Rl(Phase):
       )
     if self.filter_groups == "off" and self.filter_groups_max_extra > 0:
       yield f"{at}filter_groups_max_extra={self.filter_groups_max_extra} does nothing with {at}filter_groups=off"
+    yield from self._check_packing(run, at)
+
+  def _check_packing(self, run, at):
+    if self.micro_batch_tokens <= 0 or self.steps == 0:
+      return
+    if self.micro_batch_tokens <= run.sampling.max_new_tokens:
+      yield (
+        f"{at}micro_batch_tokens={self.micro_batch_tokens}: must exceed sampling.max_new_tokens="
+        f"{run.sampling.max_new_tokens} (a row holds a prompt and its longest caption)"
+      )
+    if run.distributed.coordinator_address or run.distributed.num_processes > 1:
+      yield f"{at}micro_batch_tokens > 0 runs on one process for now; set {at}micro_batch_tokens=0 for multi-host runs"
 
 
 @dataclasses.dataclass(frozen=True)

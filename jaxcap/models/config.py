@@ -56,6 +56,11 @@ class TextConfig:
   max_position_embeddings: int = 128000
   hidden_act: str = "silu"
   tie_word_embeddings: bool = True
+  # Variants of the shared decoder (jaxcap.models.decoder / layers), set by the family's config: Qwen2 has q/k/v
+  # biases; Qwen3 has none but an RMSNorm of each query / key head, and interleaved mRoPE bands.
+  qkv_bias: bool = True
+  qk_norm: bool = False
+  mrope_interleaved: bool = False
 
   @property
   def head_dim(self) -> int:

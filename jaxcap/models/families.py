@@ -1,8 +1,8 @@
 """Model-family registry: which student family a config or checkpoint directory belongs to.
 
-One place maps a family name (`model.family`) and a config.json `model_type` to the family's
-config class. Only Qwen2.5-VL is registered today; Qwen3-VL (issue 33) registers here when its
-Flax module, HF import / export and processor exist.
+One place maps a family name (`model.family`) and a config.json `model_type` to the family's config class, Flax
+module, presets and position-id function. Qwen3-VL (issue 33) has its module, presets and HF import / export;
+its processor (timestamps, video) and the trainer / sampler wiring are still to come.
 """
 
 import dataclasses
@@ -10,20 +10,49 @@ import json
 import pathlib
 from typing import Any
 
+from jaxcap.models import config as qwen25vl_config
+from jaxcap.models import qwen3vl_config
 from jaxcap.models.config import Qwen25VLConfig
+from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.models.qwen3vl import Qwen3VL
+from jaxcap.models.qwen3vl_config import Qwen3VLConfig
+from jaxcap.models.rope_index import qwen3vl_rope_index, rope_index
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """A student family: its `model.family` name, its config.json model_type and config class."""
+  """A student family: its `model.family` name, its config.json model_type, config class, Flax module class,
+  presets (name -> config builder), 3D position ids (`rope_index(cfg, input_ids, attention_mask, image_grid_thw,
+  video_grid_thw, ...)`) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`,
+  `model.visual.*`, the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`."""
 
   name: str
   model_type: str
   config_cls: Any
+  model_cls: Any = None
+  presets: dict = dataclasses.field(default_factory=dict)
+  rope_index: Any = None
+  nested_keys: bool = False
 
 
 FAMILIES: dict[str, Family] = {
-  "qwen2_5_vl": Family(name="qwen2_5_vl", model_type="qwen2_5_vl", config_cls=Qwen25VLConfig),
+  "qwen2_5_vl": Family(
+    name="qwen2_5_vl",
+    model_type="qwen2_5_vl",
+    config_cls=Qwen25VLConfig,
+    model_cls=Qwen25VL,
+    presets=qwen25vl_config.PRESETS,
+    rope_index=rope_index,
+  ),
+  "qwen3_vl": Family(
+    name="qwen3_vl",
+    model_type="qwen3_vl",
+    config_cls=Qwen3VLConfig,
+    model_cls=Qwen3VL,
+    presets=qwen3vl_config.PRESETS,
+    rope_index=qwen3vl_rope_index,
+    nested_keys=True,
+  ),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"
 
@@ -44,6 +73,14 @@ def family_of_model_type(model_type: str | None) -> Family:
       return f
   supported = sorted(f.model_type for f in FAMILIES.values())
   raise ValueError(f"config.json has model_type={model_type!r}; jaxcap loads model_type in {supported}.")
+
+
+def family_of_config(cfg) -> Family:
+  """The family whose config class is exactly `type(cfg)` (Qwen3VLConfig extends Qwen25VLConfig)."""
+  for f in FAMILIES.values():
+    if type(cfg) is f.config_cls:
+      return f
+  raise ValueError(f"{type(cfg).__name__} is no registered family's config; supported: {sorted(FAMILIES)}.")
 
 
 def family_of_checkpoint(ckpt_dir: str | pathlib.Path) -> Family:

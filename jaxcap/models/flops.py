@@ -1,13 +1,14 @@
-"""Model FLOPs of a Qwen2.5-VL update (the PaLM / MFU convention) and accelerators' peak rates.
+"""Model FLOPs of a student's update (Qwen2.5-VL, Qwen3-VL; the PaLM / MFU convention) and accelerators' peak rates.
 
 XLA's `cost_analysis()` counts a loop body once, so with scanned layer stacks it under-reports a step by about the
 depth; MFU and `jaxcap.plan` use these analytic counts instead:
   decoder   6 x (decoder params) x (N sequences x (P prompt + C completion) tokens)
           + 12 x layers x (heads x head_dim) x T per token for attention (T = P + C, counted as full attention)
           + 6 x hidden x vocab x (N x C) for the LM head, applied only at completion positions
-  vision    6 x (patch-embed + ViT-block params) x patches + 6 x (merger params) x patches / merge^2
-          + 12 x hidden x window x patches per block (window = 64 patches for window blocks, the whole image for
-            the full-attention blocks); each image is encoded once per update, not once per completion
+  vision    6 x (patch-embed + ViT-block params) x patches + 6 x (merger params, DeepStack's too) x patches / merge^2
+          + 12 x hidden x window x patches per block (window = 64 patches for Qwen2.5-VL's window blocks, the whole
+            image for full-attention blocks: `attention_context`); each image is encoded once per update, not once
+            per completion. Lookup tables (token and learned position embeddings) cost no FLOPs.
 A forward pass alone is a third of these.
 """
 
@@ -45,8 +46,10 @@ def param_counts(params) -> dict[str, int]:
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     names = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
     n = int(np.prod(leaf.shape))
-    if names[0] == "visual":
-      counts["merger" if "merger" in names else "vision"] += n
+    if names[0] == "visual" and "pos_embed" in names:  # Qwen3-VL's learned position table: a lookup
+      counts["embedding"] += n
+    elif names[0] == "visual":
+      counts["merger" if any("merger" in name for name in names) else "vision"] += n
     elif names[0] == "embed_tokens":
       counts["embedding"] += n
     elif names[0] == "lm_head":
@@ -67,12 +70,20 @@ def model_flops(
   attention = 12 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * (prompt + completion) * tokens
   lm_head = 6 * t.hidden_size * t.vocab_size * sequences * completion
   patches = images * patches_per_image
-  window = (v.window_size // v.patch_size) ** 2
-  full = len([i for i in v.fullatt_block_indexes if i < v.depth])
-  ctx = (v.depth - full) * min(window, patches_per_image) + full * patches_per_image
+  ctx = attention_context(v, patches_per_image)
   vision = (
     6 * counts["vision"] * patches
     + 6 * counts["merger"] * patches / v.spatial_merge_size**2
     + 12 * v.hidden_size * ctx * patches
   )
   return {"decoder": decoder + attention + lm_head, "vision": vision, "total": decoder + attention + lm_head + vision}
+
+
+def attention_context(v, patches_per_image: int) -> int:
+  """Keys each patch attends to, summed over the ViT's blocks: Qwen2.5-VL's window blocks see their window (64
+  patches at most), its full-attention blocks and every Qwen3-VL block (no `window_size`) the whole image."""
+  if not hasattr(v, "window_size"):
+    return v.depth * patches_per_image
+  window = (v.window_size // v.patch_size) ** 2
+  full = len([i for i in v.fullatt_block_indexes if i < v.depth])
+  return (v.depth - full) * min(window, patches_per_image) + full * patches_per_image

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxcap.choices import REMAT_POLICIES
@@ -24,6 +25,22 @@ class RMSNorm(nnx.Module):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return self.weight[...].astype(dtype) * x32.astype(dtype)
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm with gain and bias (HF names `weight` / `bias`), computed in float32, cast back to the input dtype."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((dim,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+    return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
 
 
 class Linear(nnx.Linear):
@@ -79,15 +96,24 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def mrope_cos_sin(
-  positions: jax.Array, head_dim: int, theta: float, mrope_section: tuple[int, ...]
+  positions: jax.Array, head_dim: int, theta: float, mrope_section: tuple[int, ...], interleaved: bool = False
 ) -> tuple[jax.Array, jax.Array]:
   """Multimodal RoPE tables.
 
   positions: int [3, B, T] (temporal, height, width ids). Returns cos, sin: float32 [B, T, head_dim], where
-  frequency band i takes its angle from position row i % 3 per `mrope_section` (sums to head_dim // 2).
+  frequency band i takes its angle from position row i % 3 per `mrope_section` (sums to head_dim // 2): in
+  contiguous runs (Qwen2.5-VL), or `interleaved` (Qwen3-VL): bands 1, 4, 7, ... up to 3 x section[1] follow the
+  height, bands 2, 5, 8, ... up to 3 x section[2] the width, the rest the temporal id.
   """
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [3, B, T, hd/2]
+  if interleaved:
+    row = np.zeros(head_dim // 2, np.int32)
+    for axis in (1, 2):
+      row[axis : 3 * mrope_section[axis] : 3] = axis
+    freqs = jnp.where(row == 0, freqs[0], jnp.where(row == 1, freqs[1], freqs[2]))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
   bounds = [0]
   for s in mrope_section:
     bounds.append(bounds[-1] + s)

@@ -71,3 +71,20 @@ def rope_index(
     positions[:, row, mask[row]] = pos
     deltas[row] = (pos.max() + 1 if pos.size else 0) - len(ids)
   return positions.astype(np.int32), deltas.astype(np.int32)
+
+
+def qwen3vl_rope_index(
+  cfg: Qwen25VLConfig,
+  input_ids: np.ndarray,
+  attention_mask: np.ndarray | None = None,
+  image_grid_thw: np.ndarray | None = None,
+  video_grid_thw: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+  """3D position ids as `transformers`' `Qwen3VLModel.get_rope_index`: Qwen3-VL separates a video's frames by
+  text timestamps, so each temporal patch is an item of its own (grid [1, h, w], no time scaling); the rest is
+  Qwen2.5-VL's `rope_index`. Returns positions int32 [3, B, T] and rope_deltas int32 [B]."""
+  if video_grid_thw is not None:
+    grids = np.asarray(video_grid_thw).reshape(-1, 3)
+    video_grid_thw = np.repeat(grids, grids[:, 0], axis=0)
+    video_grid_thw[:, 0] = 1
+  return rope_index(cfg, input_ids, attention_mask, image_grid_thw, video_grid_thw)

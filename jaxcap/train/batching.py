@@ -89,10 +89,11 @@ class Batcher:
     batch = inputs if isinstance(inputs, SamplerBatch) else self.host_prompts(inputs, num_micro)
     return self.prompt_batch(place_batch(batch, self.processor.cfg, self.pad_id, self.bucket_steps), num_micro)
 
-  def prompt_batch(self, placed: SamplerBatch, num_micro: int):
+  def prompt_batch(self, placed: SamplerBatch, num_micro: int, vision: bool = True):
     """The update's (PromptBatch [M, B/M, ...], VisionLayouts [M, ...]) from a placed batch (the sampler's), on
     device: bucket rows dropped, every process's micro-batch m in micro-batch m, each micro-batch's images
-    gathered from the placed pack into a pack of its own (all padded to one bucketed layout shape)."""
+    gathered from the placed pack into a pack of its own (all padded to one bucketed layout shape); without
+    `vision` (the packed passes read the placed pack) no pixels and no layouts."""
     p, rows, block = placed.prompts, placed.rows, placed.block
     if rows % num_micro:
       raise ValueError(f"batch of {rows} prompts does not split into {num_micro} micro-batches")
@@ -105,7 +106,7 @@ class Batcher:
     shardings = tuple(self.sharding(PROMPT_AXES[n], shapes[n]) for n in names)
     out = dict(zip(names, _relayout_fn(specs, procs, num_micro, shardings)(p.positions, p.input_ids, p.attention_mask)))
     pixels, layouts = None, None
-    if p.vision is not None:
+    if p.vision is not None and vision:
       index, layouts = self.micro_layouts(placed.packs, mb, num_micro)
       shape = (num_micro, index.shape[1], p.vision.pixel_values.shape[1])
       pixels = _gather_fn(self.sharding(PROMPT_AXES["pixel_values"], shape))(p.vision.pixel_values, index)

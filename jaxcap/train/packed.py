@@ -9,6 +9,8 @@ predict a completion token. Log-probs come back in the padded layout, so losses 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -17,6 +19,17 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.train.batches import PromptBatch
 from jaxcap.train.logprobs import completion_positions, token_logprobs
 from jaxcap.train.packing import PackedRows
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedInputs:
+  """What the packed passes take besides the prompts and tokens: the step's vision pack `pixels` [Lp, patch_dim]
+  (None without vision) and its packed micro-batches `rows` [M, ...] (`jaxcap.train.packing.pack`). It stands where
+  the padded passes take their micro-batches' VisionLayouts, so the trainer calls either program the same way."""
+
+  pixels: jax.Array | None
+  rows: PackedRows
 
 
 def flat_prompts(prompts: PromptBatch) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -77,10 +90,11 @@ def scatter_sequences(per_slot: jax.Array, rows: PackedRows, like_shape) -> jax.
   return out.reshape(like_shape)
 
 
-def packed_sequence_logprobs(graphdef, params, prompts: PromptBatch, pixels, rows: PackedRows, tokens: jax.Array):
+def packed_sequence_logprobs(graphdef, params, prompts: PromptBatch, packed: PackedInputs, tokens: jax.Array):
   """`jaxcap.train.step.sequence_logprobs` over packed rows: log-probs [M0, b*G, C] in the padded layout (0 off
-  each completion's tokens), one packed micro-batch at a time (no grad). `pixels`: the step's [Lp, patch_dim]."""
+  each completion's tokens), one packed micro-batch at a time (no grad). `prompts.pixel_values` is not read."""
   source = token_source(*flat_prompts(prompts), tokens.reshape(-1, tokens.shape[-1]))
+  pixels, rows = packed.pixels, packed.rows
 
   def one(_, mb_rows):
     model = nnx.merge(graphdef, params)

@@ -18,8 +18,7 @@ from jaxcap.rl import POLICY_LOSSES, PolicyLossConfig, policy_loss
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.train.accumulate import accumulate, apply_update
 from jaxcap.train.batches import PromptBatch, RolloutBatch
-from jaxcap.train.packed import flat_prompts, gather_sequences, packed_logprobs, token_source
-from jaxcap.train.packing import PackedRows
+from jaxcap.train.packed import PackedInputs, flat_prompts, gather_sequences, packed_logprobs, token_source
 from jaxcap.train.state import TrainState
 from jaxcap.train.step import micro_weights, rl_terms, surrogate_keys
 
@@ -28,8 +27,7 @@ def packed_rl_step(
   state: TrainState,
   prompts: PromptBatch,
   rollouts: RolloutBatch,
-  pixels: jax.Array | None,
-  rows: PackedRows,
+  packed: PackedInputs,
   *,
   graphdef,
   optimizer: optax.GradientTransformation,
@@ -41,8 +39,9 @@ def packed_rl_step(
   mask_truncated: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """`rl_step` over packed rows: prompts [M0, b, P] and rollouts [M0, b*G, C] in the update's layout (their
-  micro-batching is only a layout here; `prompts.pixel_values` is not read), `pixels` the step's [Lp, patch_dim],
-  `rows` the packed micro-batches [M, ...] (`jaxcap.train.packing.pack`)."""
+  micro-batching is only a layout here; `prompts.pixel_values` is not read), `packed` the step's vision pack and
+  packed micro-batches [M, ...]."""
+  pixels, rows = packed.pixels, packed.rows
   advantages, sample_valid, old, ref, cmask, extras, adv_metrics, extra_metrics = rl_terms(
     rollouts, loss_config, estimator, correction, mask_truncated
   )

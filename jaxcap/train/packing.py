@@ -4,9 +4,10 @@ token budget, with segment ids, instead of every sequence padded to the longest 
 A step's sequences are N = Np * G: sequence n is completion n of prompt n // G (the padded layout's flattened
 order). Each prompt's G sequences go to one micro-batch where they fit (first-fit decreasing over prompts by
 tokens, so each micro-batch embeds its prompts' images once); within a micro-batch, sequences go to rows by
-first-fit decreasing. Rows are `row_len` tokens (the `jaxcap.buckets.ladder` size of the longest sequence, at most
-the budget), `budget // row_len` rows per micro-batch; micro-batch count, sequence slots and target count are
-rounded up the same ladder, so a stream of steps compiles a handful of programs.
+first-fit decreasing. Rows are `row_len` tokens (a `jaxcap.buckets.ladder` size from the longest sequence's up to
+the budget: the one computing the fewest slots), at most `budget // row_len` rows per micro-batch (fewer when the step uses fewer: the most any
+micro-batch uses, up the ladder); micro-batch count, rows, sequence slots and target count are rounded up the same
+ladder, so a stream of steps compiles a handful of programs.
 
 The device side (`jaxcap.train.packed`) gathers every packed array from the step's padded arrays through these
 indexes: only lengths and vision items are read on the host.
@@ -89,17 +90,37 @@ def assign(
   prompt_lens: Sequence[int], completion_lens: Sequence[int], group: int, budget: int, steps: int = DEFAULT_STEPS
 ):
   """Sequences -> micro-batches and rows. prompt_lens [Np], completion_lens [N = Np * group] (tokens).
-  Returns (row_len, rows per micro-batch, micro-batches: lists of (sequence, row) in row-fill order)."""
+  Returns (row_len, rows per micro-batch, micro-batches: lists of (sequence, row) in row-fill order).
+
+  The row length is the ladder size, from the longest sequence's up to the budget, whose packing computes the
+  fewest token slots (micro-batches x rows used x row length, each count up the ladder as `pack` compiles them;
+  ties: the shorter rows, whose attention is cheaper): rows as long as the longest sequence hold one sequence
+  each when every sequence is a little over half of it."""
   seq_lens = [int(prompt_lens[n // group]) + int(completion_lens[n]) for n in range(len(completion_lens))]
   longest = max(seq_lens, default=1)
   if longest > budget:
     raise ValueError(
       f"a sequence of {longest} tokens does not fit rl.micro_batch_tokens={budget}; raise it to at least {longest}"
     )
+  best = None
   row_len = min(ladder(longest, 8, steps), budget)
-  rows = max(1, budget // row_len)
+  while True:
+    rows = max(1, budget // row_len)
+    micros = _assign_rows(seq_lens, len(prompt_lens), group, row_len, rows)
+    used = ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps)
+    slots = ladder(len(micros), 1, steps) * used * row_len
+    if best is None or slots < best[0]:
+      best = (slots, row_len, rows, micros)
+    if row_len >= budget:
+      break
+    row_len = min(ladder(row_len + 1, 8, steps), budget)
+  return best[1:]
+
+
+def _assign_rows(seq_lens: list[int], num_prompts: int, group: int, row_len: int, rows: int):
+  """First-fit decreasing of each prompt's group of sequences into micro-batches of `rows` rows of `row_len`."""
   order = lambda seqs: sorted(seqs, key=lambda n: -seq_lens[n])
-  groups = sorted(range(len(prompt_lens)), key=lambda p: -sum(seq_lens[p * group : (p + 1) * group]))
+  groups = sorted(range(num_prompts), key=lambda p: -sum(seq_lens[p * group : (p + 1) * group]))
   micros: list[tuple[list[int], list[tuple[int, int]]]] = []  # (free per row, [(seq, row)])
   for p in groups:
     seqs = order(range(p * group, (p + 1) * group))
@@ -117,7 +138,7 @@ def assign(
           (rest.append(n) if where is None else placed.append((n, where[0])))
         micros.append((free, placed))
         seqs = rest
-  return row_len, rows, [placed for _, placed in micros]
+  return [placed for _, placed in micros]
 
 
 def pack(
@@ -148,6 +169,8 @@ def pack(
     raise ValueError("completion_mask must be a prefix of each row (tokens up to the completion's length)")
   prompt_lens = prompt_mask.sum(1)
   row_len, rows, micros = assign(prompt_lens, comp_lens, g, budget, steps)
+  # first-fit fills the lowest rows first: a step smaller than the budget computes only the rows it uses (laddered)
+  rows = min(rows, ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps))
   m = ladder(len(micros), 1, steps)
   s = ladder(max(len(mb) for mb in micros), 1, steps)
   k = ladder(max(int(sum(comp_lens[n] for n, _ in mb)) for mb in micros), 8, steps)

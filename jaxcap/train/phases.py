@@ -131,6 +131,7 @@ class RLPhase(Phase):
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
       group_filter=_group_filter(c, trainer.rewards.names),
+      micro_batch_tokens=c.rl.micro_batch_tokens,
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 

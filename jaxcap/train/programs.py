@@ -9,6 +9,9 @@ the program the run executes:
     opt = programs.optimizer("rl")
     step = programs.update("rl", opt, state_shardings)      # jax.jit(rl_step, donated state)
     old = programs.logprobs()(params, prompts, layout, tokens)
+
+With `rl.micro_batch_tokens` > 0 the RL step and the log-prob pass are the packed ones (`packed_rl_step`,
+`packed_sequence_logprobs`): the same call, with the step's `PackedInputs` where the padded ones take `layout`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.train.packed import packed_sequence_logprobs
+from jaxcap.train.packed_step import packed_rl_step
 from jaxcap.train.state import make_optimizer
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
 
@@ -94,6 +99,11 @@ def rollout_correction_config(config: ml_collections.ConfigDict) -> RolloutCorre
   return RolloutCorrectionConfig(**config.rl.rollout_correction.to_dict())
 
 
+def packs(config: ml_collections.ConfigDict) -> bool:
+  """Whether RL's log-prob passes and update run on packed rows (`rl.micro_batch_tokens` > 0)."""
+  return int(config.rl.micro_batch_tokens) > 0
+
+
 def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
   """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term)."""
   return phase == "rl" and config.rl.loss.kl_coef > 0
@@ -122,7 +132,7 @@ class RunPrograms:
       )
     if phase == "rl":
       return functools.partial(
-        rl_step,
+        packed_rl_step if packs(c) else rl_step,
         graphdef=self.graphdef,
         optimizer=optimizer,
         loss_config=policy_loss_config(c),
@@ -139,8 +149,10 @@ class RunPrograms:
     return jax.jit(self.step_fn(phase, optimizer), donate_argnums=0, out_shardings=(state_shardings, None))
 
   def logprobs(self) -> Callable:
-    """`jax.jit(sequence_logprobs)`: (params, prompts, layout, tokens) -> log-probs [M, b*G, C]."""
-    return jax.jit(functools.partial(sequence_logprobs, self.graphdef))
+    """`jax.jit(sequence_logprobs)`: (params, prompts, layout, tokens) -> log-probs [M, b*G, C]; packed
+    (`packed_sequence_logprobs`, `PackedInputs` for `layout`) with `rl.micro_batch_tokens` > 0."""
+    fn = packed_sequence_logprobs if packs(self.config) else sequence_logprobs
+    return jax.jit(functools.partial(fn, self.graphdef))
 
   def sampling(self, **overrides) -> SamplingConfig:
     return sampling_config(self.config, **overrides)

@@ -30,6 +30,7 @@ from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.refill import GroupFilter, Round, assembled_rewards, gather_index, gather_rows
 from jaxcap.train.reward_metrics import reward_metrics
+from jaxcap.train.packed_batch import packed_inputs
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
 from jaxcap.train.vqa import vqa_questions
@@ -108,10 +109,14 @@ class SFTUpdate:
 @dataclasses.dataclass
 class RLUpdate:
   """`update(step_fn, state, batch, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)`; rewards come
-  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`.
+  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
+  `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
+  `PackedInputs` where the padded ones take the micro-batches' vision layouts; metrics `packing/padding_share`
+  (the share of packed row slots holding no token) and `packing/micro_batches`.
 
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
-  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill)."""
+  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
+  packed inputs are then those of the assembled batch."""
 
   batcher: Batcher
   sampler: Sampler
@@ -122,6 +127,7 @@ class RLUpdate:
   recompute_old_logprobs: bool
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
+  micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
   group_filter: GroupFilter | None = None
   draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
 
@@ -136,11 +142,30 @@ class RLUpdate:
     first = self.rollout(state, batch, key)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
-    prompts, layout = self.batcher.prompt_batch(first.placed, self.micro_batches)
+    # (Packed, the rows are cut by the completions' lengths: that waits for the rollout, as decoding does.)
+    prompts, layout, packing = self.inputs(batch, first.placed, first.rollouts.host_lengths, first.tokens)
     logprobs = self.logprobs(state, prompts, layout, first.tokens, first.cmask, first.behaviour)
     first.rewards = self.judge(first, step)
     rollout = (first.tokens, first.cmask, first.behaviour, first.rewards.values, first.rewards.valid)
-    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, {})
+    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, packing)
+
+  def inputs(self, batch: HostBatch, placed, lengths: np.ndarray, tokens: jax.Array):
+    """The update's (prompts, layout, packing/* metrics) of the batch the update sees: `placed` its prompts on
+    device, `lengths` [B*G] its completions' lengths on the host, `tokens` [M, b*G, C] its completions. Padded:
+    the micro-batches' vision layouts; packed (micro_batch_tokens > 0): the step's `PackedInputs`."""
+    packed = self.micro_batch_tokens > 0
+    prompts, layout = self.batcher.prompt_batch(placed, self.micro_batches, vision=not packed)
+    if not packed:
+      return prompts, layout, {}
+    b = self.batcher
+    layout = packed_inputs(
+      batch.prompts, placed, lengths, tokens.shape[-1], self.micro_batch_tokens, b.processor.cfg, b.bucket_steps
+    )
+    metrics = {
+      "packing/padding_share": layout.rows.padding_share(),
+      "packing/micro_batches": float(layout.rows.shape[0]),
+    }
+    return prompts, layout, metrics
 
   def rollout(self, state, batch: HostBatch, key: jax.Array) -> Round:
     """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet)."""
@@ -184,15 +209,18 @@ class RLUpdate:
     fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
     first = rounds[0]
     if not fill.moved_anywhere:
-      placed, arrays = first.placed, (first.tokens, first.cmask, first.behaviour)
+      assembled, placed, arrays = first.batch, first.placed, (first.tokens, first.cmask, first.behaviour)
+      lengths = first.rollouts.host_lengths
     else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
-      placed = self.sampler.place(self.prepare([rounds[r].batch.records[i] for r, i in fill.source]).prompts)
+      assembled = self.prepare([rounds[r].batch.records[i] for r, i in fill.source])
+      placed = self.sampler.place(assembled.prompts)
       index = self.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
       arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
-    prompts, layout = self.batcher.prompt_batch(placed, m)
+      lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
+    prompts, layout, packing = self.inputs(assembled, placed, lengths, arrays[0])
     logprobs = self.logprobs(state, prompts, layout, *arrays)
     rollout = (*arrays, *assembled_rewards(fill, rounds, g))
-    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, filter_metrics)
+    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, {**packing, **filter_metrics})
 
   def _update(self, step_fn, state, prompts, layout, rollout, logprobs, first: Round, extra: dict):
     """The update from (tokens, mask, sampler log-probs, reward values [B*G, R], valid [B*G, R]); the reward

@@ -22,5 +22,5 @@ def test_unknown_model_type_lists_supported(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
   with pytest.raises(ValueError, match=r"llava.*qwen2_5_vl"):
     families.family_of_checkpoint(tmp_path)
-  with pytest.raises(ValueError, match=r"supported: \['qwen2_5_vl'\]"):
+  with pytest.raises(ValueError, match=r"supported: \['qwen2_5_vl', 'qwen3_vl'\]"):
     families.family("nope")

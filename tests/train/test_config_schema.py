@@ -33,8 +33,8 @@ KEYS = {
   "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
-  "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batches", "num_samples"]
-  + ["filter_groups", "filter_groups_max_extra", "recompute_old_logprobs", "steps"],
+  "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
+  + ["micro_batch_tokens", "micro_batches", "num_samples", "recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -147,6 +147,8 @@ def test_missing_field_is_named():
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
     ("rl.filter_groups_max_extra", -8, ">= 0"),
     ("rl.filter_groups", "", "use off, spread or a reward dimension's name"),
+    ("rl.micro_batch_tokens", -1, ">= 0"),
+    ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
@@ -203,6 +205,17 @@ def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
   validate(c)
 
 
+def test_packed_micro_batches_run_on_one_process():
+  c = base_config()
+  c.rl.micro_batch_tokens = 512
+  validate(c)
+  c.distributed.num_processes = 2
+  msg = _errors(c)
+  assert "rl.micro_batch_tokens > 0 runs on one process" in msg and "rl.micro_batch_tokens=0" in msg, msg
+  c.rl.steps = 0  # no RL: not used
+  validate(c)
+
+
 def test_schema_validate_returns_the_typed_frozen_config():
   run = schema.validate(base_config())
   assert isinstance(run, Run) and run.rl.loss.kl_coef == base_config().rl.loss.kl_coef
@@ -230,7 +243,8 @@ def test_resume_policies_of_the_schema():
     SHAPE
   }
   assert schema.resume_policy("world.vocab_size") == SHAPE
-  for key in ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat"):
+  allowed = ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat")
+  for key in (*allowed, "rl.micro_batch_tokens"):
     assert schema.resume_policy(key) == ALLOWED, key
   for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind") + (
     "rl.filter_groups",

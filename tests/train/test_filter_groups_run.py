@@ -66,6 +66,28 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
   assert _metrics(workdir) == _metrics(uninterrupted)
 
 
+def _loader_position(workdir):
+  last = max(int(p.name) for p in (Path(workdir) / "checkpoints").glob("[0-9]*") if p.name.isdigit())
+  return json.loads((Path(workdir) / "checkpoints" / str(last) / "meta" / "metadata").read_text())["loader"]
+
+
+def test_packed_micro_batches_give_the_padded_runs_steps(uninterrupted, tmp_path):
+  """rl.micro_batch_tokens with the filter: the packed inputs are built from the assembled batch (the refilled
+  groups' prompts and completion lengths), so every step equals the padded run's to float rounding, the same
+  refills are drawn and the loader ends at the same position."""
+  launch("caprl", *RUN, "--config.rl.micro_batch_tokens=256", workdir=tmp_path, script=SCRIPT)
+  want = [r for r in _metrics(uninterrupted) if r["phase"] == "rl" and "loss" in r]
+  got = [r for r in _metrics(tmp_path) if r["phase"] == "rl" and "loss" in r]
+  assert [r["step"] for r in got] == [r["step"] for r in want]
+  assert any(r["filter/rounds"] == 2.0 and r["filter/unfilled"] < r["filter/dropped"] for r in got)  # groups moved
+  for g, w in zip(got, want):
+    assert g["packing/micro_batches"] >= 1 and "packing/micro_batches" not in w
+    for k in set(w) - {"num_tokens"}:  # a micro-batch's token count depends on the split
+      exact = k.startswith("filter/") or not isinstance(w[k], float)
+      assert g[k] == (w[k] if exact else pytest.approx(w[k], rel=1e-4, abs=1e-6, nan_ok=True)), k
+  assert _loader_position(tmp_path) == _loader_position(uninterrupted)
+
+
 def test_two_processes_agree_on_the_rounds(tmp_path):
   """Each process fills its own slots; one all-gather of counts per round makes both draw the same rounds (a
   disagreement would hang the next collective), and the logged counts are the global ones."""

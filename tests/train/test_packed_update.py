@@ -1,6 +1,8 @@
-"""Packed micro-batches (jaxcap.train.packing / packed / packed_step): log-probs, loss and gradients equal the padded
-path's (f32) on mixed image sizes, a video and a text-only prompt, for every aggregation mode and across
-micro-batch splits."""
+"""Packed micro-batches (jaxcap.train.packing / packed / packed_step / packed_batch): log-probs, loss and gradients
+equal the padded path's (f32) on mixed image sizes, a video and a text-only prompt, for every aggregation mode,
+across micro-batch splits, and with rollout correction, mask_truncated and the KL term."""
+
+import dataclasses
 
 import functools
 
@@ -15,7 +17,8 @@ import jaxcap.models as M
 from jaxcap.models.rope_index import rope_index
 from jaxcap.models.vision import vision_layout
 from jaxcap.rl import PolicyLossConfig
-from jaxcap.train.packed import packed_sequence_logprobs
+from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
+from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
 from jaxcap.train.packed_step import packed_rl_step
 from jaxcap.train.packing import VisionItem, assign, fill_rows, pack
 from jaxcap.train.state import init_train_state
@@ -78,6 +81,11 @@ CASE = _case()
 
 
 def _pack(budget):
+  prompts, rollouts, pixels, _, items = CASE
+  return PackedInputs(pixels, _rows(budget))
+
+
+def _rows(budget):
   prompts, rollouts, _, _, items = CASE
   return pack(
     prompts.ids[0],
@@ -108,6 +116,9 @@ def test_first_fit_decreasing_assignment():
     [(0, 0), (1, 1)],
     [(2, 0), (3, 0)],
   ]
+  # sequences a little over half the longest's ladder size: rows of twice that hold two each, fewer slots in all
+  row_len, rows, micros = assign([40] * 4, [90, 80, 90, 80, 90, 80, 90, 80], group=2, budget=1024, steps=2)
+  assert row_len == 256 and max(r for _, r in micros[0]) == 3 and len(micros) == 1
   with pytest.raises(ValueError, match="micro_batch_tokens"):
     assign([40], [10], group=1, budget=32)
 
@@ -117,9 +128,10 @@ def test_packed_logprobs_equal_padded(policy, budget):
   graphdef, params = policy
   prompts, rollouts, pixels, layout, _ = CASE
   want = jax.jit(functools.partial(sequence_logprobs, graphdef))(params, prompts, layout, rollouts.tokens)
-  rows = _pack(budget)
+  packed = _pack(budget)
+  rows = packed.rows
   assert rows.padding_share() < 0.5 and (budget > 32 or rows.shape[0] > 1)
-  got = jax.jit(functools.partial(packed_sequence_logprobs, graphdef))(params, prompts, pixels, rows, rollouts.tokens)
+  got = jax.jit(functools.partial(packed_sequence_logprobs, graphdef))(params, prompts, packed, rollouts.tokens)
   m = rollouts.mask
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], rtol=1e-5, atol=1e-6)
   assert np.all(np.asarray(got)[~m] == 0)
@@ -162,9 +174,97 @@ def test_packed_update_equals_padded(policy, aggregation):
   # several micro-batches of uneven token and sequence counts; token-mean also as one micro-batch (accumulate's
   # loop-free path)
   for budget in (24, 64) if aggregation == "token-mean" else (24,):
-    rows = _pack(budget)
-    new, got_m = step(state, prompts, rollouts, pixels, rows)
+    packed = _pack(budget)
+    new, got_m = step(state, prompts, rollouts, packed)
     np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-5)
     got = jax.tree.leaves(new.opt_state)
     errors = [float(jnp.linalg.norm(g - w) / jnp.maximum(jnp.linalg.norm(w), 1e-30)) for g, w in zip(got, want)]
-    assert max(errors) < 1e-5, (budget, rows.shape, max(errors))
+    assert max(errors) < 1e-5, (budget, packed.rows.shape, max(errors))
+
+
+def _options_case():
+  """CASE's rollouts with what the options read: behaviour log-probs off the old ones by up to +-0.7 nats per token
+  (some tokens and sequences outside the correction's bands), two truncated sequences (one of each of two prompts),
+  and reference log-probs."""
+  prompts, rollouts, pixels, layout, _ = CASE
+  rng = np.random.default_rng(7)
+  shape = rollouts.old_logprobs.shape
+  behaviour = rollouts.old_logprobs + rng.uniform(-0.7, 0.7, shape).astype(np.float32)
+  truncated = np.zeros(shape[:2], bool)
+  truncated[0, [0, 5]] = True
+  ref = rollouts.old_logprobs + rng.normal(0, 0.3, shape).astype(np.float32)
+  return dataclasses.replace(rollouts, behaviour_logprobs=behaviour, truncated=truncated, ref_logprobs=ref)
+
+
+OPTIONS = {
+  "correction": dict(correction=RolloutCorrectionConfig(is_level="token", reject="seq_mean_k1", reject_upper=1.3)),
+  "sequence_tis": dict(
+    correction=RolloutCorrectionConfig(is_level="sequence", is_threshold=1.5, reject="token_k3", reject_upper=0.05)
+  ),
+  "mask_truncated": dict(mask_truncated=True),
+  "kl": dict(kl_coef=0.1),
+}
+
+
+@pytest.mark.parametrize(
+  "options",
+  [
+    ("correction", "mask_truncated", "kl"),  # all at once: one pair of programs
+    pytest.param(("correction",), marks=SLOW),
+    pytest.param(("sequence_tis",), marks=SLOW),
+    pytest.param(("mask_truncated",), marks=SLOW),
+    pytest.param(("kl",), marks=SLOW),
+  ],
+)
+def test_packed_update_with_options_equals_padded(policy, options):
+  """Rollout correction (TIS / MIS over the whole batch), mask_truncated and the KL term: the packed step's loss,
+  gradients and metrics equal the padded step's, over several uneven micro-batches."""
+  graphdef, params = policy
+  prompts, _, pixels, layout, _ = CASE
+  rollouts = _options_case()
+  kw = {k: v for name in options for k, v in OPTIONS[name].items()}
+  cfg = PolicyLossConfig(aggregation="token-mean", max_gen_len=16, kl_coef=kw.pop("kl_coef", 0.0))
+  opt = _grads_optimizer()
+  state = init_train_state(params, opt, jax.random.key(0))
+  common = dict(graphdef=graphdef, optimizer=opt, loss_config=cfg, **kw)
+  padded, want_m = jax.jit(functools.partial(rl_step, **common))(state, prompts, rollouts, layout)
+  new, got_m = jax.jit(functools.partial(packed_rl_step, **common))(state, prompts, rollouts, _pack(24))
+  assert _pack(24).rows.shape[0] > 1
+  # the options bite: some tokens rejected and weights truncated, some truncated sequences masked
+  bites = {"correction": ("reject_seq_frac", "is_truncated_frac"), "sequence_tis": ("reject_token_frac",)}
+  for name in options:
+    for k in bites.get(name, ()):
+      assert 0 < float(want_m[f"rollout_corr/{k}"]) < 1, (name, k, float(want_m[f"rollout_corr/{k}"]))
+  if "mask_truncated" in options:
+    assert float(want_m["truncated/masked_frac"]) > 0
+  assert set(got_m) == set(want_m)
+  # num_tokens is a micro-batch's count, averaged over micro-batches by their weights like every metric: it depends
+  # on the split in the padded path too
+  for k in set(want_m) - {"num_tokens"}:
+    np.testing.assert_allclose(np.asarray(got_m[k]), np.asarray(want_m[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+  got, want = jax.tree.leaves(new.opt_state), jax.tree.leaves(padded.opt_state)
+  errors = [float(jnp.linalg.norm(g - w) / jnp.maximum(jnp.linalg.norm(w), 1e-30)) for g, w in zip(got, want)]
+  assert max(errors) < 1e-5, (options, max(errors))
+
+
+@pytest.mark.slow  # a training run in a subprocess (~40 s)
+def test_tiny_run_with_packed_micro_batches(tmp_path):
+  """The main job with rl.micro_batch_tokens: RL's log-prob passes and update are the packed programs, compiled
+  once each over the run, and every RL step logs its packing."""
+  import collections
+  import json
+
+  from processes import compiles, cpu_env, launch, tiny_run
+
+  out = launch(
+    "caprl", *tiny_run({"rl.micro_batch_tokens": 256}), workdir=tmp_path, env=cpu_env(1, JAX_LOG_COMPILES="1")
+  )
+  by_name = collections.Counter(name for name, _ in compiles(out.stderr))
+  assert by_name["packed_rl_step"] == 1 and by_name["packed_sequence_logprobs"] == 1, by_name
+  assert by_name["rl_step"] == 0 and by_name["sequence_logprobs"] == 0, by_name
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in records if r.get("phase") == "rl" and "loss" in r]
+  assert len(rl) == 2
+  for r in rl:
+    assert 0 <= r["packing/padding_share"] < 0.5 and r["packing/micro_batches"] == 1
+    assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])

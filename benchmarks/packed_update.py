@@ -1,0 +1,177 @@
+"""Packed vs padded RL passes: the old-log-prob pass and the update step on packed rows (`rl.micro_batch_tokens`)
+against the padded rows of today's path, at dense-caption lengths and mixed image sizes.
+
+    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.packed_update [--prompts 4 --samples 4 --median 200 --sigma 0.5
+        --cap 1024 --sides 112,168,224 --micro 1 --budget 0 --pairs 3 --cases long-tailed,uniform]
+
+`mid()` model (~60M params, random init), float32, CPU, one process. `--prompts` prompts of one image each, the
+sides cycling through `--sides` (square, pixels), `--samples` completions each, random tokens. Completion lengths
+as `benchmarks/rollout_lengths.py` forces them: 'long-tailed' draws a lognormal (median --median, shape --sigma,
+clipped to [1, --cap]); 'uniform' gives every completion the draws' mean (the same total). The padded side's
+completion width is the longest length rounded up to 8 (kinder to it than the trainer's rollout arrays, which are
+sampling.max_new_tokens wide), its prompts the bucketed prompt length, in `--micro` micro-batches. The packed side
+packs the same step under a budget of `--budget` tokens per micro-batch (0: the padded micro-batch's slots, so
+both hold the same tokens at once). Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
+run config differing only in rl.micro_batch_tokens; the inputs from the trainer's `Batcher` and `packed_inputs`.
+
+Real tokens = each sequence's real prompt tokens + its completion's tokens (a prompt counts once per completion, as
+both sides' decoders see it). tokens/s = real tokens / wall time of one call; the padding share is the share of
+the decoder's token slots holding none (padded: N x (P + C); packed: rows x row length). Each side is warmed up
+(compiled) and that time reported apart; then packed and padded run interleaved, --pairs pairs per pass and case
+(benchmarks/harness.py): min and median, ratio of mins, CPU model and load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+if not __package__:  # run as a file: the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.fixtures import WORDS, run_config  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.rollout_lengths import stop_schedule  # noqa: E402
+
+PROMPT = "describe the image in detail ."
+
+
+def conversations(sides: list[int], rng: np.random.RandomState) -> list:
+  return [
+    [
+      {
+        "role": "user",
+        "content": [
+          {"type": "image", "image": (rng.rand(s, s, 3) * 255).astype(np.uint8)},
+          {"type": "text", "text": PROMPT},
+        ],
+      }
+    ]
+    for s in sides
+  ]
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--prompts", type=int, default=4)
+  ap.add_argument("--samples", type=int, default=4, help="completions per prompt (G)")
+  ap.add_argument("--median", type=float, default=200, help="median completion length (tokens), long-tailed case")
+  ap.add_argument("--sigma", type=float, default=0.5, help="lognormal shape of the long-tailed lengths")
+  ap.add_argument("--cap", type=int, default=1024, help="the longest completion (sampling.max_new_tokens)")
+  ap.add_argument("--sides", default="112,168,224", help="image sides (pixels), cycled over the prompts")
+  ap.add_argument("--micro", type=int, default=1, help="padded micro-batches (rl.micro_batches)")
+  ap.add_argument("--budget", type=int, default=0, help="packed tokens per micro-batch (0: the padded one's slots)")
+  ap.add_argument("--cases", default="long-tailed,uniform")
+  ap.add_argument("--passes", default="logprobs,update")
+  add_arguments(ap)
+  args = ap.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import jaxcap.models as M
+  from jaxcap.processing import Processor, word_tokenizer
+  from jaxcap.sampling.sampler import place_batch
+  from jaxcap.sharding import make_mesh
+  from jaxcap.train.batching import Batcher
+  from jaxcap.train.packed_batch import packed_inputs
+  from jaxcap.train.programs import RunPrograms
+  from jaxcap.train.state import init_train_state
+  from jaxcap.train.step import RolloutBatch
+
+  rng = np.random.RandomState(0)
+  cfg = M.mid()
+  graphdef, params = nnx.split(M.Qwen25VL(cfg, rngs=nnx.Rngs(0)))
+  proc = Processor(word_tokenizer(WORDS, cfg), cfg)
+  mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+  g, m = args.samples, args.micro
+  n = args.prompts * g
+  config = run_config("rl", max_new_tokens=args.cap)
+  config.rl.update(dict(batch_size=args.prompts, num_samples=g, micro_batches=m))
+  batcher = Batcher(proc, config, mesh, media_threads=1)
+  sides = [int(s) for s in args.sides.split(",")]
+  inputs = proc(conversations([sides[i % len(sides)] for i in range(args.prompts)], rng), padding_side="left")
+  host = batcher.host_prompts(inputs, m)
+  placed = place_batch(host, cfg, batcher.pad_id, batcher.bucket_steps)
+  prompts_padded, layout = batcher.prompt_batch(placed, m)
+  prompts_packed, _ = batcher.prompt_batch(placed, m, vision=False)
+  prompt_real = np.asarray(host.prompts.attention_mask)[: host.rows].sum(1)
+  p_len = host.prompts.input_ids.shape[1]
+  print(
+    f"mid model, {args.prompts} prompts x {g} samples, images {sides} px: prompts of "
+    f"{prompt_real.min()}..{prompt_real.max()} real tokens, padded to {p_len}"
+  )
+
+  results = {}
+  for case in args.cases.split(","):
+    lengths = stop_schedule(n, args.median, args.sigma, args.cap)[case]
+    width = int(-(-lengths.max() // 8) * 8)
+    budget = args.budget or (n // m) * (p_len + width)
+    c = config.copy_and_resolve_references()
+    c.rl.micro_batch_tokens = budget
+    programs = {"padded": RunPrograms(config, graphdef), "packed": RunPrograms(c, graphdef)}
+    packed = packed_inputs(host, placed, lengths, width, budget, cfg, batcher.bucket_steps)
+    rows = packed.rows
+    real = int(np.repeat(prompt_real, g).sum() + lengths.sum())
+    share = {"padded": 1 - real / (n * (p_len + width)), "packed": rows.padding_share()}
+    print(
+      f"\n== {case}: completions {lengths.min()}..{lengths.max()} tokens (mean {lengths.mean():.0f}), padded width "
+      f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
+      f"{budget}); padding share padded {share['padded']:.3f}, packed {share['packed']:.3f}"
+    )
+    tokens = jnp.asarray(rng.randint(0, cfg.text.vocab_size, (m, n // m, width)).astype(np.int32))
+    cmask = jnp.asarray((np.arange(width)[None] < lengths[:, None]).reshape(m, n // m, width))
+    vision = {"padded": (prompts_padded, layout), "packed": (prompts_packed, packed)}
+    old = {}
+    for name, prog in programs.items():
+      prompts, v = vision[name]
+      fn = prog.logprobs()
+      old[name] = fn(params, prompts, v, tokens)
+    diff = float(jnp.max(jnp.abs(jnp.where(cmask, old["packed"] - old["padded"], 0.0))))
+    print(f"old log-probs, packed vs padded: max |diff| {diff:.2e} over the completion tokens")
+    rewards = jnp.asarray(rng.randn(m, args.prompts // m, g, 1).astype(np.float32))
+    batch = RolloutBatch(tokens, cmask, old["padded"], rewards, jnp.ones(rewards.shape, bool), jnp.ones((1,)))
+
+    for which in args.passes.split(","):
+      calls, states = {}, {}
+      for name, prog in programs.items():
+        prompts, v = vision[name]
+        if which == "logprobs":
+          fn = prog.logprobs()
+          calls[name] = lambda fn=fn, p=prompts, v=v: fn(params, p, v, tokens).block_until_ready()
+        else:
+          opt = prog.optimizer("rl")
+          states[name] = init_train_state(jax.tree.map(jnp.copy, params), opt, jax.random.key(0))
+          step = prog.update("rl", opt, jax.tree.map(lambda x: x.sharding, states[name]))
+
+          def call(name=name, step=step, p=prompts, v=v):
+            states[name], metrics = step(states[name], p, batch, v)
+            jax.block_until_ready(metrics["loss"])
+
+          calls[name] = call
+      warm = {name: warm_up(fn) for name, fn in calls.items()}
+      print(f"-- {which} ({case}): warm-up (compile) " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
+      with Section() as section:
+        t_packed, t_padded = interleaved(calls["packed"], calls["padded"], args.pairs, names=("packed", "padded"))
+      results[f"{which}/{case}"] = report(
+        f"{which} pass, {case} lengths (real tokens/s)",
+        real,
+        "tokens/s",
+        {"packed": t_packed, "padded": t_padded},
+        warm,
+        section,
+        extra={"padding_share_padded": share["padded"], "padding_share_packed": share["packed"]},
+        args=args,
+        json_path=args.json and f"{args.json}.{which}.{case}.json",
+      )
+  print("\nsummary (packed / padded real tokens/s, ratio of mins):")
+  for key, r in results.items():
+    print(f"  {key}: {r['ratio_of_mins']:.2f}x")
+
+
+if __name__ == "__main__":
+  main()

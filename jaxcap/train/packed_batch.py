@@ -1,0 +1,89 @@
+"""An RL step's packed inputs (`rl.micro_batch_tokens` > 0): the packed micro-batches of its (prompt, completion)
+sequences from the sampler's host batch and the rollout's lengths, and the step's vision pack on device.
+
+The update's prompts [M0, b, P] flattened are the sampler batch's real rows in order (one process), and its
+rollouts [M0, b*G, C] flattened are row * G + g, so `jaxcap.train.packing.pack` indexes both directly. Only the
+prompts' ids and masks, the vision items and the completions' lengths are read on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxcap.sampling.prompts import VisionItems
+from jaxcap.sampling.sampler import SamplerBatch
+from jaxcap.train.packed import PackedInputs
+from jaxcap.train.packing import PackedRows, VisionItem, pack
+
+
+def vision_items(items: VisionItems, input_ids: np.ndarray, cfg, real_rows: int) -> list[VisionItem]:
+  """A sampler pack's items (images then videos, pack order) -> `VisionItem`s of its first `real_rows` prompts,
+  each with its first patch in the pack. Which items are videos follows from the ids' video placeholder count
+  (videos are packed after all images)."""
+  grids = np.asarray(items.grid_thw).reshape(-1, 3)
+  sizes = np.prod(grids, -1)
+  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+  video_tokens = int(np.sum(np.asarray(input_ids) == cfg.video_token_id))
+  tokens = sizes // cfg.vision.spatial_merge_size**2
+  from_end = np.cumsum(tokens[::-1])[::-1]  # tokens of this item and every later one
+  video = (from_end <= video_tokens) & (video_tokens > 0)
+  return [
+    VisionItem(int(r), bool(v), tuple(int(x) for x in g), int(s))
+    for r, v, g, s in zip(items.rows, video, grids, starts)
+    if r < real_rows
+  ]
+
+
+def packed_inputs(
+  host: SamplerBatch,
+  placed: SamplerBatch,
+  lengths: np.ndarray,
+  completion_len: int,
+  budget: int,
+  cfg,
+  steps: int,
+) -> PackedInputs:
+  """The step's `PackedInputs`: `host` the sampler's bucketed batch (numpy, one process), `placed` the same on
+  device (its vision pack is the step's pixels), `lengths` [rows * G] each completion's tokens (the stop token
+  included), `completion_len` C of the rollout arrays, `budget` = `rl.micro_batch_tokens`, `cfg` the model's
+  config, `steps` the bucket ladder's steps per octave."""
+  p, rows = host.prompts, host.rows
+  ids, mask = np.asarray(p.input_ids)[:rows], np.asarray(p.attention_mask)[:rows]
+  cmask = np.arange(completion_len)[None] < np.asarray(lengths).reshape(-1)[:, None]
+  items = []
+  if host.packs:
+    (items_,) = host.packs  # one process
+    items = vision_items(items_, p.input_ids, cfg, rows)
+  packed = pack(
+    ids,
+    mask,
+    cmask,
+    budget,
+    image_token_id=cfg.image_token_id,
+    video_token_id=cfg.video_token_id,
+    items=items,
+    vision_cfg=cfg.vision,
+    steps=steps,
+  )
+  pixels = None if placed.prompts.vision is None else placed.prompts.vision.pixel_values
+  return PackedInputs(pixels, packed)
+
+
+def planned_rows(
+  num_prompts: int, group: int, prompt_len: int, completion_len: int, grid, budget: int, cfg, steps: int
+) -> PackedRows:
+  """The packed micro-batches of the step `jaxcap.plan` plans (host numpy): `num_prompts` prompts of `prompt_len`
+  tokens, each with one image of `grid` (t, h, w patches; None: text only) and `group` completions of
+  `completion_len` tokens, every sequence at its longest, so each micro-batch is as full as the budget lets it."""
+  vision_tokens = 0 if grid is None else int(np.prod(grid)) // cfg.vision.spatial_merge_size**2
+  ids = np.zeros((num_prompts, prompt_len), np.int32)
+  ids[:, :vision_tokens] = cfg.image_token_id
+  items = (
+    [] if grid is None else [VisionItem(i, False, tuple(grid), i * int(np.prod(grid))) for i in range(num_prompts)]
+  )
+  mask = np.ones((num_prompts, prompt_len), bool)
+  cmask = np.ones((num_prompts * group, completion_len), bool)
+  return pack(
+    ids, mask, cmask, budget, image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id, items=items,
+    vision_cfg=cfg.vision, steps=steps,
+  )  # fmt: skip

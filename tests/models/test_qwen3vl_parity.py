@@ -1,0 +1,364 @@
+"""Parity of the Flax Qwen3-VL with `transformers`' Qwen3VLForConditionalGeneration (f32, CPU) on tiny random
+models built offline, saved with `save_pretrained` and read back through `load_hf_checkpoint`.
+
+Inputs are built directly (token ids, patches, grids): Qwen3-VL's processor is not in jaxcap yet."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+from jaxcap.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from jaxcap.models.decoder import KVCache
+from jaxcap.models.families import family_of_checkpoint
+from jaxcap.models.qwen25vl import VisionInput
+from jaxcap.models.qwen3vl import Qwen3VL
+from jaxcap.models.qwen3vl_config import Qwen3VLConfig, qwen3vl_tiny
+from jaxcap.models.qwen3vl_vision import qwen3_layout_shape, qwen3_vision_layout
+from jaxcap.models.rope_index import qwen3vl_rope_index
+
+ATOL = 1e-4
+# (tied head, DeepStack block indexes): two DeepStack layers in block order; then three, out of order, one of them
+# the last block (the list position picks the merger, block order the decoder layer)
+VARIANTS = {"untied": (False, (0, 1)), "tied": (True, (2, 0, 1))}
+
+
+def _hf_model(cfg: Qwen3VLConfig, seed: int):
+  torch.manual_seed(seed)
+  hc = transformers.Qwen3VLConfig(**cfg.to_hf_dict())
+  hc._attn_implementation = "eager"
+  model = transformers.Qwen3VLForConditionalGeneration(hc).float().eval()
+  with torch.no_grad():  # HF inits norms to 1 and biases to 0; perturb them so every param matters
+    for name, p in model.named_parameters():
+      if "norm" in name and name.endswith("weight"):
+        p.add_(0.1 * torch.randn_like(p))
+      elif name.endswith("bias"):
+        p.add_(0.02 * torch.randn_like(p))
+  return model
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def models(request, tmp_path_factory):
+  tied, deepstack = VARIANTS[request.param]
+  cfg = qwen3vl_tiny()
+  cfg = cfg.replace(
+    text=cfg.text.__class__(**{**cfg.text.__dict__, "tie_word_embeddings": tied}),
+    vision=cfg.vision.__class__(**{**cfg.vision.__dict__, "deepstack_visual_indexes": deepstack}),
+  )
+  directory = tmp_path_factory.mktemp(f"qwen3vl_{request.param}")
+  ref = _hf_model(cfg, seed=len(request.param))
+  ref.save_pretrained(directory)
+  return ref, load_hf_checkpoint(directory), directory
+
+
+# ------------------------------------------------------------------------------------------------- inputs
+def _case(cfg: Qwen3VLConfig, kind: str, side: str = "left") -> dict:
+  """Token ids, attention mask, patches and grids of one test case (rows padded on `side`)."""
+  rng = np.random.RandomState(len(kind))
+  text = lambda n: list(rng.randint(0, cfg.text.vocab_size - 16, n))
+  m2 = cfg.vision.spatial_merge_size**2
+
+  def image(t, h, w, token):
+    return [cfg.vision_start_token_id] + [token] * (t * h * w // m2) + [cfg.vision_end_token_id]
+
+  images, videos, rows = [], [], []
+  if kind == "single_image":
+    images = [(1, 4, 6)]
+    rows = [text(2) + image(1, 4, 6, cfg.image_token_id) + text(5)]
+  elif kind == "two_images":  # different sizes (one larger than the 4x4 learned grid), text between
+    images = [(1, 4, 6), (1, 8, 4)]
+    rows = [text(3) + image(1, 4, 6, cfg.image_token_id) + text(4) + image(1, 8, 4, cfg.image_token_id) + text(3)]
+  elif kind == "text_only":
+    rows = [text(9)]
+  elif kind == "video":  # two temporal patches, each after its own text timestamp (as Qwen3-VL's processor lays out)
+    videos = [(2, 4, 4)]
+    frame = image(1, 4, 4, cfg.video_token_id)
+    rows = [text(2) + text(3) + frame + text(3) + frame + text(4)]
+  elif kind == "mixed_batch":  # an image row, a two-image + video row, a text-only row
+    images, videos = [(1, 4, 4), (1, 6, 4), (1, 4, 8)], [(2, 4, 4)]
+    frame = image(1, 4, 4, cfg.video_token_id)
+    rows = [
+      text(2) + image(1, 4, 4, cfg.image_token_id) + text(3),
+      image(1, 6, 4, cfg.image_token_id) + text(2) + image(1, 4, 8, cfg.image_token_id) + text(1) + frame + frame,
+      text(6),
+    ]
+  else:
+    raise KeyError(kind)
+  width = max(map(len, rows))
+  ids = np.zeros((len(rows), width), np.int64)
+  mask = np.zeros((len(rows), width), np.int64)
+  for r, row in enumerate(rows):
+    at = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+    ids[r, at], mask[r, at] = row, 1
+  patches = lambda grids: rng.randn(sum(int(np.prod(g)) for g in grids), cfg.vision.patch_dim).astype(np.float32)
+  return dict(
+    ids=ids,
+    mask=mask,
+    image_grid=np.array(images, np.int64).reshape(-1, 3) if images else None,
+    video_grid=np.array(videos, np.int64).reshape(-1, 3) if videos else None,
+    image_px=patches(images) if images else None,
+    video_px=patches(videos) if videos else None,
+  )
+
+
+def _hf_kwargs(cfg: Qwen3VLConfig, c: dict) -> dict:
+  ids = torch.as_tensor(c["ids"])
+  types = torch.zeros_like(ids, dtype=torch.int)
+  types[ids == cfg.image_token_id], types[ids == cfg.video_token_id] = 1, 2
+  kw = dict(input_ids=ids, attention_mask=torch.as_tensor(c["mask"]), mm_token_type_ids=types)
+  if c["image_grid"] is not None:
+    kw |= dict(pixel_values=torch.as_tensor(c["image_px"]), image_grid_thw=torch.as_tensor(c["image_grid"]))
+  if c["video_grid"] is not None:
+    kw |= dict(pixel_values_videos=torch.as_tensor(c["video_px"]), video_grid_thw=torch.as_tensor(c["video_grid"]))
+  return kw
+
+
+def _ours(cfg: Qwen3VLConfig, c: dict, shape=None) -> tuple[np.ndarray, VisionInput | None]:
+  """jaxcap's positions and vision input (images then videos in one pack) of a case."""
+  positions, _ = qwen3vl_rope_index(cfg, c["ids"], c["mask"], c["image_grid"], c["video_grid"])
+  grids = [g for g in (c["image_grid"], c["video_grid"]) if g is not None]
+  if not grids:
+    return positions, None
+  px = np.concatenate([p for p in (c["image_px"], c["video_px"]) if p is not None])
+  layout = qwen3_vision_layout(np.concatenate(grids), cfg.vision, shape)
+  if shape is not None:
+    px = np.pad(px, ((0, shape.patches - len(px)), (0, 0)))
+  return positions, VisionInput(jnp.asarray(px), layout)
+
+
+KINDS = ["single_image", "two_images", "text_only", "video", "mixed_batch"]
+
+
+# ------------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_position_ids_equal_get_rope_index(models, kind, side):
+  ref, ours, _ = models
+  c = _case(ours.cfg, kind, side)
+  kw = _hf_kwargs(ours.cfg, c)
+  want, deltas = ref.model.get_rope_index(
+    kw["input_ids"], kw["mm_token_type_ids"], kw.get("image_grid_thw"), kw.get("video_grid_thw"), kw["attention_mask"]
+  )
+  got, got_deltas = qwen3vl_rope_index(ours.cfg, c["ids"], c["mask"], c["image_grid"], c["video_grid"])
+  np.testing.assert_array_equal(got, want.numpy())
+  np.testing.assert_array_equal(got_deltas, deltas.numpy()[:, 0])
+
+
+def test_vision_features_and_deepstack_match(models):
+  """Merged features and every DeepStack feature, for images of three sizes and a two-frame video in one pack."""
+  ref, ours, _ = models
+  grid = np.array([[1, 4, 6], [1, 8, 4], [1, 2, 2], [2, 4, 4]])
+  px = np.random.RandomState(0).randn(int(np.prod(grid, -1).sum()), ours.cfg.vision.patch_dim).astype(np.float32)
+  with torch.no_grad():
+    want = ref.model.visual(torch.as_tensor(px), grid_thw=torch.as_tensor(grid))
+  feats, deepstack = ours.visual(jnp.asarray(px), qwen3_vision_layout(grid, ours.cfg.vision))
+  np.testing.assert_allclose(np.asarray(feats), want.pooler_output.numpy(), atol=ATOL, rtol=0)
+  assert deepstack.shape[0] == len(want.deepstack_features) == len(ours.cfg.vision.deepstack_visual_indexes) > 1
+  for got, expected in zip(deepstack, want.deepstack_features):
+    np.testing.assert_allclose(np.asarray(got), expected.numpy(), atol=ATOL, rtol=0)
+  # padded to a larger layout shape (a bucket): the same real features, first and in order
+  exact = qwen3_layout_shape(grid)
+  shape = exact.union(exact.__class__(exact.patches + 16, 1, 1, exact.frames + 2, exact.frame_len + 4))
+  padded, padded_ds = ours.visual(
+    jnp.asarray(np.pad(px, ((0, 16), (0, 0)))), qwen3_vision_layout(grid, ours.cfg.vision, shape)
+  )
+  n = len(feats)
+  np.testing.assert_allclose(np.asarray(padded)[:n], np.asarray(feats), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(padded_ds)[:, :n], np.asarray(deepstack), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind,side", [(k, "left") for k in KINDS] + [("mixed_batch", "right")])
+def test_logits_match(models, kind, side):
+  ref, ours, _ = models
+  c = _case(ours.cfg, kind, side)
+  with torch.no_grad():  # transformers derives its own positions from mm_token_type_ids and the grids
+    want = ref(**_hf_kwargs(ours.cfg, c)).logits.numpy()
+  positions, vision = _ours(ours.cfg, c)
+  got, _ = ours(jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision)
+  valid = c["mask"].astype(bool)
+  np.testing.assert_allclose(np.asarray(got)[valid], want[valid], atol=ATOL, rtol=0)
+
+
+def test_deepstack_changes_the_logits(models):
+  """DeepStack is live: zeroing the DeepStack mergers' output changes the image tokens' successors' logits."""
+  _, ours, _ = models
+  c = _case(ours.cfg, "single_image")
+  positions, vision = _ours(ours.cfg, c)
+  x, deepstack = ours.embed_vision(jnp.asarray(c["ids"]), vision)
+  mask = jnp.asarray(c["mask"], bool)
+  with_ds, _ = ours.decode(x, jnp.asarray(positions), mask, deepstack=deepstack)
+  without, _ = ours.decode(x, jnp.asarray(positions), mask)
+  assert float(jnp.abs(with_ds - without).max()) > 1e-3
+
+
+def test_family_and_text_only_embed_contract(models):
+  _, ours, directory = models
+  assert family_of_checkpoint(directory).model_cls is Qwen3VL and isinstance(ours, Qwen3VL)
+  c = _case(ours.cfg, "single_image")
+  _, vision = _ours(ours.cfg, c)
+  with pytest.raises(ValueError, match="embed_vision"):
+    ours.embed(jnp.asarray(c["ids"]), vision)
+
+
+def test_hf_round_trip_is_bit_exact(models, tmp_path):
+  """Exported through save_hf_checkpoint: the same tensor names and bits as transformers saved, a config.json that
+  reads back as the same config, and transformers loads it whole (no missing or unexpected keys) to equal weights."""
+  ref, ours, directory = models
+  save_hf_checkpoint(ours, tmp_path)
+  original, exported = load_file(directory / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+  assert sorted(original) == sorted(exported)
+  for k, v in exported.items():
+    assert original[k].dtype == v.dtype and np.array_equal(original[k], v), k
+  assert Qwen3VLConfig.from_hf_dict(json.loads((tmp_path / "config.json").read_text())) == Qwen3VLConfig.from_hf_dict(
+    json.loads((directory / "config.json").read_text())
+  )
+  back, info = transformers.Qwen3VLForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  theirs = back.state_dict()
+  assert all(torch.equal(v, theirs[k]) for k, v in ref.state_dict().items())
+
+
+def _greedy(model: Qwen3VL, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
+  """Greedy tokens [B, steps] and their logits [B, steps, V] through the KV cache: one prefill (with DeepStack),
+  then one token per step at text positions continuing the prompt's largest position."""
+  positions, vision = _ours(model.cfg, c)
+  ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
+  b, t = ids.shape
+  slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
+  x, deepstack = model.embed_vision(ids, vision)
+  cache = KVCache.zeros(model.cfg, b, t + steps)
+  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0, deepstack=deepstack)
+  logits = [model.logits(hidden[:, -1])]
+  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
+  step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
+  for i in range(steps - 1):
+    slots = slots.at[:, t + i].set(True)
+    pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
+    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
+    logits.append(model.logits(hidden[:, -1]))
+  logits = np.asarray(jnp.stack(logits, 1))
+  return logits.argmax(-1), logits
+
+
+@pytest.mark.parametrize("kind", ["two_images", "video"])
+def test_greedy_generation_equals_transformers_generate(models, kind):
+  """Token-equal to `generate` (greedy), and every step's logits equal its logits: a tiny random model tends to
+  repeat one token, so the logits are what shows the cache and the decode positions right."""
+  ref, ours, _ = models
+  steps = 8
+  c = _case(ours.cfg, kind)
+  with torch.no_grad():
+    out = ref.generate(
+      **_hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+  want = out.sequences[:, c["ids"].shape[1] :].numpy()
+  tokens, logits = _greedy(ours, c, steps)
+  assert want.shape == tokens.shape  # no early end of sequence in these cases: every step compared
+  np.testing.assert_array_equal(tokens, want)
+  np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-8b", "tiny", "mid"])
+def test_presets_round_trip_through_transformers_config(preset):
+  """A preset's config.json, read by transformers and written back, is the same preset; its shapes are consistent
+  (mRoPE sections fill half a head, DeepStack blocks exist and feed no more layers than the decoder has)."""
+  from jaxcap.models.qwen3vl_config import PRESETS
+
+  cfg = PRESETS[preset]()
+  assert Qwen3VLConfig.from_hf_dict(transformers.Qwen3VLConfig(**cfg.to_hf_dict()).to_dict()) == cfg
+  assert sum(cfg.text.mrope_section) == cfg.text.head_dim // 2
+  ds = cfg.vision.deepstack_visual_indexes
+  assert max(ds) < cfg.vision.depth and len(ds) <= cfg.text.num_hidden_layers
+  assert cfg.vision.out_hidden_size == cfg.text.hidden_size
+
+
+def test_non_qwen3_config_json_is_a_clear_error():
+  with pytest.raises(ValueError, match="qwen3_vl"):
+    Qwen3VLConfig.from_hf_dict({"model_type": "qwen2_5_vl"})
+
+
+def test_sharded_forward_equals_single_device(models):
+  """Loaded over a ('fsdp', 'tensor') mesh of the 8 test devices, jitted: the single-device logits."""
+  from flax import nnx
+
+  from jaxcap.sharding import make_mesh
+
+  _, ours, directory = models
+  c = _case(ours.cfg, "mixed_batch")
+  positions, vision = _ours(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want, _ = ours(*args)
+  mesh = make_mesh({"tensor": 2, "fsdp": 4})
+  sharded = load_hf_checkpoint(directory, mesh=mesh)
+  graphdef, params = nnx.split(sharded)
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params))
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a)[0])(params, *args)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(models):
+  from flax import nnx
+
+  from jaxcap.models.flops import model_flops, param_counts
+
+  _, ours, _ = models
+  v = ours.cfg.vision
+  counts = param_counts(nnx.state(ours, nnx.Param))
+  merger_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(ours.visual.merger, nnx.Param)))
+  deepstack_params = sum(
+    int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(ours.visual.deepstack_merger_list, nnx.Param))
+  )
+  assert counts["merger"] == merger_params + deepstack_params
+  t = ours.cfg.text
+  assert counts["embedding"] == t.vocab_size * t.hidden_size + v.num_position_embeddings * v.hidden_size
+  f = model_flops(ours.cfg, counts, sequences=2, prompt=10, completion=5, images=2, patches_per_image=24)
+  patches = 48
+  want = (
+    6 * counts["vision"] * patches + 6 * counts["merger"] * patches / 4 + 12 * v.hidden_size * v.depth * 24 * patches
+  )
+  assert f["vision"] == pytest.approx(want, rel=1e-12)
+
+
+def test_padded_vision_pack_gives_the_same_logits(models):
+  """The mixed batch's images and video padded to a larger layout shape (a bucket): the same logits."""
+  _, ours, _ = models
+  c = _case(ours.cfg, "mixed_batch")
+  exact = qwen3_layout_shape(np.concatenate([c["image_grid"], c["video_grid"]]))
+  shape = exact.__class__(exact.patches + 32, 1, 1, exact.frames + 3, exact.frame_len + 8)
+  args = jnp.asarray(c["ids"]), None, jnp.asarray(c["mask"], bool)
+  positions, vision = _ours(ours.cfg, c)
+  _, padded = _ours(ours.cfg, c, shape)
+  want, _ = ours(args[0], jnp.asarray(positions), args[2], vision)
+  got, _ = ours(args[0], jnp.asarray(positions), args[2], padded)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow  # three more loads and a gradient: ~30 s on 2 cores
+def test_remat_unrolled_and_bf16_variants(models):
+  """Rematerialised and unrolled stacks compute the same logits, gradients reach the DeepStack mergers, and
+  float32 masters with bfloat16 compute stay near the float32 logits."""
+  from flax import nnx
+
+  _, ours, directory = models
+  c = _case(ours.cfg, "two_images")
+  positions, vision = _ours(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want = np.asarray(ours(*args)[0])
+  for overrides in (dict(remat="full"), dict(scan_layers=False)):
+    model = load_hf_checkpoint(directory, **overrides)
+    np.testing.assert_allclose(np.asarray(model(*args)[0]), want, atol=1e-5, rtol=0)
+  graphdef, params = nnx.split(load_hf_checkpoint(directory, remat="dots"))
+  grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(*args)[0][..., :8] ** 2))(params)
+  ds_grads = jax.tree.leaves(grads["visual"]["deepstack_merger_list"])
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert all(float(jnp.abs(g).max()) > 0 for g in ds_grads)
+  mixed = load_hf_checkpoint(directory, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  got = mixed(*args)[0]
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), want, atol=0.05 * np.abs(want).max(), rtol=0)
