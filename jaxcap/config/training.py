@@ -134,9 +134,24 @@ class Rl(Phase):
     ge=0,
     hint="a multiple of rl.batch_size; 0 = drop without refilling",
   )
+  # one-step off-policy (jaxcap.train.off_policy): the next step's rollouts are generated from the current weights
+  # while this step's judgments finish and its update runs; the sampler's log-probs are the behaviour policy's
+  off_policy_steps: int = field(
+    0,
+    "updates between the weights that generate a step's rollouts and the weights it updates",
+    ge=0,
+    le=1,
+    rule="use 0 (on-policy) or 1",
+    hint="1 overlaps the next rollouts with this step's judging and update",
+  )
 
   def check(self, run, at):
     yield from super().check(run, at)
+    if self.off_policy_steps and self.filter_groups != "off":
+      yield (
+        f"{at}off_policy_steps={self.off_policy_steps} does not combine with {at}filter_groups={self.filter_groups!r} "
+        f"yet (refills would draw from the loader ahead of the queued batch); set one of them off"
+      )
     if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
       yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"
     if self.batch_size >= 1 and self.filter_groups_max_extra > 0 and self.filter_groups_max_extra % self.batch_size:

@@ -139,16 +139,17 @@ class BudgetedReward(RewardStage):
     self.judge = judge
     self.budget = budget
     self.last_valid_fraction = float("nan")
-    self._pending: tuple | None = None
+    # with several processes, each call's counts until `settle` agrees them; a FIFO, since with
+    # rl.off_policy_steps the next step's call may finish before this step's settle
+    self._pending: collections.deque[tuple] = collections.deque()
 
   def settle(self) -> None:
-    """With several processes: feeds the budget every process's judgments of the last call, summed (a small host
+    """With several processes: feeds the budget every process's judgments of the oldest unsettled call, summed (a small host
     all-gather, so call it on the loop's thread after the step's rewards, on every process): all processes then
     stop at the same step, with the same counts. A no-op with one process (the call itself fed the budget)."""
-    if self._pending is None:
+    if not self._pending:
       return super().settle()
-    step, asked, failed, kinds, last, unsent = self._pending
-    self._pending = None
+    step, asked, failed, kinds, last, unsent = self._pending.popleft()
     names = (*KINDS, *(k for k in HINTS if k not in KINDS), "unclassified")
     local = [asked, failed, unsent, *(int(kinds.get(k, 0)) for k in names)]
     total = np.sum(multihost.allgather_ints(np.asarray(local, np.int64)), axis=0)
@@ -169,7 +170,7 @@ class BudgetedReward(RewardStage):
     last = getattr(self.judge, "last_failure", None)
     last = last() if callable(last) else ""
     if jax.process_count() > 1:  # every process must stop at the same step: counts agreed in `settle`
-      self._pending = (step, asked, failed, kinds, last, unsent)
+      self._pending.append((step, asked, failed, kinds, last, unsent))
       self.last_valid_fraction = (asked - failed) / asked if asked > 0 else float("nan")
     else:
       self.last_valid_fraction = self.budget.observe(step + 1, asked, failed, kinds, last, unsent=unsent)

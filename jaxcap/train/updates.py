@@ -30,6 +30,7 @@ from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.refill import GroupFilter, Round, assembled_rewards, gather_index, gather_rows
 from jaxcap.train.reward_metrics import reward_metrics
+from jaxcap.train.off_policy import off_policy_step
 from jaxcap.train.packed_batch import packed_inputs
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
@@ -116,7 +117,8 @@ class RLUpdate:
 
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
   batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
-  packed inputs are then those of the assembled batch."""
+  packed inputs are then those of the assembled batch. With `off_policy_steps` = 1 each step trains on rollouts
+  generated from the weights before the last update (jaxcap.train.off_policy)."""
 
   batcher: Batcher
   sampler: Sampler
@@ -130,6 +132,10 @@ class RLUpdate:
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
   group_filter: GroupFilter | None = None
   draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
+  off_policy_steps: int = 0  # rl.off_policy_steps: 1 = each step trains on rollouts queued by the step before
+  peek: Callable[[], HostBatch] | None = None  # off-policy: the loader's next batch, drawn ahead (Lookahead.peek)
+  queues: Callable[[int], bool] | None = None  # off-policy: whether a step queues the next one's round
+  queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -137,6 +143,8 @@ class RLUpdate:
   def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], step: int):
     batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
     key = jax.random.fold_in(state.key, step)
+    if self.off_policy_steps:
+      return off_policy_step(self, step_fn, state, batch, step, key)
     if self.group_filter is not None:
       return self._filtered(step_fn, state, batch, step, key)
     first = self.rollout(state, batch, key)

@@ -34,7 +34,7 @@ KEYS = {
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
-  + ["micro_batch_tokens", "micro_batches", "num_samples", "recompute_old_logprobs", "steps"],
+  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -147,6 +147,7 @@ def test_missing_field_is_named():
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
     ("rl.filter_groups_max_extra", -8, ">= 0"),
     ("rl.filter_groups", "", "use off, spread or a reward dimension's name"),
+    ("rl.off_policy_steps", 2, "use 0 (on-policy) or 1"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
   ],
@@ -203,6 +204,15 @@ def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
   assert "does nothing with rl.filter_groups=off" in _errors(c)
   c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 0  # a dimension's name: checked at build
   validate(c)
+
+
+def test_off_policy_steps_do_not_combine_with_the_group_filter_yet():
+  c = base_config()
+  c.rl.off_policy_steps = 1
+  validate(c)
+  c.rl.filter_groups = "spread"
+  msg = _errors(c)
+  assert "rl.off_policy_steps=1 does not combine with rl.filter_groups='spread'" in msg and msg.count("\n  - ") == 1
 
 
 def test_packed_micro_batches_run_on_one_process():
