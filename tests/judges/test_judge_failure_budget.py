@@ -219,3 +219,26 @@ def test_processes_agree_on_the_budget_with_summed_counts(monkeypatch, manifest,
         assert f"0 of {6 * len(records)} judgments valid" in str(e)
         break
     assert stopped == stops and seen and all(s[0] == len(records) and s[1] == len(records) for s in seen)
+
+
+def test_settle_takes_the_calls_in_order(monkeypatch, manifest, world):
+  """rl.off_policy_steps: the next step's call may finish before this step's settle; each settle agrees the oldest
+  unsettled call's counts, so the budget sees every step once, in order."""
+  import jax
+  import numpy as np
+
+  import jaxcap.multihost
+
+  records, captions = world
+  _, failing = judge_for_manifest(manifest, failure_rate=1.0)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jaxcap.multihost, "allgather_ints", lambda local: [np.asarray(local)] * 2)
+  reward = judged_reward(build_reward(CAPRL, failing), failing, judge_config(failure_patience=3))
+  reward(captions, records, step=0)
+  reward(captions, records, step=1)  # before step 0's settle
+  reward.settle()
+  assert reward.budget.bad_steps == [1]
+  reward.settle()
+  assert reward.budget.bad_steps == [1, 2]
+  reward.settle()  # nothing left: a no-op
+  assert reward.budget.bad_steps == [1, 2]
