@@ -84,3 +84,35 @@ def test_off_policy_run_logs_staleness_and_resumes_to_the_same_metrics(tmp_path)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   steps = lambda workdir: [r for r in _metrics(workdir) if r["phase"] == "rl" and "loss" in r]
   assert steps(tmp_path / "resumed") == rows  # (the 4-step run's end-of-phase evaluation is the only other row)
+
+
+@pytest.mark.slow  # two processes of a short training run
+def test_two_processes_queue_in_step(tmp_path):
+  """Both processes queue the same rounds (a process out of step would hang the next collective) and each step's
+  metrics are logged once, with its staleness."""
+  from processes import launch_command, run_processes, tiny_run
+
+  common = tiny_run(
+    {
+      "rl.steps": 3,
+      "rl.off_policy_steps": 1,
+      "world.train_scenes": 16,
+      "eval.num_images": 0,
+      "vision_warmup.steps": 0,
+      "vision_warmup.batch_size": None,
+    }
+  )
+  run_processes(
+    lambda i, port: launch_command(
+      "caprl",
+      *common,
+      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+      "--config.distributed.num_processes=2",
+      f"--config.distributed.process_id={i}",
+      workdir=tmp_path / "two",
+    ),
+    count=2,
+    devices=1,
+  )
+  rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
+  assert [(r["step"], r["offpolicy/staleness"]) for r in rows] == [(1, 0.0), (2, 1.0), (3, 1.0)]
