@@ -144,9 +144,10 @@ class BudgetedReward(RewardStage):
     self._pending: collections.deque[tuple] = collections.deque()
 
   def settle(self) -> None:
-    """With several processes: feeds the budget every process's judgments of the oldest unsettled call, summed (a small host
-    all-gather, so call it on the loop's thread after the step's rewards, on every process): all processes then
-    stop at the same step, with the same counts. A no-op with one process (the call itself fed the budget)."""
+    """With several processes: feeds the budget every process's judgments of the oldest unsettled call, summed (a
+    small host all-gather, so call it on the loop's thread after the step's rewards, on every process): all
+    processes then stop at the same step, with the same counts. A no-op with one process (the call itself fed the
+    budget)."""
     if not self._pending:
       return super().settle()
     step, asked, failed, kinds, last, unsent = self._pending.popleft()

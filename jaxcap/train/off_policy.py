@@ -77,7 +77,7 @@ class Queued:
   updates between the weights that generated it and the weights its step updates."""
 
   round: Round
-  rewards: Future
+  rewards: Future | None  # None until submitted to the judge
   staleness: int
 
 
