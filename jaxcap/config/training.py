@@ -8,8 +8,8 @@ import dataclasses
 from jaxcap.choices import MASTER_UPDATES, NONFINITE_ACTIONS, ROLLOUT_ENGINES, SCHEDULES
 from jaxcap.config.fields import ALLOWED, ALTERS, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
-from jaxcap.rl import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-from jaxcap.rl.rollout_correction import IS_LEVELS, REJECTIONS
+from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection
+from jaxcap.rl import ADVANTAGE_ESTIMATORS
 
 
 def _trains(block, run) -> bool:
@@ -91,82 +91,6 @@ class Sft(Phase):
 
 
 @dataclasses.dataclass(frozen=True)
-class Loss(Block):
-  """The policy-gradient loss (jaxcap.rl.PolicyLossConfig): a surrogate from jaxcap.rl.POLICY_LOSSES, its
-  hyper-parameters, the aggregation and the KL / entropy terms."""
-
-  policy: str = field("ppo", "the surrogate (ppo = clipped PPO; jaxcap.rl.policy_losses)", choices=POLICY_LOSSES)
-
-  eps_low: float = field(0.2, "the ratio is clipped below at 1 - eps_low", ge=0, lt=1)
-  eps_high: float = field(0.28, "the ratio is clipped above at 1 + eps_high (> eps_low: clip-higher)", ge=0)
-  dual_clip_c: float | None = field(
-    3.0,
-    "cap of a negative advantage's token loss (None = off)",
-    gt=1,
-    hint="it caps a negative advantage's token loss at c x A",
-  )
-  aggregation: str = field("token-mean", "how token losses become one scalar", choices=LOSS_AGGREGATIONS)
-  # KL to the SFT policy (k3, as CapRL's paper): without it, an earlier student (no vision warm-up) learned to pad
-  # captions with broken text that the answerer mines for facts (held-out QA 9.1% -> 24.7%, captions degenerated);
-  # with it QA rose 9.1% -> 25.9% at 28 tokens.
-  kl_coef: float = field(0.05, "weight of the per-token KL to the reference (SFT) policy", ge=0, hint="0 = no KL term")
-  kl_estimator: str = field("k3", "the KL estimator", choices=KL_ESTIMATORS)
-  entropy_coef: float = field(0.0, "weight of an entropy bonus")
-  tau_pos: float = field(1.0, "SAPO's gate temperature for positive advantages", gt=0)
-  tau_neg: float = field(1.05, "SAPO's gate temperature for non-positive advantages", gt=0)
-  clip_cov_ratio: float = field(2e-4, "Clip-Cov: the share of tokens whose gradient is cut", gt=0, le=1)
-  clip_cov_lb: float = field(1.0, "Clip-Cov: the covariance band's lower end")
-  clip_cov_ub: float = field(5.0, "Clip-Cov: the covariance band's upper end")
-  kl_cov_ratio: float = field(2e-4, "KL-Cov: the share of tokens given the |log-ratio| penalty", gt=0, le=1)
-  kl_cov_coef: float = field(0.1, "KL-Cov: the penalty's weight", ge=0)
-
-  def check(self, run, at):
-    if not self.clip_cov_lb < self.clip_cov_ub:
-      yield f"{at}clip_cov_lb={self.clip_cov_lb}, clip_cov_ub={self.clip_cov_ub}: need clip_cov_lb < clip_cov_ub"
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthMask(Block):
-  """BalCapRL's length-conditional mask: the named reward dimensions count only for captions whose word count is
-  within [tau_low, tau_high] x the reference's."""
-
-  dims: list[str] = field([], "reward dimensions masked outside the band ([] = no mask)")
-  tau_low: float = field(0.5, "the band's lower end, as a share of the reference's words")
-  tau_high: float = field(2.0, "the band's upper end, as a share of the reference's words")
-
-  def check(self, run, at):
-    if self.dims and not 0 <= self.tau_low < self.tau_high:
-      yield f"{at}tau_low={self.tau_low}, tau_high={self.tau_high}: need 0 <= tau_low < tau_high"
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutCorrection(Block):
-  """Importance weights / rejection between the sampler's log-probs and the old log-probs
-  (jaxcap.rl.rollout_correction, verl's rollout_corr_helper); the mismatch metrics are logged every step anyway."""
-
-  is_level: str = field("none", "truncated importance weights per token or per sequence", choices=IS_LEVELS)
-  is_threshold: float = field(2.0, "the importance weights are truncated above at this", gt=0)
-  reject: str = field(
-    "none", "mask tokens / sequences whose divergence leaves the band (verl's rollout_rs)", choices=REJECTIONS
-  )
-  reject_upper: float = field(2.0, "the band's upper end (k1: a ratio bound)", gt=0)
-  reject_lower: float | None = field(None, "k1's lower ratio bound (None = 1 / reject_upper)", gt=0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Overlong(Block):
-  """DAPO's soft overlong punishment (jaxcap.rewards.overlong): a reward dimension `overlong`, 0 up to
-  sampling.max_new_tokens - buffer tokens, then falling linearly to -penalty at max_new_tokens."""
-
-  buffer: int = field(0, "the last this many tokens before sampling.max_new_tokens are penalised", ge=0, hint="0 = off")
-  penalty: float = field(1.0, "the penalty at max_new_tokens, in reward units", ge=0)
-
-  def check(self, run, at):
-    if self.buffer > run.sampling.max_new_tokens:
-      yield f"{at}buffer={self.buffer}: must not exceed sampling.max_new_tokens={run.sampling.max_new_tokens}"
-
-
-@dataclasses.dataclass(frozen=True)
 class Rl(Phase):
   """Group-relative policy optimisation against the reward."""
 
@@ -197,9 +121,49 @@ class Rl(Phase):
   # lr 3e-4 drifted (KL 0.4) and lost held-out QA (53% -> 51% on 64 images); 1e-4 gained (53% -> 64%)
   optim: Optim = field(Optim(1e-4, warmup_steps=5, schedule="constant"), "the RL optimiser")
   freeze_vision: bool = field(False, "no updates to the vision tower in this phase")
+  # dynamic sampling (verl's filter_groups, EasyR1's online_filtering; jaxcap.rl.group_filter): a group whose G
+  # valid rewards are all equal has zero advantages, a full rollout and update for no gradient
+  filter_groups: str = field(
+    "off",
+    "drop groups whose valid rewards have zero spread and refill the batch from the loader",
+    hint="off, spread (any weighted reward dimension) or a reward dimension's name",
+  )
+  filter_groups_max_extra: int = field(
+    0,
+    "most extra prompts per process drawn per step to refill dropped groups, in whole batches",
+    ge=0,
+    hint="a multiple of rl.batch_size; 0 = drop without refilling",
+  )
+  # one-step off-policy (jaxcap.train.off_policy): the next step's rollouts are generated from the current weights
+  # while this step's judgments finish and its update runs; the sampler's log-probs are the behaviour policy's
+  off_policy_steps: int = field(
+    0,
+    "updates between the weights that generate a step's rollouts and the weights it updates",
+    ge=0,
+    le=1,
+    rule="use 0 (on-policy) or 1",
+    hint="1 overlaps the next rollouts with this step's judging and update",
+  )
 
   def check(self, run, at):
     yield from super().check(run, at)
+    if self.off_policy_steps and self.filter_groups != "off":
+      yield (
+        f"{at}off_policy_steps={self.off_policy_steps} does not combine with {at}filter_groups={self.filter_groups!r} "
+        f"yet (refills would draw from the loader ahead of the queued batch); set one of them off"
+      )
+    if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
+      yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"
+    if self.batch_size >= 1 and self.filter_groups_max_extra > 0 and self.filter_groups_max_extra % self.batch_size:
+      yield (
+        f"{at}filter_groups_max_extra={self.filter_groups_max_extra}: refills draw whole batches; use a multiple of "
+        f"{at}batch_size={self.batch_size} (e.g. {self.batch_size * max(1, self.filter_groups_max_extra // self.batch_size)})"
+      )
+    if self.filter_groups == "off" and self.filter_groups_max_extra > 0:
+      yield f"{at}filter_groups_max_extra={self.filter_groups_max_extra} does nothing with {at}filter_groups=off"
+    yield from self._check_packing(run, at)
+
+  def _check_packing(self, run, at):
     if self.micro_batch_tokens <= 0 or self.steps == 0:
       return
     if self.micro_batch_tokens <= run.sampling.max_new_tokens:

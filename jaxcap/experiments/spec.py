@@ -22,6 +22,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "rubicap_vs_likert",
     "knowledge_retention",
     "losses",
+    "filter_groups",
   ),
 }
 DIRECTIONS = ("+", "=", "none")  # arm a above arm b; no difference; no published figure

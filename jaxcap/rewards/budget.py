@@ -7,7 +7,8 @@ Per RL step the budget reads how many judgments the judge tried and how many of 
 judge's cumulative `judgment_counts()`; HttpJudge and RuleBasedJudge keep them). A judgment that was never sent
 (every endpoint's breaker open through a probe: `unsent_judgments()`) is masked and logged, but is no failure of
 the judge's answers, so it is left out of the share. When the share of valid judgments stays below
-`judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. A step that tried no
+`judge.min_valid_fraction` for `judge.failure_patience` consecutive steps, it raises. Several calls in one step (dynamic sampling's refill
+rounds) count as one step of the streak. A step that tried no
 judgment (e.g. no image had questions) neither counts against the budget nor resets it. Steps are numbered as
 metrics.jsonl numbers them, from 1.
 """
@@ -80,7 +81,8 @@ class FailureBudget:
     if valid >= self.min_valid_fraction:
       self._reset()
       return valid
-    self.bad_steps.append(int(step))
+    if not self.bad_steps or self.bad_steps[-1] != int(step):  # a step's refill rounds (rl.filter_groups) are one step
+      self.bad_steps.append(int(step))
     self.asked += asked
     self.failed += failed
     self.unsent += unsent
@@ -137,16 +139,18 @@ class BudgetedReward(RewardStage):
     self.judge = judge
     self.budget = budget
     self.last_valid_fraction = float("nan")
-    self._pending: tuple | None = None
+    # with several processes, each call's counts until `settle` agrees them; a FIFO, since with
+    # rl.off_policy_steps the next step's call may finish before this step's settle
+    self._pending: collections.deque[tuple] = collections.deque()
 
   def settle(self) -> None:
-    """With several processes: feeds the budget every process's judgments of the last call, summed (a small host
-    all-gather, so call it on the loop's thread after the step's rewards, on every process): all processes then
-    stop at the same step, with the same counts. A no-op with one process (the call itself fed the budget)."""
-    if self._pending is None:
+    """With several processes: feeds the budget every process's judgments of the oldest unsettled call, summed (a
+    small host all-gather, so call it on the loop's thread after the step's rewards, on every process): all
+    processes then stop at the same step, with the same counts. A no-op with one process (the call itself fed the
+    budget)."""
+    if not self._pending:
       return super().settle()
-    step, asked, failed, kinds, last, unsent = self._pending
-    self._pending = None
+    step, asked, failed, kinds, last, unsent = self._pending.popleft()
     names = (*KINDS, *(k for k in HINTS if k not in KINDS), "unclassified")
     local = [asked, failed, unsent, *(int(kinds.get(k, 0)) for k in names)]
     total = np.sum(multihost.allgather_ints(np.asarray(local, np.int64)), axis=0)
@@ -167,7 +171,7 @@ class BudgetedReward(RewardStage):
     last = getattr(self.judge, "last_failure", None)
     last = last() if callable(last) else ""
     if jax.process_count() > 1:  # every process must stop at the same step: counts agreed in `settle`
-      self._pending = (step, asked, failed, kinds, last, unsent)
+      self._pending.append((step, asked, failed, kinds, last, unsent))
       self.last_valid_fraction = (asked - failed) / asked if asked > 0 else float("nan")
     else:
       self.last_valid_fraction = self.budget.observe(step + 1, asked, failed, kinds, last, unsent=unsent)

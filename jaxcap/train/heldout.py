@@ -17,8 +17,8 @@ from jaxcap.rewards.batch import RewardFunction
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import to_json
+from jaxcap.train.reward_metrics import weighted_mean
 from jaxcap.train.rollout_records import sample_rewards
-from jaxcap.train.updates import weighted_mean
 
 # Held-out QA: every question of each image (CapRL's paper preset), whatever the run's reward.
 HELDOUT_QA = {"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}}

@@ -129,6 +129,7 @@ class Trainer:
         loader.set_state(meta["loader"])
       else:
         phase.evaluate_at_start(self, state, records_changed)
+      loader = phase.attach(loader)
       try:
         state = self.run_phase(phase, state, loader)
       finally:  # bounded: a prefetch thread stuck in a bad record must not hold the process (or the error) up

@@ -8,14 +8,19 @@ kind is one subclass registered in `PHASE_KINDS`. Hooks take the `Trainer` (jaxc
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
+from jaxcap.config.cli import ConfigError
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
+from jaxcap.rl.group_filter import OFF, SPREAD
+from jaxcap.train.off_policy import Lookahead, queues_after
 from jaxcap.train.programs import rollout_correction_config, with_reference
+from jaxcap.train.refill import GroupFilter
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
@@ -35,6 +40,7 @@ class Phase:
   update: Any  # SFTUpdate / RLUpdate: `prepare(records)` feeds the loader, the call runs one step
 
   eval_every: int = 0  # held-out evaluation within the phase every this many steps (0: only at its start / end)
+  checkpoint_every: int = 0  # checkpoint.every: the loop saves after every this many steps (and after the last)
   optimizer: Any = None  # set by `new_state`, from the phase's `optim` block
 
   @classmethod
@@ -62,6 +68,11 @@ class Phase:
 
   def evaluate_at_start(self, trainer: Trainer, state, records_changed: bool) -> None:
     """The held-out evaluation at a fresh start of the phase (if the config asks for one)."""
+
+  def attach(self, loader):
+    """Hands the phase its loader (restored, if resuming) before its first step; returns the loader the loop
+    draws the steps' batches from."""
+    return loader
 
 
 @PHASE_KINDS.register("sft")
@@ -91,6 +102,17 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
+def _group_filter(config, reward_names: tuple[str, ...]) -> GroupFilter | None:
+  mode = config.rl.filter_groups
+  if mode == OFF:
+    return None
+  if mode != SPREAD and mode not in reward_names:
+    raise ConfigError(
+      f"rl.filter_groups={mode!r} names no reward dimension of this run; use off, spread or one of {list(reward_names)}"
+    )
+  return GroupFilter.from_config(config.rl)
+
+
 def _stop_ids(sampler) -> tuple[int, ...]:
   return tuple(int(i) for i in sampler.sampling.resolve_stop_ids(sampler.cfg.eos_token_id))
 
@@ -113,10 +135,24 @@ class RLPhase(Phase):
       c.rl.recompute_old_logprobs,
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
+      group_filter=_group_filter(c, trainer.rewards.names),
       micro_batch_tokens=c.rl.micro_batch_tokens,
       recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
+      off_policy_steps=c.rl.off_policy_steps,
     )
-    return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
+    every = int(c.checkpoint.every or 0)
+    return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, c.eval.every, checkpoint_every=every)
+
+  def attach(self, loader):
+    """Refills of dropped groups (rl.filter_groups) draw the loader's next batches: its saved position counts them.
+    Off-policy (rl.off_policy_steps), the loop draws from a `Lookahead` of it, which queued rounds peek into."""
+    self.update.draw = lambda: next(loader)
+    if not self.update.off_policy_steps:
+      return loader
+    loader = Lookahead(loader)
+    self.update.peek, self.update.queued = loader.peek, None  # a resumed or new phase starts with an empty queue
+    self.update.queues = functools.partial(queues_after, steps=self.steps, checkpoint_every=self.checkpoint_every)
+    return loader
 
   def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""

@@ -23,12 +23,14 @@ import numpy as np
 from jaxcap.data.records import ImageRecord
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
-from jaxcap.rl.collapse import collapsed_pairs
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
+from jaxcap.train.refill import GroupFilter, Round, assembled_rewards, gather_index, gather_rows
+from jaxcap.train.reward_metrics import reward_metrics
+from jaxcap.train.off_policy import off_policy_step
 from jaxcap.train.packed_batch import packed_inputs
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
@@ -111,7 +113,12 @@ class RLUpdate:
   from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
   `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
   `PackedInputs` where the padded ones take the micro-batches' vision layouts; metrics `packing/padding_share`
-  (the share of packed row slots holding no token) and `packing/micro_batches`."""
+  (the share of packed row slots holding no token) and `packing/micro_batches`.
+
+  With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
+  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
+  packed inputs are then those of the assembled batch. With `off_policy_steps` = 1 each step trains on rollouts
+  generated from the weights before the last update (jaxcap.train.off_policy)."""
 
   batcher: Batcher
   sampler: Sampler
@@ -123,6 +130,12 @@ class RLUpdate:
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
+  group_filter: GroupFilter | None = None
+  draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
+  off_policy_steps: int = 0  # rl.off_policy_steps: 1 = each step trains on rollouts queued by the step before
+  peek: Callable[[], HostBatch] | None = None  # off-policy: the loader's next batch, drawn ahead (Lookahead.peek)
+  queues: Callable[[int], bool] | None = None  # off-policy: whether a step queues the next one's round
+  queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
   recorder: Any = None  # jaxcap.train.rollout_records.RolloutRecorder: rollout records at its steps
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
@@ -130,44 +143,112 @@ class RLUpdate:
 
   def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], step: int):
     batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
-    g, m = self.num_samples, self.micro_batches
-    placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
-    source = batch.prompts if getattr(self.sampler, "wants_host_batch", False) else placed  # the paged engine's
-    rollouts = self.sampler(source, jax.random.fold_in(state.key, step), num_samples=g, params=state.params)
+    key = jax.random.fold_in(state.key, step)
+    if self.off_policy_steps:
+      return off_policy_step(self, step_fn, state, batch, step, key)
+    if self.group_filter is not None:
+      return self._filtered(step_fn, state, batch, step, key)
+    first = self.rollout(state, batch, key)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
+    # (Packed, the rows are cut by the completions' lengths: that waits for the rollout, as decoding does.)
+    prompts, layout, packing = self.inputs(batch, first.placed, first.rollouts.host_lengths, first.tokens)
+    logprobs = self.logprobs(state, prompts, layout, first.tokens, first.cmask, first.behaviour)
+    first.rewards = self.judge(first, step)
+    rollout = (first.tokens, first.cmask, first.behaviour, first.rewards.values, first.rewards.valid)
+    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, packing, step)
+
+  def inputs(self, batch: HostBatch, placed, lengths: np.ndarray, tokens: jax.Array):
+    """The update's (prompts, layout, packing/* metrics) of the batch the update sees: `placed` its prompts on
+    device, `lengths` [B*G] its completions' lengths on the host, `tokens` [M, b*G, C] its completions. Padded:
+    the micro-batches' vision layouts; packed (micro_batch_tokens > 0): the step's `PackedInputs`."""
     packed = self.micro_batch_tokens > 0
-    prompts, layout = self.batcher.prompt_batch(placed, m, vision=not packed)
+    prompts, layout = self.batcher.prompt_batch(placed, self.micro_batches, vision=not packed)
+    if not packed:
+      return prompts, layout, {}
+    b = self.batcher
+    layout = packed_inputs(
+      batch.prompts, placed, lengths, tokens.shape[-1], self.micro_batch_tokens, b.processor.cfg, b.bucket_steps
+    )
+    metrics = {
+      "packing/padding_share": layout.rows.padding_share(),
+      "packing/micro_batches": float(layout.rows.shape[0]),
+    }
+    return prompts, layout, metrics
+
+  def rollout(self, state, batch: HostBatch, key: jax.Array) -> Round:
+    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet)."""
+    placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
+    source = batch.prompts if getattr(self.sampler, "wants_host_batch", False) else placed  # the paged engine's
+    rollouts = self.sampler(source, key, num_samples=self.num_samples, params=state.params)
+    arrays = self.batcher.rollout_batch(rollouts.arrays, placed, self.num_samples, self.micro_batches, True)
+    return Round(batch, placed, rollouts, *arrays, rewards=None)
+
+  def judge(self, rollout: Round, step: int):
+    """The RewardBatch of a round's captions (waits for this process's tokens, then for the judge)."""
+    rewards = self.reward.submit(rollout.rollouts.text, rollout.batch.records, step=step).result()
+    self.reward.settle()  # e.g. the judge failure budget, agreed across processes
+    return rewards
+
+  def logprobs(self, state, prompts, layout, tokens, cmask, behaviour):
+    """(old log-probs, reference log-probs or None, mismatch metrics) of the batch, dispatched on device."""
     recompute = self.recompute_old_logprobs
-    tokens, cmask, behaviour = self.batcher.rollout_batch(rollouts.arrays, placed, g, m, with_logprobs=True)
-    host = {}
-    if packed:  # rows cut by the completions' lengths: waits for the rollout (the captions are decoded from them)
-      b = self.batcher
-      layout = packed_inputs(
-        batch.prompts, placed, rollouts.host_lengths, tokens.shape[-1], self.micro_batch_tokens,
-        b.processor.cfg, b.bucket_steps,
-      )  # fmt: skip
-      host["packing/padding_share"] = layout.rows.padding_share()
-      host["packing/micro_batches"] = float(layout.rows.shape[0])
     old = self.logprob_fn(state.params, prompts, layout, tokens) if recompute else behaviour
     # the sampler's log-probs vs the training program's, a program of its own so the update's is unchanged; with
     # the sampler's as old log-probs there is nothing to compare (SAMPLER_OLD_MISMATCH)
     mismatch = _mismatch_fn(old, behaviour, cmask) if recompute else {}
     ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
-    future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
-    rewards = future.result()
-    self.reward.settle()  # e.g. the judge failure budget, agreed across processes
+    return old, ref, mismatch
+
+  def _filtered(self, step_fn: Callable, state, batch: HostBatch, step: int, key: jax.Array):
+    """The step with dynamic sampling: judged rounds until every slot holds a kept group or the budget is spent
+    (round r >= 1 samples from fold_in(key, r)); the log-probs are those of the assembled batch."""
+    g, m = self.num_samples, self.micro_batches
+
+    def judged(r: int, host_batch: HostBatch) -> Round:
+      rnd = self.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r))
+      rnd.rewards = self.judge(rnd, step)
+      return rnd
+
+    def more(r: int) -> Round:
+      if self.draw is None:
+        raise RuntimeError("rl.filter_groups_max_extra > 0 needs the loader: bind it with RLPhase.attach")
+      return judged(r, self.draw())
+
+    fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
+    first = rounds[0]
+    if not fill.moved_anywhere:
+      assembled, placed, arrays = first.batch, first.placed, (first.tokens, first.cmask, first.behaviour)
+      lengths = first.rollouts.host_lengths
+    else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
+      assembled = self.prepare([rounds[r].batch.records[i] for r, i in fill.source])
+      placed = self.sampler.place(assembled.prompts)
+      index = self.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
+      arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
+      lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
+    prompts, layout, packing = self.inputs(assembled, placed, lengths, arrays[0])
+    logprobs = self.logprobs(state, prompts, layout, *arrays)
+    rollout = (*arrays, *assembled_rewards(fill, rounds, g))
+    extra = {**packing, **filter_metrics}
+    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, extra, step)
+
+  def _update(self, step_fn, state, prompts, layout, rollout, logprobs, first: Round, extra: dict, step: int):
+    """The update from (tokens, mask, sampler log-probs, reward values [B*G, R], valid [B*G, R]); the reward
+    metrics (and the rollout records of 0-based `step`) are the first round's (the loader's batch, as without a
+    filter) plus `extra`."""
+    g, m = self.num_samples, self.micro_batches
+    (tokens, cmask, behaviour, values, valid), (old, ref, mismatch) = rollout, logprobs
+    rewards = first.rewards
     if self.recorder is not None and self.recorder.wants(step + 1):  # numbered as metrics.jsonl numbers the step
-      self.recorder(step + 1, batch.records, rollouts.text, rewards, rollouts.tokens, rollouts.host_lengths)
+      ro = first.rollouts
+      self.recorder(step + 1, first.batch.records, ro.text, rewards, ro.tokens, ro.host_lengths)
     r = len(rewards.names)
-    values = self.batcher.micro(rewards.values.reshape(-1, g, r).astype(np.float32), m)
-    valid = self.batcher.micro(rewards.valid.reshape(-1, g, r), m)
     rollout_batch = RolloutBatch(
       tokens,
       cmask,
       old,
-      values,
-      valid,
+      self.batcher.micro(values.reshape(-1, g, r).astype(np.float32), m),
+      self.batcher.micro(valid.reshape(-1, g, r), m),
       jnp.asarray(rewards.weights, jnp.float32),
       ref,
       behaviour if self.rollout_correction else None,
@@ -175,10 +256,9 @@ class RLUpdate:
     )
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
     metrics = {**metrics, **{f"rollout_corr/{k}": v for k, v in mismatch.items()}}
-    if not recompute:
-      host.update({f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()})
+    host = {} if self.recompute_old_logprobs else {f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()}
     host.update(reward_metrics(rewards, group_size=g))
-    host.update({"length/mean": float(rollouts.host_lengths.mean()), **rewards.extras})
+    host.update({"length/mean": float(first.rollouts.host_lengths.mean()), **rewards.extras, **extra})
     return state, PendingMetrics(metrics, host)
 
 
@@ -201,32 +281,3 @@ def _mismatch_fn(old, behaviour, mask):
 def _truncated_fn(tokens, mask, stop_ids):
   """bool [M, b*G]: no stop token among the caption's tokens (it hit max_new_tokens)."""
   return ~jnp.any(mask & jnp.isin(tokens, stop_ids), axis=-1)
-
-
-def reward_metrics(rewards, group_size: int | None = None) -> dict[str, float]:
-  """reward/mean (the weighted reward, each dimension averaged over its valid entries), reward/<name> (NaN when
-  no judgment of it was valid), length/words and judge/failed; with `group_size` and two or more weighted reward
-  dimensions, also reward/collapsed_pairs and reward/distinct_pairs (Proposition 1 in the wild:
-  jaxcap.rl.collapse)."""
-  values, valid = rewards.values, rewards.valid
-  out = {
-    "reward/mean": weighted_mean(values, valid, rewards.weights),
-    "length/words": float(rewards.caption_lengths.mean()),
-    "judge/failed": float(sum(rewards.failed_judgments.values())),
-  }
-  if group_size and int((np.asarray(rewards.weights) != 0).sum()) >= 2:
-    collapsed, distinct = collapsed_pairs(values, valid, rewards.weights, group_size)
-    out.update({"reward/collapsed_pairs": float(collapsed), "reward/distinct_pairs": float(distinct)})
-  for k, name in enumerate(rewards.names):
-    out[f"reward/{name}"] = float(values[valid[:, k], k].mean()) if valid[:, k].any() else float("nan")
-  return out
-
-
-def weighted_mean(values: np.ndarray, valid: np.ndarray, weights: np.ndarray) -> float:
-  """Mean over captions of the weighted reward, each dimension averaged over its valid entries only; NaN when a
-  weighted dimension has no valid entry (nothing measured it, so no mean is claimed)."""
-  weights, measured = np.asarray(weights), valid.any(axis=0)
-  if not measured[weights != 0].all():
-    return float("nan")
-  means = np.array([values[valid[:, k], k].mean() if measured[k] else 0.0 for k in range(values.shape[1])])
-  return float(means @ weights)

@@ -128,6 +128,16 @@ def test_timeouts_behind_an_open_breaker_count_as_timeouts(world):
   assert "Failed judgments by kind: auth 0, timeout 6, connection 0, http_status 0, parse 0." in error
 
 
+def test_refill_rounds_of_one_step_count_as_one_bad_step():
+  """rl.filter_groups judges a step's refills in further calls with the same step: patience counts steps."""
+  budget = FailureBudget(0.5, patience=2)
+  for _ in range(3):
+    budget.observe(7, 4, 4, {"timeout": 4})
+  assert budget.bad_steps == [7] and budget.failed == 12
+  with pytest.raises(JudgeFailureBudgetError, match="steps 7-8: 0 of 16 judgments valid"):
+    budget.observe(8, 4, 4, {"timeout": 4})
+
+
 def test_budget_resets_on_a_good_step_and_ignores_steps_that_asked_nothing():
   budget = FailureBudget(min_valid_fraction=0.5, patience=3)
   assert budget.observe(0, 10, 10, {"timeout": 10}) == 0.0
@@ -209,3 +219,26 @@ def test_processes_agree_on_the_budget_with_summed_counts(monkeypatch, manifest,
         assert f"0 of {6 * len(records)} judgments valid" in str(e)
         break
     assert stopped == stops and seen and all(s[0] == len(records) and s[1] == len(records) for s in seen)
+
+
+def test_settle_takes_the_calls_in_order(monkeypatch, manifest, world):
+  """rl.off_policy_steps: the next step's call may finish before this step's settle; each settle agrees the oldest
+  unsettled call's counts, so the budget sees every step once, in order."""
+  import jax
+  import numpy as np
+
+  import jaxcap.multihost
+
+  records, captions = world
+  _, failing = judge_for_manifest(manifest, failure_rate=1.0)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jaxcap.multihost, "allgather_ints", lambda local: [np.asarray(local)] * 2)
+  reward = judged_reward(build_reward(CAPRL, failing), failing, judge_config(failure_patience=3))
+  reward(captions, records, step=0)
+  reward(captions, records, step=1)  # before step 0's settle
+  reward.settle()
+  assert reward.budget.bad_steps == [1]
+  reward.settle()
+  assert reward.budget.bad_steps == [1, 2]
+  reward.settle()  # nothing left: a no-op
+  assert reward.budget.bad_steps == [1, 2]

@@ -30,11 +30,11 @@ KEYS = {
   + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
   + ["structured_output", "timeout_s"],
   "mesh.shape": ["data", "fsdp", "tensor"],
-  "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
+  "model": ["checkpoint", "dtype", "family", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
-  "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batch_tokens", "micro_batches"]
-  + ["num_samples", "recompute_old_logprobs", "steps"],
+  "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
+  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "recompute_old_logprobs", "steps"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -146,6 +146,9 @@ def test_missing_field_is_named():
     ("rl.rollout_correction.is_level", "seq", "use none, token or sequence"),
     ("rl.rollout_correction.reject", "token_k4", "token_k1"),
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
+    ("rl.filter_groups_max_extra", -8, ">= 0"),
+    ("rl.filter_groups", "", "use off, spread or a reward dimension's name"),
+    ("rl.off_policy_steps", 2, "use 0 (on-policy) or 1"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
   ],
@@ -191,6 +194,28 @@ def test_checks_apply_only_where_the_field_is_used():
   assert "data.eval_manifest" in _errors(c) and "eval.num_images=0" in _errors(c)
 
 
+def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
+  c = base_config()
+  c.rl.filter_groups, c.rl.filter_groups_max_extra = "spread", 12  # rl.batch_size 8
+  msg = _errors(c)
+  assert "rl.filter_groups_max_extra=12" in msg and "multiple of rl.batch_size=8" in msg and msg.count("\n  - ") == 1
+  c.rl.filter_groups_max_extra = 16
+  validate(c)
+  c.rl.filter_groups = "off"
+  assert "does nothing with rl.filter_groups=off" in _errors(c)
+  c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 0  # a dimension's name: checked at build
+  validate(c)
+
+
+def test_off_policy_steps_do_not_combine_with_the_group_filter_yet():
+  c = base_config()
+  c.rl.off_policy_steps = 1
+  validate(c)
+  c.rl.filter_groups = "spread"
+  msg = _errors(c)
+  assert "rl.off_policy_steps=1 does not combine with rl.filter_groups='spread'" in msg and msg.count("\n  - ") == 1
+
+
 def test_packed_micro_batches_run_on_one_process():
   c = base_config()
   c.rl.micro_batch_tokens = 512
@@ -232,7 +257,10 @@ def test_resume_policies_of_the_schema():
   allowed = ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat")
   for key in (*allowed, "rl.micro_batch_tokens"):
     assert schema.resume_policy(key) == ALLOWED, key
-  for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind"):
+  for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind") + (
+    "rl.filter_groups",
+    "rl.filter_groups_max_extra",
+  ):
     assert schema.resume_policy(key) == ALTERS, key
   # a key the schema no longer has takes its block's policy (a field since removed from eval still may change)
   assert (schema.resume_policy("eval.removed"), schema.resume_policy("rl.removed")) == (ALLOWED, ALTERS)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxcap.train.metrics import MetricsWriter, to_json
-from jaxcap.train.updates import reward_metrics
+from jaxcap.train.reward_metrics import reward_metrics
 
 
 def _strict(text):

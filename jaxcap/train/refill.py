@@ -1,0 +1,160 @@
+"""Dynamic sampling around one RL step (`rl.filter_groups`): groups whose valid rewards do not spread are dropped
+after judging and their slots refilled with groups of further prompts drawn from the run's loader, until every
+slot of the batch is filled or `rl.filter_groups_max_extra` extra prompts were drawn.
+
+The batch keeps its shape: slot i of this process's B holds either the step's own group i (kept), or the n-th
+kept group of the later rounds (the n-th dropped slot, in order), or -- when the budget ran out -- its own dropped
+group with every reward masked, so it carries no gradient and enters no statistic. With no group dropped the batch
+is exactly the step's first one.
+
+Every process draws the same number of rounds (the loader's position moves in step everywhere, and a resumed run
+draws the same batches): after each round one small host all-gather of (open slots, dropped, kept) decides, so
+all processes agree on when the step is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcap import multihost
+from jaxcap.rl.group_filter import kept_groups
+
+
+@dataclasses.dataclass
+class Round:
+  """One judged batch of prompts: its host batch (records, prompts), the placed prompts, the rollouts, the update
+  layout's tokens / completion mask / sampler log-probs [M, P*b*G, N] and the rewards (this process's B*G rows)."""
+
+  batch: Any  # HostBatch
+  placed: Any
+  rollouts: Any
+  tokens: jax.Array
+  cmask: jax.Array
+  behaviour: jax.Array | None
+  rewards: Any = None  # RewardBatch, once judged
+
+
+class SlotFill:
+  """Which group fills each of `size` slots: `source[i]` = (round, group index in that round), `filled[i]` whether
+  that group is a kept one (else slot i holds round 0's dropped group i, to be masked)."""
+
+  def __init__(self, size: int):
+    self.source = [(0, i) for i in range(size)]
+    self.filled = np.zeros(size, bool)
+    self.rounds = 0
+    self.moved_anywhere = False  # some process's slots hold groups of later rounds (set by GroupFilter.fill)
+
+  @property
+  def open(self) -> int:
+    return int((~self.filled).sum())
+
+  def add(self, keep: np.ndarray) -> int:
+    """Takes the next round's kept groups (bool [B]) into the open slots, in order; returns how many it placed."""
+    keep = np.asarray(keep, bool)
+    r, self.rounds = self.rounds, self.rounds + 1
+    if r == 0:
+      self.filled = keep.copy()
+      return int(keep.sum())
+    slots = np.flatnonzero(~self.filled)
+    groups = np.flatnonzero(keep)[: len(slots)]
+    for slot, group in zip(slots, groups):
+      self.source[slot] = (r, int(group))
+      self.filled[slot] = True
+    return len(groups)
+
+  @property
+  def same_rows(self) -> bool:
+    """Every slot holds the first round's own group (kept or masked): no rows move."""
+    return all(s == (0, i) for i, s in enumerate(self.source))
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupFilter:
+  """`fill(first, more)`: `first` is the step's judged Round, `more(r)` draws and judges round r >= 1; returns
+  (SlotFill, the rounds, the filter/* metrics, summed over processes). Its `moved_anywhere` is agreed by every
+  process: the batch is then assembled everywhere (the re-placed prompts and the gather are collectives)."""
+
+  mode: str
+  num_samples: int
+  max_rounds: int  # 1 + the budget of extra batches
+
+  @classmethod
+  def from_config(cls, rl) -> "GroupFilter":
+    return cls(str(rl.filter_groups), int(rl.num_samples), 1 + int(rl.filter_groups_max_extra) // int(rl.batch_size))
+
+  def keep(self, rewards) -> np.ndarray:
+    return kept_groups(rewards.values, rewards.valid, rewards.weights, rewards.names, self.num_samples, self.mode)
+
+  def fill(self, first: Round, more: Callable[[int], Round]) -> tuple[SlotFill, list[Round], dict[str, float]]:
+    rounds = [first]
+    keep = self.keep(first.rewards)
+    fill = SlotFill(len(keep))
+    dropped = kept = generated = 0
+    first_dropped = None
+    while True:
+      fill.add(keep)
+      local = [fill.open, int((~keep).sum()), int(keep.sum()), len(keep), int(not fill.same_rows)]
+      open_slots, d, k, n, moved = (int(x) for x in np.sum(multihost.allgather_ints(local), axis=0))
+      fill.moved_anywhere = moved > 0
+      dropped, kept, generated = dropped + d, kept + k, generated + n
+      first_dropped = d / n if first_dropped is None else first_dropped
+      if open_slots == 0 or len(rounds) >= self.max_rounds:
+        break
+      rounds.append(more(len(rounds)))
+      keep = self.keep(rounds[-1].rewards)
+    metrics = {
+      "filter/dropped": float(dropped),
+      "filter/generated": float(generated),
+      "filter/kept_frac": kept / generated if generated else float("nan"),
+      "filter/first_dropped_frac": float(first_dropped),
+      "filter/rounds": float(len(rounds)),
+      "filter/unfilled": float(open_slots),
+    }
+    return fill, rounds, metrics
+
+
+def assembled_rewards(fill: SlotFill, rounds: Sequence[Round], num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+  """(values float32 [B*G, R], valid bool [B*G, R]) of the filled batch; an unfilled slot's rewards all masked."""
+  g = num_samples
+  values, valid = [], []
+  for (r, i), filled in zip(fill.source, fill.filled):
+    rewards = rounds[r].rewards
+    values.append(rewards.values[i * g : (i + 1) * g])
+    valid.append(rewards.valid[i * g : (i + 1) * g] & filled)
+  return np.concatenate(values).astype(np.float32), np.concatenate(valid)
+
+
+def gather_index(fill: SlotFill, rows: int, num_samples: int, num_micro: int) -> np.ndarray:
+  """int32 [B*G]: for each of this process's filled rows (slot-major), its row in the rounds' update-layout arrays
+  stacked and flattened ([R, M, P*b*G] -> [R*M*P*b*G]; micro-batch m holds every process's rows m*b..(m+1)*b-1,
+  process by process: `jaxcap.train.batching.micro_major`)."""
+  g, mb = num_samples, rows // num_micro
+  procs, p = jax.process_count(), jax.process_index()
+  per_micro = procs * mb * g
+  index = np.empty((rows, g), np.int64)
+  for slot, (r, i) in enumerate(fill.source):
+    m, w = divmod(i, mb)
+    index[slot] = r * num_micro * per_micro + m * per_micro + p * mb * g + w * g + np.arange(g)
+  return index.reshape(-1).astype(np.int32)
+
+
+def gather_rows(arrays: Sequence[jax.Array | None], index: jax.Array) -> jax.Array | None:
+  """The rows `index` [M, P*b*G] picks from the rounds' arrays [M, P*b*G, N] stacked (None when they are None)."""
+  if arrays[0] is None:
+    return None
+  return _gather_fn(arrays[0].sharding)(tuple(arrays), index)
+
+
+@functools.lru_cache(maxsize=8)
+def _gather_fn(sharding):
+  def fn(arrays, index):
+    stacked = jnp.stack(arrays)
+    return stacked.reshape(-1, stacked.shape[-1])[index]
+
+  return jax.jit(fn, out_shardings=sharding)

@@ -1,0 +1,118 @@
+"""One-step off-policy RL (rl.off_policy_steps, jaxcap.train.off_policy): the loader's look-ahead and its saved
+position, which steps queue the next round, and the main job end to end (staleness logged, a resumed run repeats
+the uninterrupted one)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxcap.train.off_policy import Lookahead, queues_after
+
+
+class _Loader:
+  """An iterator over 0, 1, 2, ... with the loader's get_state / set_state."""
+
+  def __init__(self):
+    self.next_index, self.closed = 0, False
+
+  def __next__(self):
+    self.next_index += 1
+    return [self.next_index - 1]
+
+  def get_state(self):
+    return {"next_index": self.next_index}
+
+  def set_state(self, state):
+    self.next_index = state["next_index"]
+
+  def close(self):
+    self.closed = True
+
+
+def test_lookahead_hands_out_the_peeked_batch_and_saves_the_position_before_it():
+  loader = Lookahead(_Loader())
+  assert next(loader) == [0]
+  peeked = loader.peek()
+  assert peeked == [1] and loader.peek() is peeked  # one batch ahead, however often asked
+  assert loader.get_state() == {"next_index": 1}  # a checkpoint now resumes at the peeked batch
+  assert next(loader) is peeked and loader.get_state() == {"next_index": 2}
+  assert next(loader) == [2]
+  loader.peek()
+  loader.set_state({"next_index": 1})  # a restore drops the look-ahead
+  assert next(loader) == [1]
+  loader.close()
+  assert loader.loader.closed
+
+
+def test_no_round_is_queued_across_a_checkpoint_or_past_the_last_step():
+  # 6 steps, a checkpoint after steps 2, 4 (and 6): steps 1, 3, 5 queue the next one's round
+  assert [queues_after(s, 6, 2) for s in range(6)] == [True, False, True, False, True, False]
+  assert [queues_after(s, 3, 0) for s in range(3)] == [True, True, False]  # no checkpoints: all but the last
+  assert [queues_after(s, 4, 5) for s in range(4)] == [True, True, True, False]
+
+
+def _metrics(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+@pytest.mark.slow  # three short training runs in subprocesses
+def test_off_policy_run_logs_staleness_and_resumes_to_the_same_metrics(tmp_path):
+  """SMALL (6 RL steps, a checkpoint every 2) with a reward that sometimes spreads: the steps after a checkpoint
+  roll out their own batch (staleness 0), the others train on the round queued by the step before (staleness 1);
+  a run stopped at a checkpoint and resumed writes the uninterrupted run's metrics."""
+  from processes import ROOT, SMALL, launch, tiny_run
+
+  script = str(Path(ROOT) / "tests" / "train" / "spread_reward_launch.py")
+  run = tiny_run({"rl.off_policy_steps": 1, "rl.rollout_correction.is_level": "token", "eval.every": 0}, base=SMALL)
+  launch("caprl", *run, workdir=tmp_path / "full", script=script)
+  rows = [r for r in _metrics(tmp_path / "full") if r["phase"] == "rl" and "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+  assert [r["offpolicy/staleness"] for r in rows] == [0.0, 1.0] * 3
+  for r in rows:
+    assert r["loss"] == r["loss"] and r["grad_norm"] > 0  # finite, a gradient
+    assert "rollout_corr/kl_k3" in r and "rollout_corr/is_truncated_frac" in r
+  # a queued round was sampled by the weights one update older than the ones its old log-probs are recomputed
+  # with: they differ once the warm-up's learning rate has moved the weights (steps 4, 6: ~2e-4 nats per token
+  # here); a round rolled out at its own step differs only by float rounding (~3e-8)
+  diff = [abs(r["rollout_corr/log_ppl_diff"]) for r in rows]
+  assert max(diff[0::2]) < 1e-6 and min(diff[3], diff[5]) > 1e-5, diff
+
+  launch("caprl", *run, "--config.rl.steps=4", workdir=tmp_path / "resumed", script=script)
+  rerun = launch("caprl", *run, workdir=tmp_path / "resumed", script=script)
+  assert "resumed rl" in rerun.stdout + rerun.stderr
+  steps = lambda workdir: [r for r in _metrics(workdir) if r["phase"] == "rl" and "loss" in r]
+  assert steps(tmp_path / "resumed") == rows  # (the 4-step run's end-of-phase evaluation is the only other row)
+
+
+@pytest.mark.slow  # two processes of a short training run
+def test_two_processes_queue_in_step(tmp_path):
+  """Both processes queue the same rounds (a process out of step would hang the next collective) and each step's
+  metrics are logged once, with its staleness."""
+  from processes import launch_command, run_processes, tiny_run
+
+  common = tiny_run(
+    {
+      "rl.steps": 3,
+      "rl.off_policy_steps": 1,
+      "world.train_scenes": 16,
+      "eval.num_images": 0,
+      "vision_warmup.steps": 0,
+      "vision_warmup.batch_size": None,
+    }
+  )
+  run_processes(
+    lambda i, port: launch_command(
+      "caprl",
+      *common,
+      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+      "--config.distributed.num_processes=2",
+      f"--config.distributed.process_id={i}",
+      workdir=tmp_path / "two",
+    ),
+    count=2,
+    devices=1,
+  )
+  rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
+  assert [(r["step"], r["offpolicy/staleness"]) for r in rows] == [(1, 0.0), (2, 1.0), (3, 1.0)]
