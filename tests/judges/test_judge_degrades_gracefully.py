@@ -88,7 +88,10 @@ def test_a_slow_reply_costs_its_own_judgment_not_the_batch(slow_s, timeout_s):
     r.error.startswith(f"timeout: {endpoint.url}: no reply within {timeout_s:g} s") for r in replies if r.failed
   )
   assert m.failed_judgments == 6 and m.failed_by_kind == {"timeout": 6} and m.unsent_judgments == 0  # counted
-  assert m.hedges == 6 and m.requests == app.state.requests == 26  # one re-ask each, nothing retried beyond it
+  # one re-ask for each slow request, nothing retried beyond it; on a loaded machine a fast reply can also pass the
+  # hedge delay (timeout / 2) and be re-asked once (9 hedges seen in a full run on 2 cores): at most one re-ask each
+  # (a re-ask whose original answered first may be cancelled before the server counts it)
+  assert 6 <= m.hedges <= 20 and m.requests == 20 + m.hedges and 26 <= app.state.requests <= m.requests
   assert list(states.values()) == ["closed"]  # the endpoint kept answering: its breaker never opened
   assert elapsed < slow_s  # hedge (timeout / 2) + timeout, not the slow reply
 
