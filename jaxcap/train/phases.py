@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
-from jaxcap.train.programs import rollout_correction_config, with_reference
+from jaxcap.train.programs import reference_is_base, rollout_correction_config, with_reference
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
 
@@ -114,6 +114,7 @@ class RLPhase(Phase):
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
       micro_batch_tokens=c.rl.micro_batch_tokens,
+      reference_is_base=reference_is_base(c, "rl"),
     )
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, eval_every=c.eval.every)
 

@@ -105,8 +105,20 @@ def packs(config: ml_collections.ConfigDict) -> bool:
 
 
 def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
-  """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term)."""
-  return phase == "rl" and config.rl.loss.kl_coef > 0
+  """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term, without LoRA: with
+  LoRA the reference is the base, the same params with the adapters off, `reference_is_base`)."""
+  return phase == "rl" and config.rl.loss.kl_coef > 0 and not lora_rank(config)
+
+
+def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
+  """Whether `phase`'s KL reference is the policy's own base with its LoRA adapters off (no copy)."""
+  return phase == "rl" and config.rl.loss.kl_coef > 0 and lora_rank(config) > 0
+
+
+def lora_rank(config: ml_collections.ConfigDict) -> int:
+  """`model.lora.rank` (0: full fine-tuning; configs from before LoRA have no such key)."""
+  lora = config.model.get("lora")
+  return int(lora.rank) if lora is not None else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.models import lora
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.collapse import collapsed_pairs
@@ -123,6 +124,7 @@ class RLUpdate:
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
+  reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -152,7 +154,11 @@ class RLUpdate:
     # the sampler's log-probs vs the training program's, a program of its own so the update's is unchanged; with
     # the sampler's as old log-probs there is nothing to compare (SAMPLER_OLD_MISMATCH)
     mismatch = _mismatch_fn(old, behaviour, cmask) if recompute else {}
-    ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
+    ref = None
+    if state.ref_params is not None:
+      ref = self.logprob_fn(state.ref_params, prompts, layout, tokens)
+    elif self.reference_is_base:  # the frozen base itself: B = 0 in every adapter, no second copy of the model
+      ref = self.logprob_fn(lora.adapters_off(state.params), prompts, layout, tokens)
     future = self.reward.submit(rollouts.text, batch.records, step=step)  # waits for this process's tokens only
     rewards = future.result()
     self.reward.settle()  # e.g. the judge failure budget, agreed across processes
