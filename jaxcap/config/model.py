@@ -57,18 +57,15 @@ class Lora(Block):
   vision: bool = field(False, "adapters on the vision tower's / merger's matching modules too")
   weight_qtype: str = field("", "QLoRA: the frozen base's weights quantized ('' = not)", choices=WEIGHT_QTYPES)
 
-  def active(self, run) -> bool:
-    return self.rank > 0
-
   def check(self, run, at):
     if self.dropout:
       yield f"{at}dropout={self.dropout}: adapter dropout is not supported yet; set {at}dropout=0"
     unknown = sorted(set(self.targets) - set(LORA_TARGETS) - set(VISION_TARGETS))
     if unknown:
       known = ", ".join(LORA_TARGETS + VISION_TARGETS)
-      yield f"{at}targets: unknown module name(s) {', '.join(unknown)}; choose among {known}"
+      yield f"{at}targets={list(self.targets)}: unknown module name(s) {', '.join(unknown)}; choose among {known}"
     if not self.targets:
-      yield f"{at}targets is empty; name at least one module (default: {', '.join(LORA_TARGETS)})"
+      yield f"{at}targets=[]: name at least one module (default: {', '.join(LORA_TARGETS)})"
 
 
 @dataclasses.dataclass(frozen=True)

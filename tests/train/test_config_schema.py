@@ -31,6 +31,7 @@ KEYS = {
   + ["structured_output", "timeout_s"],
   "mesh.shape": ["data", "fsdp", "tensor"],
   "model": ["checkpoint", "dtype", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
+  "model.lora": ["alpha", "dropout", "rank", "targets", "vision", "weight_qtype"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "freeze_vision", "mask_truncated", "micro_batch_tokens", "micro_batches"]
@@ -147,6 +148,10 @@ def test_missing_field_is_named():
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
+    ("model.lora.rank", -1, ">= 0"),
+    ("model.lora.dropout", 0.1, "set model.lora.dropout=0"),
+    ("model.lora.targets", ["q_proj", "lm_head"], "unknown module name(s) lm_head"),
+    ("model.lora.weight_qtype", "fp8", "nf4"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
@@ -228,6 +233,9 @@ def test_resume_policies_of_the_schema():
     SHAPE
   }
   assert schema.resume_policy("world.vocab_size") == SHAPE
+  for key in ("model.lora.rank", "model.lora.targets", "model.lora.weight_qtype"):  # they change the params' tree
+    assert schema.resume_policy(key) == SHAPE, key
+  assert schema.resume_policy("model.lora.alpha") == ALTERS
   allowed = ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat")
   for key in (*allowed, "rl.micro_batch_tokens"):
     assert schema.resume_policy(key) == ALLOWED, key
