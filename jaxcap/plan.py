@@ -43,6 +43,7 @@ from jaxcap.sharding import logical_to_spec, make_mesh
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packed_batch import planned_rows
 from jaxcap.train.programs import RunPrograms, packs, rollout_correction_config, with_reference
+from jaxcap.train.adapters import format_breakdown, lora_advice, state_breakdown, with_run_lora
 from jaxcap.train.state import _fresh_state, train_state_shardings
 from jaxcap.train.step import PromptBatch, RolloutBatch
 
@@ -147,8 +148,8 @@ def per_device_bytes(tree) -> int:
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
-    itemsize = 8 if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.dtype(x.dtype).itemsize
-    total += int(np.prod(shape)) * itemsize
+    bits = 64 if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else jax.dtypes.itemsize_bits(x.dtype)
+    total += int(np.prod(shape)) * bits // 8  # 4-bit types (QLoRA's int4 / nf4 base): half a byte
   return total
 
 
@@ -201,7 +202,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
 
   mesh = make_mesh(dict(config.mesh.shape), devices=devices)
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))))
+  # with model.lora: the adapters and any quantized base, as the run builds them
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: with_run_lora(Qwen25VL(cfg, rngs=nnx.Rngs(0)), config)))
   programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
   opt = programs.optimizer("rl")
   inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
@@ -306,6 +308,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "update_model_tflop": flops["total"] / 1e12,
     "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
     "train_state_gib_per_device": state_bytes / GIB,
+    "train_state_parts": state_breakdown(state, config),
     "params_gib_per_device": params_bytes / GIB,
     "programs": [dataclasses.asdict(r) | {"peak": r.peak} for r in results],
     "hbm_gib": hbm_gib,
@@ -367,7 +370,7 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
   if state_bytes > 0.6 * budget:
     out.append(
       f"the train state alone takes {state_bytes / GIB:.1f} of {budget / GIB:.0f} GiB per device: shard it over "
-      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})"
+      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})" + lora_advice(config)
     )
   return out
 
@@ -386,6 +389,7 @@ def format_plan(result: dict) -> str:
     ),
     f"train state per device: {result['train_state_gib_per_device']:.2f} GiB "
     f"(params {result['params_gib_per_device']:.2f} GiB)",
+    format_breakdown(result["train_state_parts"]),
     "",
     f"{'program':<10}{'args':>9}{'temp':>9}{'out':>9}{'aliased':>9}{'other state':>13}{'peak':>9}{'compile':>10}",
   ]

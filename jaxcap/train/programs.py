@@ -28,6 +28,7 @@ from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.train.adapters import lora_rank
 from jaxcap.train.packed import packed_sequence_logprobs
 from jaxcap.train.packed_step import packed_rl_step
 from jaxcap.train.state import make_optimizer
@@ -114,11 +115,6 @@ def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
   """Whether `phase`'s KL reference is the policy's own base with its LoRA adapters off (no copy)."""
   return phase == "rl" and config.rl.loss.kl_coef > 0 and lora_rank(config) > 0
 
-
-def lora_rank(config: ml_collections.ConfigDict) -> int:
-  """`model.lora.rank` (0: full fine-tuning; configs from before LoRA have no such key)."""
-  lora = config.model.get("lora")
-  return int(lora.rank) if lora is not None else 0
 
 
 @dataclasses.dataclass(frozen=True)

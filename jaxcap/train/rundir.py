@@ -20,6 +20,7 @@ import ml_collections
 from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
+from jaxcap.train.adapters import saved_part, with_base
 from jaxcap.locking import lock_workdir
 from jaxcap.multihost import first_process_then_others, is_lead_process
 from jaxcap.train import integrity
@@ -123,13 +124,17 @@ class RunDirectory:
   # -- checkpoints -------------------------------------------------------------------------------------------
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    self.checkpoints.save(step, state, meta)
+    """Checkpoint `step`: the whole state, or with LoRA on a checkpoint's base the state less its frozen base
+    (`adapters.saved_part`: the base is read again from model.checkpoint on resume, never rewritten)."""
+    self.checkpoints.save(step, saved_part(state, self.config)[0], meta)
 
   def restore(self, step: int, state: Any, phase: str) -> tuple[Any, dict]:
-    """The checkpoint at `step` in the shardings of `state`, and its meta; a state that does not fit is a
-    ConfigChangedError saying what in the config changes the state's structure."""
+    """The checkpoint at `step` in the shardings of `state` (its frozen LoRA base kept from `state`), and its meta;
+    a state that does not fit is a ConfigChangedError saying what in the config changes the state's structure."""
+    state, frozen = saved_part(state, self.config)
     try:
-      return self.checkpoints.restore(step, state)
+      restored, meta = self.checkpoints.restore(step, state)
+      return with_base(restored, frozen), meta
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
       integrity.quiet_abandoned_reads()

@@ -19,11 +19,11 @@ from jaxcap.judges.factory import build_judge
 from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.protocol import Judge
 from jaxcap.models.config import dtype_from_name
-from jaxcap.models.lora import apply_lora
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
+from jaxcap.train.adapters import lora_rank, with_run_lora
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
@@ -97,17 +97,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
 def with_lora(model: Qwen25VL, config: ml_collections.ConfigDict, mesh) -> Qwen25VL:
   """`model` with the run's LoRA adapters (and QLoRA's quantized base) when `model.lora.rank` > 0, every param
   in its sharding on `mesh` (`jaxcap.sharding.param_shardings`: adapters by their kernel's rules); else `model`."""
-  lora = config.model.get("lora")
-  if lora is None or int(lora.rank) <= 0:
+  if lora_rank(config) <= 0:
     return model
-  model = apply_lora(
-    model,
-    rank=int(lora.rank),
-    alpha=float(lora.alpha),
-    targets=tuple(lora.targets),
-    vision=bool(lora.vision),
-    weight_qtype=str(lora.weight_qtype),
-    seed=int(config.seed),
-  )
-  graphdef, state = nnx.split(model)
+  graphdef, state = nnx.split(with_run_lora(model, config))
   return nnx.merge(graphdef, reshard(state, param_shardings(state, mesh)))
