@@ -87,6 +87,8 @@ def apply_lora(
         return qwix.apply_lora_to_model(one, provider, jnp.zeros((1, din), one.param_dtype), rngs=r)
 
       wrapped = wrap(lin, rngs)
+    for name in ("kernel_lora_a", "kernel_lora_b"):  # float32 whatever the base's dtype (qwix takes the base's)
+      setattr(wrapped, name, nnx.LoRAParam(getattr(wrapped, name)[...].astype(jnp.float32)))
     wrapped.lora_scale = float(alpha) / rank  # read by merged_pure
     parent = model
     for name in path[:-1]:

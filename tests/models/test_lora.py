@@ -210,3 +210,17 @@ def test_merged_export_loads_in_transformers_with_the_same_logits(tmp_path):
   base = load_hf_checkpoint(src)
   plain, _ = base(*args)
   assert float(np.abs(np.asarray(plain) - want).max()) > 1e-2
+
+
+def test_adapters_are_float32_and_keep_the_compute_dtype():
+  """bfloat16 base and compute: the adapters are float32 (qwix would make them the base's dtype), and an adapted
+  layer's output stays bfloat16 (a float32 delta would promote every activation after it)."""
+  import dataclasses
+
+  cfg = dataclasses.replace(M.tiny(), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+  model = lora.apply_lora(Qwen25VL(cfg, rngs=nnx.Rngs(0)), rank=RANK, alpha=ALPHA)
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))} == {jnp.dtype(jnp.float32)}
+  assert model.layers.mlp.up_proj.kernel[...].dtype == jnp.bfloat16
+  ids, positions, mask = _text_inputs()
+  hidden, _ = model.decode(model.embed(ids), positions, mask)
+  assert hidden.dtype == jnp.bfloat16
