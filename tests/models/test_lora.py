@@ -224,3 +224,22 @@ def test_adapters_are_float32_and_keep_the_compute_dtype():
   ids, positions, mask = _text_inputs()
   hidden, _ = model.decode(model.embed(ids), positions, mask)
   assert hidden.dtype == jnp.bfloat16
+
+
+def test_qwen3vl_with_vision_adapters_starts_from_the_base():
+  """The other student family, adapters on the vision tower's and merger's Linears too: zero B, the same logits."""
+  from jaxcap.models.qwen3vl import Qwen3VL
+
+  model = Qwen3VL(M.qwen3vl_tiny(), rngs=nnx.Rngs(0))
+  base_graphdef, base_params = nnx.split(model)
+  adapted = lora.apply_lora(nnx.clone(model), rank=RANK, alpha=ALPHA, vision=True, targets=lora.LORA_TARGETS + lora.VISION_TARGETS)
+  graphdef, params = nnx.split(adapted)
+  adapted_paths = {
+    ".".join(str(getattr(k, "key", k)) for k in p)
+    for p, _ in jax.tree_util.tree_leaves_with_path(nnx.state(adapted, nnx.LoRAParam))
+  }
+  assert any(p.startswith("visual.") for p in adapted_paths) and any(p.startswith("layers.") for p in adapted_paths)
+  inputs = _text_inputs()
+  base = _logits(base_graphdef, base_params, inputs)
+  assert np.array_equal(np.asarray(_logits(graphdef, params, inputs)), np.asarray(base))
+  assert float(jnp.abs(_logits(graphdef, _with_b(params), inputs) - base).max()) > 1e-3
