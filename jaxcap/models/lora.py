@@ -70,7 +70,9 @@ def apply_lora(
   provider = qwix.LoraProvider(
     module_path=".*", rank=rank, alpha=float(alpha), weight_qtype=weight_qtype or None, tile_size=None
   )
-  found = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, Linear) and _targeted(path, targets, vision)]
+  found = [
+    (path, m) for path, m in nnx.iter_modules(model) if isinstance(m, Linear) and _targeted(path, targets, vision)
+  ]
   if not found:
     raise ValueError(f"model.lora.targets={list(targets)} match no Linear of the model (vision={vision})")
   for i, (path, lin) in enumerate(found):

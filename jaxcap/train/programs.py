@@ -116,7 +116,6 @@ def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
   return phase == "rl" and config.rl.loss.kl_coef > 0 and lora_rank(config) > 0
 
 
-
 @dataclasses.dataclass(frozen=True)
 class RunPrograms:
   """The jitted programs of a run: `config` (the run config) and `graphdef` (the policy's nnx graph)."""

@@ -81,7 +81,9 @@ def test_adapters_cover_the_decoder_projections_only(tiny):
   assert a.shape == (cfg.num_hidden_layers, cfg.hidden_size, RANK) and a.dtype == jnp.float32
   assert b.shape == (cfg.num_hidden_layers, RANK, cfg.num_attention_heads * cfg.head_dim)
   assert not np.any(np.asarray(b)) and np.all(np.asarray(jnp.abs(a).sum(axis=1)) > 0)
-  assert lora.adapter_count(params) == sum(x.size for x in jax.tree.leaves(nnx.state(nnx.merge(tiny[2], params), nnx.LoRAParam)))
+  assert lora.adapter_count(params) == sum(
+    x.size for x in jax.tree.leaves(nnx.state(nnx.merge(tiny[2], params), nnx.LoRAParam))
+  )
 
 
 def test_adapter_gradients_are_the_full_gradient_projected(tiny):
@@ -135,7 +137,9 @@ def test_only_adapters_have_optimizer_state_and_move(tiny):
     return apply_update(state, grads, opt, loss=loss), grads
 
   (new, _), grads = step(state)
-  assert all("_lora_" in ".".join(str(getattr(k, "key", k)) for k in p) for p, _ in jax.tree_util.tree_leaves_with_path(grads))
+  assert all(
+    "_lora_" in ".".join(str(getattr(k, "key", k)) for k in p) for p, _ in jax.tree_util.tree_leaves_with_path(grads)
+  )
   before, after = lora.split_trainable(state.params), lora.split_trainable(new.params)
   jax.tree.map(np.testing.assert_array_equal, after[1], before[1])  # the base: bit for bit
   b_moved = [
@@ -232,7 +236,9 @@ def test_qwen3vl_with_vision_adapters_starts_from_the_base():
 
   model = Qwen3VL(M.qwen3vl_tiny(), rngs=nnx.Rngs(0))
   base_graphdef, base_params = nnx.split(model)
-  adapted = lora.apply_lora(nnx.clone(model), rank=RANK, alpha=ALPHA, vision=True, targets=lora.LORA_TARGETS + lora.VISION_TARGETS)
+  adapted = lora.apply_lora(
+    nnx.clone(model), rank=RANK, alpha=ALPHA, vision=True, targets=lora.LORA_TARGETS + lora.VISION_TARGETS
+  )
   graphdef, params = nnx.split(adapted)
   adapted_paths = {
     ".".join(str(getattr(k, "key", k)) for k in p)
