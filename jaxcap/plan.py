@@ -89,8 +89,11 @@ def topology_devices(topology: str):
     return devices[:n], None
   if kind == "tpu":
     chip, _, shape = rest.partition(":")
+    dims = [int(d) for d in shape.split("x") if d.isdigit()]
+    # libtpu's default host is 2x2 chips; a smaller slice (v5e:1x1, one chip) is a host of its own size
+    kw = {"chips_per_host_bounds": (dims + [1, 1, 1])[:3]} if dims and int(np.prod(dims)) < 4 else {}
     try:
-      desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu")
+      desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu", **kw)
     except Exception as e:  # no libtpu, or a shape it does not know
       raise SystemExit(
         f"--topology={topology}: cannot build the TPU topology ({type(e).__name__}: {e}). Install the TPU "
