@@ -20,6 +20,8 @@ import ml_collections
 from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
+from jaxcap.checkpoint.peft import save_peft_adapters
+from jaxcap.models import lora
 from jaxcap.train.adapters import saved_part, with_base
 from jaxcap.locking import lock_workdir
 from jaxcap.multihost import first_process_then_others, is_lead_process
@@ -167,7 +169,10 @@ class RunDirectory:
     c = self.config
     src = c.model.checkpoint or str(self.path / "tokenizer")
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
-    save_hf_checkpoint(nnx.merge(graphdef, params), self.path / "export", tokenizer_dir=src, dtype=dtype)
+    model = nnx.merge(graphdef, params)
+    save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
+    if c.export.get("peft") and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
+      save_peft_adapters(model, self.path / "export_adapters", base_model=c.model.checkpoint)
     if is_lead_process():
       processor.save_prompt_settings(self.path / "export")
 

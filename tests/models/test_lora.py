@@ -249,3 +249,33 @@ def test_qwen3vl_with_vision_adapters_starts_from_the_base():
   base = _logits(base_graphdef, base_params, inputs)
   assert np.array_equal(np.asarray(_logits(graphdef, params, inputs)), np.asarray(base))
   assert float(jnp.abs(_logits(graphdef, _with_b(params), inputs) - base).max()) > 1e-3
+
+
+def test_peft_adapters_load_on_the_base_in_transformers(tmp_path):
+  """The adapters alone in PEFT's layout: peft's PeftModel on the transformers base computes jaxcap's logits."""
+  peft = pytest.importorskip("peft")
+  from jaxcap.checkpoint.peft import save_peft_adapters
+
+  src = tmp_path / "src"
+  save_tiny_checkpoint(M.tiny(), 5, src)
+  model = lora.apply_lora(load_hf_checkpoint(src), rank=RANK, alpha=ALPHA, seed=2)
+  graphdef, params = nnx.split(model)
+  model = nnx.merge(graphdef, _with_b(params, 6))
+  out = save_peft_adapters(model, tmp_path / "adapters", base_model=str(src))
+  base = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(src, attn_implementation="eager").float()
+  back = peft.PeftModel.from_pretrained(base, out).eval()
+  proc = Processor.from_pretrained(src)
+  img = (np.random.RandomState(1).rand(84, 84, 3) * 255).astype(np.uint8)
+  batch = proc(
+    [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "describe the image ."}]}]]
+  )
+  with torch.no_grad():
+    want = back(**hf_inputs(batch, proc.cfg), position_ids=torch.as_tensor(batch.positions)).logits.numpy()
+  got, _ = model(
+    jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
+  )
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+  plain, _ = load_hf_checkpoint(src)(
+    jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
+  )
+  assert float(np.abs(np.asarray(plain) - want).max()) > 1e-2  # the adapters were loaded, not ignored

@@ -25,7 +25,7 @@ KEYS = {
   + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"],
   "distributed": ["coordinator_address", "num_processes", "process_id"],
   "eval": ["at_rl_start", "at_start", "batch_size", "every", "num_images"],
-  "export": ["hf"],
+  "export": ["hf", "peft"],
   "judge": ["api_key_env", "endpoints", "factory", "failure_patience", "failure_rate", "fleet_config", "kind"]
   + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
   + ["structured_output", "timeout_s"],
