@@ -24,6 +24,7 @@ LORA = {
   "rl.steps": 3,
   "checkpoint.every": 1,
   "export.hf": True,
+  "export.peft": True,
   "model.lora.rank": 4,
   "rl.loss.kl_coef": 0.05,
 }
@@ -65,3 +66,6 @@ def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_pa
   assert np.abs(merged[q] - start[q]).max() > 0  # adapters merged into the targeted kernels
   for name in ("model.embed_tokens.weight", "model.norm.weight"):
     np.testing.assert_array_equal(merged[name], start[name])  # the frozen rest exported as loaded
+  adapters = load_file(workdir / "export_adapters" / "adapter_model.safetensors")  # and the adapters alone (PEFT)
+  assert json.loads((workdir / "export_adapters" / "adapter_config.json").read_text())["r"] == 4
+  assert any(k.endswith("q_proj.lora_B.weight") for k in adapters)
