@@ -40,7 +40,7 @@ def base(tmp_path_factory):
 
 def _rows(workdir):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return {(r.get("phase"), r.get("step")): {k: v for k, v in r.items() if not k.startswith("time/")} for r in rows}
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
 def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_path):
@@ -52,8 +52,8 @@ def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_pa
   params = [k for k in tree if k.startswith("('params'")]
   assert params and all("_lora_" in k for k in params), params[:4]  # no base weight in a checkpoint
   assert not any(k.startswith("('ref_params', ") for k in tree)  # no reference copy (None): the base is the reference
-  kl = [first[("rl", s)]["kl"] for s in (1, 2, 3)]
-  assert all(np.isfinite(kl)) and kl[-1] > 0  # the adapters moved the policy off its base
+  kl = [r["kl"] for r in first if "kl" in r]
+  assert len(kl) == 3 and all(np.isfinite(kl)) and kl[-1] > 0  # the adapters moved the policy off its base
 
   shutil.rmtree(workdir / "checkpoints" / "3")  # as if killed after checkpoint 2: the rerun resumes there
   out = launch("caprl", *args, workdir=workdir)
