@@ -27,6 +27,8 @@ LORA = {
   "export.peft": True,
   "model.lora.rank": 4,
   "rl.loss.kl_coef": 0.05,
+  "rl.optim.lr": 1e-2,  # adapters that move within 3 steps (the tiny run's rewards are flat: Adam's steps do)
+  "rl.optim.warmup_steps": 0,
 }
 
 
