@@ -43,6 +43,7 @@ from jaxcap.sharding import logical_to_spec, make_mesh
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packed_batch import planned_rows
 from jaxcap.train.programs import RunPrograms, packs, rollout_correction_config, with_reference
+from jaxcap.train.adapters import format_breakdown, lora_advice, state_breakdown, with_run_lora
 from jaxcap.train.state import _fresh_state, train_state_shardings
 from jaxcap.train.step import PromptBatch, RolloutBatch
 
@@ -88,8 +89,11 @@ def topology_devices(topology: str):
     return devices[:n], None
   if kind == "tpu":
     chip, _, shape = rest.partition(":")
+    dims = [int(d) for d in shape.split("x") if d.isdigit()]
+    # libtpu's default host is 2x2 chips; a smaller slice (v5e:1x1, one chip) is a host of its own size
+    kw = {"chips_per_host_bounds": (dims + [1, 1, 1])[:3]} if dims and int(np.prod(dims)) < 4 else {}
     try:
-      desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu")
+      desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu", **kw)
     except Exception as e:  # no libtpu, or a shape it does not know
       raise SystemExit(
         f"--topology={topology}: cannot build the TPU topology ({type(e).__name__}: {e}). Install the TPU "
@@ -147,8 +151,8 @@ def per_device_bytes(tree) -> int:
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
-    itemsize = 8 if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.dtype(x.dtype).itemsize
-    total += int(np.prod(shape)) * itemsize
+    bits = 64 if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else jax.dtypes.itemsize_bits(x.dtype)
+    total += int(np.prod(shape)) * bits // 8  # 4-bit types (QLoRA's int4 / nf4 base): half a byte
   return total
 
 
@@ -202,7 +206,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
 
   mesh = make_mesh(dict(config.mesh.shape), devices=devices)
   model_cls = family_of_config(cfg).model_cls
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0))))
+  # with model.lora: the adapters and any quantized base, as the run builds them
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: with_run_lora(model_cls(cfg, rngs=nnx.Rngs(0)), config)))
   programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
   opt = programs.optimizer("rl")
   inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
@@ -307,6 +312,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "update_model_tflop": flops["total"] / 1e12,
     "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
     "train_state_gib_per_device": state_bytes / GIB,
+    "train_state_parts": state_breakdown(state, config),
     "params_gib_per_device": params_bytes / GIB,
     "programs": [dataclasses.asdict(r) | {"peak": r.peak} for r in results],
     "hbm_gib": hbm_gib,
@@ -368,7 +374,7 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
   if state_bytes > 0.6 * budget:
     out.append(
       f"the train state alone takes {state_bytes / GIB:.1f} of {budget / GIB:.0f} GiB per device: shard it over "
-      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})"
+      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})" + lora_advice(config)
     )
   return out
 
@@ -387,6 +393,7 @@ def format_plan(result: dict) -> str:
     ),
     f"train state per device: {result['train_state_gib_per_device']:.2f} GiB "
     f"(params {result['params_gib_per_device']:.2f} GiB)",
+    format_breakdown(result["train_state_parts"]),
     "",
     f"{'program':<10}{'args':>9}{'temp':>9}{'out':>9}{'aliased':>9}{'other state':>13}{'peak':>9}{'compile':>10}",
   ]

@@ -87,6 +87,14 @@ def param_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
   """Logical axes of the param at dot-joined `path`; leading axes beyond the rule's (the layer axis of stacked
   layers) are unsharded. Paths may carry nnx's trailing `.value` and any prefix (e.g. an optimizer state's)."""
   path = re.sub(r"\.value$", "", path)
+  # qwix's quantized kernel (QLoRA) {qvalue, scale} lies like the kernel; LoRA's A [in, r] takes the kernel's input
+  # axis, B [r, out] its output axis, the rank dimension unsharded
+  path = re.sub(r"\.kernel\.array\.(qvalue|scale)$", ".kernel", path)
+  adapter = re.search(r"\.kernel_lora_([ab])$", path)
+  if adapter:
+    axes = param_logical_axes(path[: adapter.start()] + ".kernel", 2)
+    axes = (axes[0], None) if adapter.group(1) == "a" else (None, axes[1])
+    return (None,) * (ndim - 2) + axes
   for pattern, axes in PARAM_RULES:
     if re.search(pattern, path):
       return (None,) * (ndim - len(axes)) + tuple(axes)

@@ -22,6 +22,7 @@ from safetensors.numpy import save_file
 
 from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.models.config import Qwen25VLConfig
+from jaxcap.models import lora
 from jaxcap.models.families import family_of_config, family_of_model_type
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.sharding import param_shardings
@@ -271,7 +272,9 @@ def save_hf_checkpoint(
 ) -> Path:
   """Writes `model` as an HF checkpoint of its family that `transformers` loads with `from_pretrained(directory)`.
 
-  Tensors are written in `dtype` (default: the params' dtype) to safetensors shards of at most
+  A model with LoRA adapters (`jaxcap.models.lora`) is written merged: each adapted kernel W + (alpha / r) A B (a
+  QLoRA kernel dequantized first), the checkpoint of the plain model. Tensors are written in `dtype` (default: the
+  params' dtype) to safetensors shards of at most
   `max_shard_bytes`, with `model.safetensors.index.json` when there is more than one; tokenizer and
   processor files are copied from `tokenizer_dir` when given.
   """
@@ -280,8 +283,10 @@ def save_hf_checkpoint(
   cfg = model.cfg
   nested = family_of_config(cfg).nested_keys  # the key layout its transformers class reads
   _, state = nnx.split(model, nnx.Param)
+  # LoRA adapters folded into their (dequantized) kernels: the plain model's tensors
+  pure = lora.merged_pure(model) if lora.has_adapters(state) else nnx.to_pure_dict(state)
   tensors: dict[str, np.ndarray] = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]:
     template, layout = hf_name(_path_name(path))
     value = np.asarray(jax.device_get(_gather(leaf)))
     if dtype is not None:

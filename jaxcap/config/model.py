@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.choices import DTYPES, REMAT_POLICIES
-from jaxcap.config.fields import ALLOWED, SHAPE, Block, field
+from jaxcap.config.fields import ALLOWED, ALTERS, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
+from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.families import FAMILIES
 
 
@@ -44,6 +45,31 @@ class Student(Block):
 
 
 @dataclasses.dataclass(frozen=True)
+class Lora(Block):
+  """Low-rank adapters on the frozen base (qwix, `jaxcap.models.lora`): only the adapters train and hold optimizer
+  state; with `weight_qtype` the frozen base is quantized (QLoRA). rank 0 = full fine-tuning."""
+
+  RESUME = SHAPE
+
+  rank: int = field(0, "adapter rank r (0 = off: full fine-tuning)", ge=0)
+  alpha: float = field(32.0, "scale numerator: the adapter adds (alpha / rank) x A B", gt=0, resume=ALTERS)
+  dropout: float = field(0.0, "dropout on the adapters' input (only 0 is supported)", ge=0, lt=1)
+  targets: list[str] = field(list(LORA_TARGETS), "module names that get adapters (the sharding rules' names)")
+  vision: bool = field(False, "adapters on the vision tower's / merger's matching modules too")
+  weight_qtype: str = field("", "QLoRA: the frozen base's weights quantized ('' = not)", choices=WEIGHT_QTYPES)
+
+  def check(self, run, at):
+    if self.dropout:
+      yield f"{at}dropout={self.dropout}: adapter dropout is not supported yet; set {at}dropout=0"
+    unknown = sorted(set(self.targets) - set(LORA_TARGETS) - set(VISION_TARGETS))
+    if unknown:
+      known = ", ".join(LORA_TARGETS + VISION_TARGETS)
+      yield f"{at}targets={list(self.targets)}: unknown module name(s) {', '.join(unknown)}; choose among {known}"
+    if not self.targets:
+      yield f"{at}targets=[]: name at least one module (default: {', '.join(LORA_TARGETS)})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Model(Block):
   """The policy: a local Qwen2.5-VL checkpoint or the embedded student, and how it computes."""
 
@@ -71,6 +97,7 @@ class Model(Block):
   # so the default unrolls and real checkpoints (real_model_run) scan
   scan_layers: bool = field(False, "layer stacks under lax.scan: compile time flat in depth", resume=ALLOWED)
   student: Student = field(Student(), "the embedded student's shape")
+  lora: Lora = field(Lora(), "low-rank adapters (LoRA / QLoRA) instead of full fine-tuning")
 
 
 @dataclasses.dataclass(frozen=True)

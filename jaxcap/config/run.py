@@ -47,7 +47,8 @@ class Checkpoint(Block):
 class Export(Block):
   RESUME = ALLOWED
 
-  hf: bool = field(True, "export the final policy as a Hugging Face checkpoint")
+  hf: bool = field(True, "export the final policy as a Hugging Face checkpoint (with LoRA: merged)")
+  peft: bool = field(False, "with LoRA: also the adapters alone in PEFT's layout, in <workdir>/export_adapters")
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # jaxcap.train.trackers builds each

@@ -45,7 +45,9 @@ class Phase(Block):
   def check(self, run, at):
     if self.batch_size >= 1 and self.micro_batches >= 1 and self.batch_size % self.micro_batches:
       yield f"{at}batch_size={self.batch_size} is not divisible by {at}micro_batches={self.micro_batches}"
-    if self.steps != 0 and run.model.param_dtype == "bfloat16" and self.optim.master_update == "exact":
+    # with LoRA the trained params are the float32 adapters; a bfloat16 base is frozen, never updated
+    bf16_masters = run.model.param_dtype == "bfloat16" and run.model.lora.rank == 0
+    if self.steps != 0 and bf16_masters and self.optim.master_update == "exact":
       yield (
         f"model.param_dtype='bfloat16' with {at}optim.master_update='exact': most AdamW updates at fine-tuning "
         f"learning rates (lr={self.optim.lr}) round away in bfloat16 master weights. Set --config.model.param_dtype="

@@ -54,7 +54,9 @@ class Linear(nnx.Linear):
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     if self.kernel.ndim == 2:
-      return super().__call__(x).reshape(*lead, -1)
+      # in the compute dtype: a LoRA delta (float32 adapters, jaxcap.models.lora) would otherwise promote it
+      y = super().__call__(x)
+      return y.astype(self.dtype or y.dtype).reshape(*lead, -1)
     bias = self.bias[...] if self.bias is not None else None
     x, blocks, bias = self.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
     y = row_blocks.matmul(x, blocks, precision=self.precision, preferred_element_type=self.preferred_element_type)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.models import row_blocks
+from jaxcap.models import lora, row_blocks
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.decoder import CACHE_AXES, Attention, DecoderLayer, KVCache, cached_attention
 from jaxcap.models.layers import RMSNorm, linear, mrope_cos_sin, scan_layers, stacked
@@ -168,7 +168,8 @@ class Qwen25VL(nnx.Module):
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`
     (the loop's batch rows), kernels are laid out in `row_blocks` where that applies (few rows, on CPU)."""
     stack = nnx.state(self.layers)
-    blocked = rows is not None and row_blocks.applies(rows)
+    # not under LoRA: qwix computes x W with W as laid out when it made the adapters ([in, out])
+    blocked = rows is not None and row_blocks.applies(rows) and not lora.has_adapters(stack)
 
     def layout(path, a):
       blocks = blocked and re.search(r"kernel(\.value)?$", path_name(path)) is not None and a.ndim == 2

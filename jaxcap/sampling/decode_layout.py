@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.models import row_blocks
+from jaxcap.models import lora, row_blocks
 from jaxcap.sharding import path_name
 
 
@@ -45,14 +45,15 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   """A model's nnx `state` (of config `cfg`) as `DecodeWeights`, built leaf by leaf: each stacked leaf is deleted
   once its layers' copies exist, so the peak is the weights plus one stacked leaf. Row blocks where they apply to
   a decode of few rows (`row_blocks.applies(1)`: CPU, one device). `state`'s arrays are consumed."""
-  blocked = row_blocks.applies(1)
   n = cfg.text.num_hidden_layers
   treedef_state = state["layers"]
+  # LoRA's layers compute x W through qwix, which needs W as laid out when it made the adapters ([in, out])
+  blocked_layers = row_blocks.applies(1) and not lora.has_adapters(treedef_state)
   stack = nnx.to_pure_dict(treedef_state)
   flat, treedef = jax.tree_util.tree_flatten_with_path(stack)
   per_leaf = []
   for path, leaf in flat:
-    kernel = blocked and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
+    kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
     take = jax.jit(lambda a, i, k=kernel: row_blocks.from_kernel(a[i]) if k else a[i], static_argnums=1)
     per_leaf.append([take(leaf, i) for i in range(n)])
     leaf.delete()
@@ -62,7 +63,7 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   )
   params = nnx.to_pure_dict(state)
   params["layers"] = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), stack)
-  if blocked and not cfg.text.tie_word_embeddings:
+  if row_blocks.applies(1) and not cfg.text.tie_word_embeddings:
     head = params["lm_head"]["kernel"]
     params["lm_head"]["kernel"] = jax.jit(row_blocks.from_kernel)(head)
     head.delete()

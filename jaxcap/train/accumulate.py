@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcap.models import lora
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
 from jaxcap.sharding import shard_like_params
@@ -34,7 +35,12 @@ def per_micro(layout: VisionLayout | None, num_micro: int) -> VisionLayout | Non
 def accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   """Loss, metrics and grads of `loss_fn(params, micro_batch)` over the leading micro-batch axis (lax.scan),
   each micro-batch weighted by its share of `weights` [M] (e.g. its token count), so the result equals the
-  whole batch's loss whatever M is. Gradients accumulate in float32."""
+  whole batch's loss whatever M is. Gradients accumulate in float32. With LoRA adapters in `params`, the gradients
+  are the adapters' only (the frozen base is a constant of the loss: `lora.split_trainable`)."""
+  trainable, frozen = lora.split_trainable(params)
+  if frozen is not None:
+    loss_fn = _on_trainable(loss_fn, frozen)
+    params = trainable
   if jax.tree.leaves(batches)[0].shape[0] == 1:
     # One micro-batch: no loop, no zero-filled accumulator, and the weight f (1, or 0 for an all-masked batch)
     # enters as the backward pass's seed instead of a pass over every gradient (on XLA:CPU the loop copied every
@@ -71,6 +77,10 @@ def accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
   return loss, metrics, grads
 
 
+def _on_trainable(loss_fn: Callable, frozen) -> Callable:
+  return lambda trainable, mb: loss_fn(lora.join(trainable, frozen), mb)
+
+
 def apply_update(
   state: TrainState,
   grads,
@@ -83,12 +93,13 @@ def apply_update(
   stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.guard): a step whose
   `loss`, gradients or update is non-finite, or whose update diverged, keeps the params and optimizer state (the
   step counter still advances, with the data position) and says so in metrics[guard.HEALTH]."""
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  trainable, frozen = lora.split_trainable(state.params)  # with LoRA: the adapters; the base stays as it is
+  updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
   key = None if master_update == "exact" else precision.update_key(state.key, state.step)
-  params = precision.apply_updates(state.params, updates, mode=master_update, key=key)
+  params = precision.apply_updates(trainable, updates, mode=master_update, key=key)
   metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
   loss = jnp.zeros((), jnp.float32) if loss is None else loss
-  health = guard.step_health(loss, metrics["grad_norm"], metrics["update_norm"], state.params, max_update_ratio)
-  params, opt_state = guard.keep_if(health == 0, (params, opt_state), (state.params, state.opt_state))
+  health = guard.step_health(loss, metrics["grad_norm"], metrics["update_norm"], trainable, max_update_ratio)
+  params, opt_state = guard.keep_if(health == 0, (params, opt_state), (trainable, state.opt_state))
   metrics[guard.HEALTH] = health
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return state.replace(step=state.step + 1, params=lora.join(params, frozen), opt_state=opt_state), metrics

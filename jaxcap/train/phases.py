@@ -19,7 +19,7 @@ from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rl.group_filter import OFF, SPREAD
 from jaxcap.train.off_policy import Lookahead, queues_after
-from jaxcap.train.programs import rollout_correction_config, with_reference
+from jaxcap.train.programs import reference_is_base, rollout_correction_config, with_reference
 from jaxcap.train.refill import GroupFilter
 from jaxcap.train.state import phase_train_state
 from jaxcap.train.updates import RLUpdate, SFTUpdate
@@ -139,6 +139,7 @@ class RLPhase(Phase):
       micro_batch_tokens=c.rl.micro_batch_tokens,
       recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
       off_policy_steps=c.rl.off_policy_steps,
+      reference_is_base=reference_is_base(c, "rl"),
     )
     every = int(c.checkpoint.every or 0)
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, c.eval.every, checkpoint_every=every)

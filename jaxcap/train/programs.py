@@ -28,6 +28,7 @@ from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.train.adapters import lora_rank
 from jaxcap.train.packed import packed_sequence_logprobs
 from jaxcap.train.packed_step import packed_rl_step
 from jaxcap.train.state import make_optimizer
@@ -105,8 +106,14 @@ def packs(config: ml_collections.ConfigDict) -> bool:
 
 
 def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
-  """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term)."""
-  return phase == "rl" and config.rl.loss.kl_coef > 0
+  """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term, without LoRA: with
+  LoRA the reference is the base, the same params with the adapters off, `reference_is_base`)."""
+  return phase == "rl" and config.rl.loss.kl_coef > 0 and not lora_rank(config)
+
+
+def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
+  """Whether `phase`'s KL reference is the policy's own base with its LoRA adapters off (no copy)."""
+  return phase == "rl" and config.rl.loss.kl_coef > 0 and lora_rank(config) > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,9 @@ import ml_collections
 from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
+from jaxcap.checkpoint.peft import save_peft_adapters
+from jaxcap.models import lora
+from jaxcap.train.adapters import saved_part, with_base
 from jaxcap.locking import lock_workdir
 from jaxcap.multihost import first_process_then_others, is_lead_process
 from jaxcap.train import integrity
@@ -123,13 +126,17 @@ class RunDirectory:
   # -- checkpoints -------------------------------------------------------------------------------------------
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    self.checkpoints.save(step, state, meta)
+    """Checkpoint `step`: the whole state, or with LoRA on a checkpoint's base the state less its frozen base
+    (`adapters.saved_part`: the base is read again from model.checkpoint on resume, never rewritten)."""
+    self.checkpoints.save(step, saved_part(state, self.config)[0], meta)
 
   def restore(self, step: int, state: Any, phase: str) -> tuple[Any, dict]:
-    """The checkpoint at `step` in the shardings of `state`, and its meta; a state that does not fit is a
-    ConfigChangedError saying what in the config changes the state's structure."""
+    """The checkpoint at `step` in the shardings of `state` (its frozen LoRA base kept from `state`), and its meta;
+    a state that does not fit is a ConfigChangedError saying what in the config changes the state's structure."""
+    state, frozen = saved_part(state, self.config)
     try:
-      return self.checkpoints.restore(step, state)
+      restored, meta = self.checkpoints.restore(step, state)
+      return with_base(restored, frozen), meta
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
       integrity.quiet_abandoned_reads()
@@ -162,7 +169,10 @@ class RunDirectory:
     c = self.config
     src = c.model.checkpoint or str(self.path / "tokenizer")
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
-    save_hf_checkpoint(nnx.merge(graphdef, params), self.path / "export", tokenizer_dir=src, dtype=dtype)
+    model = nnx.merge(graphdef, params)
+    save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
+    if c.export.get("peft") and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
+      save_peft_adapters(model, self.path / "export_adapters", base_model=c.model.checkpoint)
     if is_lead_process():
       processor.save_prompt_settings(self.path / "export")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+from flax import nnx
 
 from jaxcap.checkpoint import load_hf_checkpoint
 from jaxcap.data.manifest import read_manifest
@@ -21,7 +22,8 @@ from jaxcap.models.config import dtype_from_name
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
-from jaxcap.sharding import make_mesh
+from jaxcap.sharding import make_mesh, param_shardings, reshard
+from jaxcap.train.adapters import lora_rank, with_run_lora
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
@@ -89,4 +91,13 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   else:
     model, processor = embedded.build_student(config, workdir, mesh)
   processor.vision_cfg = with_pixel_budget(processor.vision_cfg, config.data)
-  return model, processor
+  return with_lora(model, config, mesh), processor
+
+
+def with_lora(model: Qwen25VL, config: ml_collections.ConfigDict, mesh) -> Qwen25VL:
+  """`model` with the run's LoRA adapters (and QLoRA's quantized base) when `model.lora.rank` > 0, every param
+  in its sharding on `mesh` (`jaxcap.sharding.param_shardings`: adapters by their kernel's rules); else `model`."""
+  if lora_rank(config) <= 0:
+    return model
+  graphdef, state = nnx.split(with_run_lora(model, config))
+  return nnx.merge(graphdef, reshard(state, param_shardings(state, mesh)))

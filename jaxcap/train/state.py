@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxcap.models import lora
 from jaxcap.sharding import param_shardings, reshard, warn_replicated
 from jaxcap.train.precision import float32_state
 
@@ -17,8 +18,10 @@ from jaxcap.train.precision import float32_state
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-  """Everything a run needs to continue bit-for-bit: `step` int32 scalar, `params` (nnx.State of the policy),
-  `opt_state`, `ref_params` (frozen copy for the KL term, or None) and the run's PRNG `key`."""
+  """Everything a run needs to continue bit-for-bit: `step` int32 scalar, `params` (nnx.State of the policy; with
+  LoRA the frozen base and the adapters), `opt_state` (of the trainable params: with LoRA the adapters only),
+  `ref_params` (frozen copy for the KL term, or None; with LoRA None, the reference being the base) and the run's
+  PRNG `key`."""
 
   step: jax.Array
   params: Any
@@ -108,7 +111,7 @@ def init_train_state(
   shardings = train_state_shardings(jax.eval_shape(state_fn, params, key), mesh)
   params = reshard(params, shardings.params)
   make = jax.jit(
-    lambda p, k: (optimizer.init(p), jax.tree.map(jnp.copy, p) if with_reference else None),
+    lambda p, k: (optimizer.init(trainable(p)), jax.tree.map(jnp.copy, p) if with_reference else None),
     out_shardings=(shardings.opt_state, shardings.ref_params),
   )
   opt_state, ref = make(params, key)
@@ -119,7 +122,12 @@ def init_train_state(
 
 def _fresh_state(params, optimizer, key, with_reference) -> TrainState:
   ref = jax.tree.map(jnp.copy, params) if with_reference else None
-  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), ref, key)
+  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(trainable(params)), ref, key)
+
+
+def trainable(params):
+  """The params the optimizer updates: all of them, or with LoRA the adapters only (`jaxcap.models.lora`)."""
+  return lora.split_trainable(params)[0]
 
 
 def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:

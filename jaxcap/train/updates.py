@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.models import lora
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.rollout_correction import mismatch_metrics
@@ -137,6 +138,7 @@ class RLUpdate:
   queues: Callable[[int], bool] | None = None  # off-policy: whether a step queues the next one's round
   queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
   recorder: Any = None  # jaxcap.train.rollout_records.RolloutRecorder: rollout records at its steps
+  reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -197,7 +199,11 @@ class RLUpdate:
     # the sampler's log-probs vs the training program's, a program of its own so the update's is unchanged; with
     # the sampler's as old log-probs there is nothing to compare (SAMPLER_OLD_MISMATCH)
     mismatch = _mismatch_fn(old, behaviour, cmask) if recompute else {}
-    ref = self.logprob_fn(state.ref_params, prompts, layout, tokens) if state.ref_params is not None else None
+    ref = None
+    if state.ref_params is not None:
+      ref = self.logprob_fn(state.ref_params, prompts, layout, tokens)
+    elif self.reference_is_base:  # the frozen base itself: B = 0 in every adapter, no second copy of the model
+      ref = self.logprob_fn(lora.adapters_off(state.params), prompts, layout, tokens)
     return old, ref, mismatch
 
   def _filtered(self, step_fn: Callable, state, batch: HostBatch, step: int, key: jax.Array):

@@ -25,12 +25,13 @@ KEYS = {
   + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"],
   "distributed": ["coordinator_address", "num_processes", "process_id"],
   "eval": ["at_rl_start", "at_start", "batch_size", "every", "num_images"],
-  "export": ["hf"],
+  "export": ["hf", "peft"],
   "judge": ["api_key_env", "endpoints", "factory", "failure_patience", "failure_rate", "fleet_config", "kind"]
   + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
   + ["structured_output", "timeout_s"],
   "mesh.shape": ["data", "fsdp", "tensor"],
   "model": ["checkpoint", "dtype", "family", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
+  "model.lora": ["alpha", "dropout", "rank", "targets", "vision", "weight_qtype"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
@@ -151,6 +152,10 @@ def test_missing_field_is_named():
     ("rl.off_policy_steps", 2, "use 0 (on-policy) or 1"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
+    ("model.lora.rank", -1, ">= 0"),
+    ("model.lora.dropout", 0.1, "set model.lora.dropout=0"),
+    ("model.lora.targets", ["q_proj", "lm_head"], "unknown module name(s) lm_head"),
+    ("model.lora.weight_qtype", "fp8", "nf4"),
   ],
 )
 def test_out_of_range_value_is_named_with_the_fix(key, value, fix):
@@ -254,6 +259,9 @@ def test_resume_policies_of_the_schema():
     SHAPE
   }
   assert schema.resume_policy("world.vocab_size") == SHAPE
+  for key in ("model.lora.rank", "model.lora.targets", "model.lora.weight_qtype"):  # they change the params' tree
+    assert schema.resume_policy(key) == SHAPE, key
+  assert schema.resume_policy("model.lora.alpha") == ALTERS
   allowed = ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat")
   for key in (*allowed, "rl.micro_batch_tokens"):
     assert schema.resume_policy(key) == ALLOWED, key

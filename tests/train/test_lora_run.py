@@ -1,0 +1,74 @@
+"""The main job with LoRA on a checkpoint's base (`model.lora`): its checkpoints hold the adapters only, a resume
+from one continues exactly, the KL reference is the base with the adapters off, and the export is the merged
+model with the frozen weights untouched."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from processes import TINY, launch, tiny_run
+
+pytestmark = pytest.mark.slow  # launches training runs in subprocesses
+
+# From the base's export: 2 SFT and 3 RL steps, a checkpoint after each, KL to the base, the merged export
+LORA = {
+  **TINY,
+  "vision_warmup.steps": 0,
+  "vision_warmup.batch_size": None,
+  "model.student.text_layers": None,
+  "model.student.vision_depth": None,
+  "rl.steps": 3,
+  "checkpoint.every": 1,
+  "export.hf": True,
+  "export.peft": True,
+  "model.lora.rank": 4,
+  "rl.loss.kl_coef": 0.05,
+  # 2 SFT steps move the adapters off the base (the tiny run's rewards are flat, so RL alone barely moves them)
+  "sft.steps": 2,
+  "sft.optim.warmup_steps": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  """An HF checkpoint of the tiny embedded student after its SFT (the LoRA runs' frozen base)."""
+  workdir = tmp_path_factory.mktemp("base")
+  launch("caprl", *tiny_run({"export.hf": True, "rl.steps": 0}), workdir=workdir)
+  return workdir / "export"
+
+
+def _rows(workdir):
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_path):
+  workdir = tmp_path / "run"
+  args = tiny_run({"model.checkpoint": base}, base=LORA)
+  launch("caprl", *args, workdir=workdir)
+  first = _rows(workdir)
+  last = workdir / "checkpoints" / "5"  # global steps: SFT 1-2, RL 3-5
+  tree = json.loads((last / "state" / "_METADATA").read_text())["tree_metadata"]
+  params = [k for k in tree if k.startswith("('params'")]
+  assert params and all("_lora_" in k for k in params), params[:4]  # no base weight in a checkpoint
+  assert not any(k.startswith("('ref_params', ") for k in tree)  # no reference copy (None): the base is the reference
+  kl = [r["kl"] for r in first if "kl" in r]
+  assert len(kl) == 3 and all(np.isfinite(kl)) and min(kl) > 0  # SFT's adapters moved the policy off its base
+
+  shutil.rmtree(last)  # as if killed after RL step 2's checkpoint: the rerun resumes there
+  out = launch("caprl", *args, workdir=workdir)
+  assert "resumed rl at step 2" in out.stdout + out.stderr
+  assert _rows(workdir) == first
+
+  merged, start = load_file(workdir / "export" / "model.safetensors"), load_file(base / "model.safetensors")
+  assert set(merged) == set(start)  # the plain model's tensors, no adapter
+  q = "model.layers.0.self_attn.q_proj.weight"
+  assert np.abs(merged[q] - start[q]).max() > 0  # adapters merged into the targeted kernels
+  for name in ("model.embed_tokens.weight", "model.norm.weight"):
+    np.testing.assert_array_equal(merged[name], start[name])  # the frozen rest exported as loaded
+  adapters = load_file(workdir / "export_adapters" / "adapter_model.safetensors")  # and the adapters alone (PEFT)
+  assert json.loads((workdir / "export_adapters" / "adapter_config.json").read_text())["r"] == 4
+  assert any(k.endswith("q_proj.lora_B.weight") for k in adapters)
