@@ -1,0 +1,174 @@
+"""`plan`: the run's programs lowered and compiled ahead of time on a target's devices, with abstract weights, and
+their per-device memory, compile time and FLOPs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from jaxcap.models.families import family_of_config, layout_for
+from jaxcap.models.flops import model_flops, param_counts, peak_tflops
+from jaxcap.models.qwen25vl import VisionInput
+from jaxcap.plan.inputs import decode_state_shardings, per_device_bytes, rl_step_inputs, with_shardings
+from jaxcap.plan.report import GIB, advice
+from jaxcap.sampling import generate
+from jaxcap.sampling.prompts import Prompts, batch_bucket
+from jaxcap.sharding import logical_to_spec, make_mesh
+from jaxcap.train.adapters import state_breakdown, with_run_lora
+from jaxcap.train.packed import PackedInputs
+from jaxcap.train.packed_batch import planned_rows
+from jaxcap.train.programs import RunPrograms, packs
+
+
+@dataclasses.dataclass
+class ProgramPlan:
+  """One compiled program's per-device figures (bytes), compile time (s) and XLA's FLOPs per call (which count a
+  scanned layer stack's body once: see `update_model_tflop` for the model's)."""
+
+  name: str
+  arguments: int
+  outputs: int
+  aliased: int
+  temporaries: int
+  resident_outside: int  # train-state bytes on the device that the program does not take as arguments
+  compile_s: float
+  flops: float
+  fingerprint: str = ""  # sha256 of the lowered program's text: equal fingerprints, equal programs
+
+  @property
+  def peak(self) -> int:
+    return self.resident_outside + self.arguments + self.temporaries + self.outputs - self.aliased
+
+
+def program_fingerprint(lowered) -> str:
+  """sha256 of a lowered program's StableHLO text (what XLA compiles; no source locations)."""
+  return hashlib.sha256(lowered.as_text().encode()).hexdigest()
+
+
+def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48):
+  """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
+
+  mesh = make_mesh(dict(config.mesh.shape), devices=devices)
+  model_cls = family_of_config(cfg).model_cls
+  # with model.lora: the adapters and any quantized base, as the run builds them
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: with_run_lora(model_cls(cfg, rngs=nnx.Rngs(0)), config)))
+  programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
+  opt = programs.optimizer("rl")
+  inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
+  state, prompt_batch, rollouts, layout = inputs.state, inputs.prompts, inputs.rollouts, inputs.layout
+  params, key, arr = state.params, state.key, inputs.arr
+  prompts_total, g, p, c, grid, patches = (
+    inputs.prompts_total,
+    inputs.g,
+    inputs.p,
+    inputs.c,
+    inputs.grid,
+    inputs.patches,
+  )
+  state_bytes = per_device_bytes(state)
+  params_bytes = per_device_bytes(params)
+  rows = batch_bucket(prompts_total)
+  sample_layout = layout_for(np.asarray([grid] * rows), cfg.vision)
+  sample_prompts = Prompts(
+    arr((rows, p), jnp.int32, ("batch", None)),
+    arr((rows, p), jnp.bool_, ("batch", None)),
+    arr((3, rows, p), jnp.int32, (None, "batch", None)),
+    arr((rows,), jnp.int32, ("batch",)),
+    VisionInput(arr((rows * patches, cfg.vision.patch_dim), jnp.float32, ("batch", None)), sample_layout),
+  )
+  gen_kw = programs.generation_statics(cfg, pad_id=0)
+
+  results: list[ProgramPlan] = []
+
+  def compile_one(name, lower, args, resident_outside):
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+      lowered = lower(*args)
+      compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    results.append(
+      ProgramPlan(
+        name,
+        int(mem.argument_size_in_bytes),
+        int(mem.output_size_in_bytes),
+        int(mem.alias_size_in_bytes),
+        int(mem.temp_size_in_bytes),
+        resident_outside,
+        seconds,
+        float((cost or {}).get("flops", 0.0)),
+        program_fingerprint(lowered),
+      )
+    )
+    return compiled
+
+  if packs(config):  # packed micro-batches at the budget (rl.micro_batch_tokens): the step's pixels, one pack
+    budget_tokens = int(config.rl.micro_batch_tokens)
+    packed_rows = planned_rows(prompts_total, g, p, c, grid, budget_tokens, cfg, config.data.bucket_steps)
+    replicated = lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh))
+    )
+    pixels = arr((prompts_total * patches, cfg.vision.patch_dim), jnp.float32, (None, None))
+    layout = PackedInputs(pixels, jax.tree.map(replicated, packed_rows))
+    prompt_batch = dataclasses.replace(prompt_batch, pixel_values=None)
+  if "rl_step" in names:
+    jitted = programs.update("rl", opt, jax.tree.map(lambda x: x.sharding, state))
+    compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), 0)
+  if "logprobs" in names:
+    lower = programs.logprobs().lower
+    compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes)
+  if {"prefill", "decode"} & set(names):
+    sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh)))
+    prefill = functools.partial(generate.prefill_jit.lower, num_samples=g, **gen_kw)
+    with jax.set_mesh(mesh):
+      decode_state = jax.eval_shape(
+        functools.partial(generate.prefill, num_samples=g, **gen_kw), params, sample_prompts, sample_key
+      )
+    if "prefill" in names:
+      compile_one("prefill", prefill, (params, sample_prompts, sample_key), state_bytes - params_bytes)
+    if "decode" in names:
+      decode_state = with_shardings(decode_state, decode_state_shardings(decode_state, mesh))
+      decode = functools.partial(generate.decode_jit.lower, **gen_kw)
+      compile_one("decode", decode, (params, decode_state), state_bytes - params_bytes)
+
+  counts = param_counts(abstract_params)
+  flops = model_flops(
+    cfg, counts, sequences=prompts_total * g, prompt=p, completion=c, images=prompts_total, patches_per_image=patches
+  )
+  chip_tflops = peak_tflops(getattr(devices[0], "device_kind", ""))
+  peak = max((r.peak for r in results), default=state_bytes)
+  budget = hbm_gib * GIB
+  return {
+    "model": {"params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))},
+    "mesh": dict(mesh.shape),
+    "devices": len(devices),
+    "device_kind": getattr(devices[0], "device_kind", str(devices[0].platform)),
+    "batch": {
+      "prompts": prompts_total,
+      "samples": g,
+      "micro_batches": f"{packed_rows.shape[0]} packed" if packs(config) else config.rl.micro_batches,
+      "prompt_tokens": p,
+      "completion": c,
+    },
+    "image_grid": grid,
+    "update_model_tflop": flops["total"] / 1e12,
+    "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
+    "train_state_gib_per_device": state_bytes / GIB,
+    "train_state_parts": state_breakdown(state, config),
+    "params_gib_per_device": params_bytes / GIB,
+    "programs": [dataclasses.asdict(r) | {"peak": r.peak} for r in results],
+    "hbm_gib": hbm_gib,
+    "peak_gib": peak / GIB,
+    "fits": peak <= budget,
+    "advice": advice(config, results, state_bytes, budget, mesh),
+  }

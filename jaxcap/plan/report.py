@@ -1,0 +1,76 @@
+"""A plan in words: what to change when a program does not fit, and the printed table."""
+
+from __future__ import annotations
+
+from jaxcap.train.adapters import format_breakdown, lora_advice
+from jaxcap.train.programs import packs
+
+GIB = 2**30
+
+
+def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
+  """What to change when a program does not fit (largest term first)."""
+  out = []
+  for r in results:
+    if r.peak <= budget:
+      continue
+    over = (r.peak - budget) / GIB
+    if r.name in ("rl_step", "logprobs") and packs(config):
+      out.append(
+        f"{r.name} is {over:.1f} GiB over ({r.temporaries / GIB:.1f} GiB temporaries): lower rl.micro_batch_tokens "
+        f"(now {config.rl.micro_batch_tokens} tokens per packed micro-batch), set model.remat='full' (now "
+        f"'{config.model.remat}') or add devices"
+      )
+    elif r.name == "rl_step" and r.temporaries > r.arguments:
+      m = config.rl.micro_batches
+      out.append(
+        f"rl_step is {over:.1f} GiB over, mostly activations ({r.temporaries / GIB:.1f} GiB temporaries): raise "
+        f"rl.micro_batches (now {m}; it must divide rl.batch_size), set model.remat='full' (now "
+        f"'{config.model.remat}'), lower model.logprob_chunk (now {config.model.logprob_chunk} positions of "
+        "float32 logits over the whole vocabulary per sequence) or lower sampling.max_new_tokens"
+      )
+    elif r.name in ("prefill", "decode"):
+      out.append(
+        f"{r.name} is {over:.1f} GiB over: the KV cache grows with rl.batch_size x (prompt + rl.num_samples x "
+        "sampling.max_new_tokens); sample fewer rows at once or add devices on the batch axes"
+      )
+    else:
+      out.append(f"{r.name} is {over:.1f} GiB over: raise rl.micro_batches or add devices")
+  if state_bytes > 0.6 * budget:
+    out.append(
+      f"the train state alone takes {state_bytes / GIB:.1f} of {budget / GIB:.0f} GiB per device: shard it over "
+      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})" + lora_advice(config)
+    )
+  return out
+
+
+def format_plan(result: dict) -> str:
+  lines = [
+    f"model {result['model']['params'] / 1e9:.2f}B params on {result['devices']} x {result['device_kind']}, "
+    f"mesh {result['mesh']}",
+    "batch: {prompts} prompts x G {samples} in {micro_batches} micro-batches, prompt {prompt_tokens} + "
+    "completion {completion} tokens".format(**result["batch"]),
+    f"model FLOPs per RL update: {result['update_model_tflop']:.1f} TFLOP"
+    + (
+      f" (~{result['update_s_at_40pct_mfu']:.1f} s per update at 40% MFU on this chip)"
+      if result["update_s_at_40pct_mfu"]
+      else ""
+    ),
+    f"train state per device: {result['train_state_gib_per_device']:.2f} GiB "
+    f"(params {result['params_gib_per_device']:.2f} GiB)",
+    format_breakdown(result["train_state_parts"]),
+    "",
+    f"{'program':<10}{'args':>9}{'temp':>9}{'out':>9}{'aliased':>9}{'other state':>13}{'peak':>9}{'compile':>10}",
+  ]
+  for r in result["programs"]:
+    gib = lambda k: f"{r[k] / GIB:9.2f}"
+    lines.append(
+      f"{r['name']:<10}{gib('arguments')}{gib('temporaries')}{gib('outputs')}{gib('aliased')}"
+      f"{r['resident_outside'] / GIB:13.2f}{r['peak'] / GIB:9.2f}{r['compile_s']:9.1f}s"
+    )
+  verdict = "fits" if result["fits"] else "does NOT fit"
+  lines += ["", f"peak {result['peak_gib']:.2f} GiB per device of {result['hbm_gib']:.0f} GiB: {verdict}"]
+  lines += [f"  - {a}" for a in result["advice"]]
+  if result["device_kind"] == "cpu":
+    lines.append("(XLA:CPU figures: bf16 temporaries are kept in f32 there, so this is an upper bound)")
+  return "\n".join(lines)

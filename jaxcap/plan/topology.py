@@ -1,0 +1,86 @@
+"""Target devices and the model to plan: `cpu:N` / `tpu:<chip>:<shape>` topologies, a preset or checkpoint's config,
+the largest image grid a run feeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.experimental import topologies
+
+from jaxcap.checkpoint import read_config
+from jaxcap.models.config import dtype_from_name
+from jaxcap.models.families import DEFAULT_FAMILY, preset_config, preset_names
+from jaxcap.processing.vision import smart_resize
+
+# HBM per chip, GiB, of the TPU generations libtpu compiles for
+TPU_HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
+
+
+def topology_devices(topology: str):
+  """The devices of `topology` ('cpu:N' needs XLA_FLAGS set before jax starts; see `main`)."""
+
+  kind, _, rest = topology.partition(":")
+  if kind == "cpu":
+    n = int(rest or 1)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+      raise ValueError(f"--topology={topology}: jax has {len(devices)} CPU devices; run jaxcap.plan in a fresh process")
+    return devices[:n], None
+  if kind == "tpu":
+    chip, _, shape = rest.partition(":")
+    dims = [int(d) for d in shape.split("x") if d.isdigit()]
+    # libtpu's default host is 2x2 chips; a smaller slice (v5e:1x1, one chip) is a host of its own size
+    kw = {"chips_per_host_bounds": (dims + [1, 1, 1])[:3]} if dims and int(np.prod(dims)) < 4 else {}
+    try:
+      desc = topologies.get_topology_desc(topology_name=f"{chip}:{shape}", platform="tpu", **kw)
+    except Exception as e:  # no libtpu, or a shape it does not know
+      raise SystemExit(
+        f"--topology={topology}: cannot build the TPU topology ({type(e).__name__}: {e}). Install the TPU "
+        'compiler with `pip install -e ".[plan-tpu]"` and name a real slice, e.g. tpu:v5e:4x4 or tpu:v5p:2x2x2.'
+      ) from None
+    return list(desc.devices), TPU_HBM_GIB.get(chip)
+  raise SystemExit(f"--topology={topology!r}: use cpu:N or tpu:<chip>:<shape>")
+
+
+def model_config(config, name: str | None):
+
+  m = config.model
+  name = name or m.checkpoint
+  if not name:
+    raise SystemExit(
+      f"the config trains the embedded student; pass --model={' | '.join(preset_names())} or a "
+      "checkpoint directory (or set model.checkpoint)"
+    )
+  kw = dict(
+    dtype=dtype_from_name(m.dtype),
+    param_dtype=dtype_from_name(m.param_dtype),
+    remat=m.remat,
+    logprob_chunk=m.logprob_chunk,
+    scan_layers=m.scan_layers,
+  )
+  if name in preset_names():
+    return preset_config(name, m.get("family", DEFAULT_FAMILY), **kw)
+  if Path(name).is_dir():
+    return read_config(name, **kw)
+  raise SystemExit(f"--model={name!r}: not a preset ({', '.join(preset_names())}) nor a checkpoint directory")
+
+
+def image_grid(cfg, image_size: int, max_pixels: int = 0) -> tuple[int, int, int]:
+  """(t, h, w) patch grid of the largest image a run feeds, after smart_resize (as the processor does): one
+  square `image_size` image, or with native sizes (image_size 0) a square one at the `max_pixels` budget."""
+
+  v = cfg.vision
+  factor = v.patch_size * v.spatial_merge_size
+  if image_size:
+    h, w = smart_resize(image_size, image_size, factor)
+  elif max_pixels:
+    side = int(max_pixels**0.5)
+    h, w = smart_resize(side, side, factor, max_pixels=max_pixels)
+  else:
+    raise SystemExit(
+      "data.image_size=0 (native sizes) with data.max_pixels=0 (the checkpoint's budget, up to 12.8 MP per image): "
+      "set --config.data.max_pixels (e.g. 200704 = 448 x 448) or --config.data.image_size to plan the run"
+    )
+  return 1, h // v.patch_size, w // v.patch_size
