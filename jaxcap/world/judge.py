@@ -11,22 +11,27 @@ order and no letter is favoured). Failures can be injected with `failure_rate` f
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import threading
 from typing import Mapping, Sequence
 
-from jaxcap.world import vocabulary as V
-from jaxcap.world.captions import reference_units
 from jaxcap.world.language import (
   CaptionFacts,
-  Claim,
   claim_text,
   parse_caption,
   unique_claims,
 )
-from jaxcap.world.questions import STILL_OPTION, QuestionQuery, parse_question
+from jaxcap.world.questions import parse_question
 from jaxcap.world.scene import Scene, as_scenes
+from jaxcap.world.grounding import (
+  answer_from_facts,
+  caption_quality,
+  claim_holds,
+  first_to_appear,
+  specific_claims,
+  uninformed_choice,
+  unit_hash,
+)
 from jaxcap.world.language_rating import language_ratings, linguistic_score
 from jaxcap.judges.factory import JUDGE_KINDS
 from jaxcap.judges.protocol import (
@@ -58,12 +63,6 @@ DENIES_PREFIX = "The caption does not claim: "
 NO_META_CRITERION = "The caption contains no meta-commentary or other statements without visual content."
 
 
-def _unit_hash(*parts: object) -> float:
-  """A uniform number in [0, 1) from the parts' text; stable across processes (unlike hash())."""
-  digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-  return int.from_bytes(digest, "little") / 2**64
-
-
 class RuleBasedJudge:
   """Judge over `scenes` (image id -> Scene). Deterministic given (`seed`, request contents)."""
 
@@ -91,7 +90,7 @@ class RuleBasedJudge:
 
   def _injected_failure(self, primitive: str, request: object) -> bool:
     # Keyed on the request's content, so a failure does not depend on batch composition or order.
-    return self.failure_rate > 0 and _unit_hash(self.seed, primitive, repr(request)) < self.failure_rate
+    return self.failure_rate > 0 and unit_hash(self.seed, primitive, repr(request)) < self.failure_rate
 
   def _scene(self, image_id: str) -> Scene | None:
     return self.scenes.get(image_id)
@@ -115,7 +114,7 @@ class RuleBasedJudge:
     query = parse_question(r.question)
     answer = None
     if query is not None and query.kind == "temporal_order":
-      answer = _first_to_appear(r.options, facts)
+      answer = first_to_appear(r.options, facts)
     elif query is not None:
       answer = answer_from_facts(query, facts)
     options = [o.strip().lower() for o in r.options]
@@ -147,7 +146,7 @@ class RuleBasedJudge:
     body = (
       text[len(DENIES_PREFIX if negated else STATES_PREFIX) :] if (negated or text.startswith(STATES_PREFIX)) else text
     )
-    wanted = _specific_claims(body)
+    wanted = specific_claims(body)
     if not wanted:
       return CriterionVerdict(failed=True, error=f"criterion states no checkable fact: {text!r}")
     stated = all(w.key in keys for w in wanted)
@@ -162,7 +161,7 @@ class RuleBasedJudge:
       criteria = []
       for unit in r.missing:
         # Missing objects and imprecise attributes are "important"; a missing backdrop is "minor".
-        kinds = {c.kind for c in _specific_claims(unit)}
+        kinds = {c.kind for c in specific_claims(unit)}
         criteria.append(Criterion(STATES_PREFIX + unit, "minor" if kinds == {"background"} else "important"))
       for claim in r.incorrect:
         criteria.append(Criterion(DENIES_PREFIX + claim, "critical"))  # hallucination / misidentification
@@ -209,7 +208,7 @@ class RuleBasedJudge:
       keys = {c.key for c in parse_caption(r.caption)}
       covered = []
       for unit in r.units:
-        wanted = _specific_claims(unit)
+        wanted = specific_claims(unit)
         covered.append(bool(wanted) and all(w.key in keys for w in wanted))
       out.append(Coverage(covered=tuple(covered)))
     return out
@@ -257,7 +256,7 @@ class RuleBasedJudge:
         # hallucinations the reference does not contradict (the baseline's known weakness).
         units = [claim_text(c) for c in unique_claims(parse_caption(r.reference)) if c.kind != "meta"]
         keys = {c.key for c in parse_caption(r.caption)}
-        overlap = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
+        overlap = sum(all(w.key in keys for w in specific_claims(u)) for u in units) / max(1, len(units))
         quality = 0.7 * overlap + 0.3 * linguistic_score(r.caption)
       out.append(LikertScore(score=round(1 + 9 * quality)))
     return out
@@ -287,134 +286,6 @@ for _name in (
   "score_likert",
 ):
   setattr(RuleBasedJudge, _name, _counted(getattr(RuleBasedJudge, _name)))
-
-
-# ---- reading captions against ground truth ------------------------------------------------------------------
-
-
-def _specific_claims(text: str) -> list[Claim]:
-  """The facts a unit/criterion sentence asks for: its non-`exists` claims, or its `exists` claims."""
-  claims = [c for c in parse_caption(text) if c.kind != "meta"]
-  specific = [c for c in claims if c.kind != "exists"]
-  return specific or claims
-
-
-def claim_holds(claim: Claim, scene: Scene) -> bool:
-  """Whether a parsed claim is true of the scene's ground truth."""
-  if claim.kind == "meta":
-    return False
-  if claim.kind == "count":
-    return int(claim.value) == len(scene.objects)
-  if claim.kind == "background":
-    return claim.value == scene.background
-  obj = scene.find(claim.subject)
-  if obj is None:
-    return False
-  if claim.kind == "exists":
-    return True
-  if claim.kind == "size":
-    return obj.size == claim.value
-  if claim.kind == "position":
-    return obj.position == claim.value
-  if claim.kind == "label":
-    return obj.label is not None and obj.label.upper() == claim.value
-  if claim.kind == "relation":
-    return scene.relation_holds(claim.subject, claim.value, claim.other)
-  if claim.kind == "overlap":
-    return scene.overlaps(claim.subject, claim.other)
-  if claim.kind == "motion":
-    return scene.is_clip and obj.motion == claim.value
-  if claim.kind == "appear":
-    return scene.is_clip and obj.appear_frame == int(claim.value)
-  raise ValueError(f"Unknown claim kind {claim.kind!r}.")
-
-
-def answer_from_facts(query: QuestionQuery, facts: CaptionFacts) -> str | None:
-  """The answer (option text) a careful reader derives from the caption's facts, or None if unsettled."""
-  objs, s = facts.objects, query.slots
-  k = query.kind
-  if k == "count_total":
-    return str(facts.count) if facts.count is not None else (str(len(objs)) if objs else None)
-  if k in ("count_colour", "count_shape"):
-    if not objs:
-      return None
-    idx, value = (0, s["colour"]) if k == "count_colour" else (1, s["shape"])
-    return str(sum(name.split()[idx] == value for name in objs))
-  if k == "colour":
-    hits = [n for n, a in objs.items() if n.split()[1] == s["shape"] and a.get("position") == s["position"]]
-    return hits[0].split()[0] if len(hits) == 1 else None
-  if k == "shape":
-    hits = [n for n in objs if n.split()[0] == s["colour"]]
-    return hits[0].split()[1] if len(hits) == 1 else None
-  if k in ("size", "position", "text"):
-    attribute = {"size": "size", "position": "position", "text": "label"}[k]
-    return objs.get(s["name"], {}).get(attribute)
-  if k == "motion":
-    motion = objs.get(s["name"], {}).get("motion")
-    return STILL_OPTION if motion == "still" else motion
-  if k == "existence":
-    if s["name"] in objs:
-      return "yes"
-    return "no" if facts.is_exhaustive else None
-  if k == "relation":
-    return _relation_from_facts(s["name"], s["other"], facts)
-  return None
-
-
-def _first_to_appear(options: Sequence[str], facts: CaptionFacts) -> str | None:
-  """The option (an object name) the caption says appears earliest; None unless every option's frame is stated."""
-  frames = []
-  for option in options:
-    frame = facts.objects.get(option.strip().lower(), {}).get("appear")
-    if frame is None:
-      return None
-    frames.append(int(frame))
-  first = min(frames)
-  return options[frames.index(first)] if frames.count(first) == 1 else None
-
-
-def _relation_from_facts(a: str, b: str, facts: CaptionFacts) -> str | None:
-  for rel, flipped in (("left of", "right of"), ("above", "below")):
-    if ("relation", a, rel, b) in facts.relations:
-      return rel
-    if ("relation", b, rel, a) in facts.relations:
-      return flipped
-  pa, pb = facts.objects.get(a, {}).get("position"), facts.objects.get(b, {}).get("position")
-  if pa is None or pb is None:
-    return None
-  (ra, ca), (rb, cb) = divmod(V.POSITIONS.index(pa), 3), divmod(V.POSITIONS.index(pb), 3)
-  if ra == rb and ca != cb:
-    return "left of" if ca < cb else "right of"
-  if ca == cb and ra != rb:
-    return "above" if ra < rb else "below"
-  return None
-
-
-def uninformed_choice(question: str, options: Sequence[str]) -> int:
-  """A guess that uses only the question text: echo an option the question contains, else a content hash.
-
-  Independent of option order, so rotating the options never turns a guess into a correct answer by luck.
-  """
-  low = " " + " ".join(question.lower().split()) + " "
-  echoed = [i for i, o in enumerate(options) if f" {o.strip().lower()} " in low]
-  if echoed:
-    return echoed[0]
-  return min(range(len(options)), key=lambda i: _unit_hash("guess", question, options[i].strip().lower()))
-
-
-# ---- overall quality -------------------------------------------------------------------------------------
-
-
-def caption_quality(caption: str, scene: Scene) -> float:
-  """Overall quality in [0, 1]: precision and recall against ground truth, plus language."""
-  claims = unique_claims(parse_caption(caption))
-  if not claims:
-    return 0.0
-  precision = sum(claim_holds(c, scene) for c in claims) / len(claims)
-  keys = {c.key for c in claims}
-  units = reference_units(scene)
-  recall = sum(all(w.key in keys for w in _specific_claims(u)) for u in units) / max(1, len(units))
-  return 0.4 * precision + 0.4 * recall + 0.2 * linguistic_score(caption)
 
 
 @JUDGE_KINDS.register("rule_based")
