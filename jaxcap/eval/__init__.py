@@ -11,7 +11,8 @@ from jaxcap.eval.evaluate import EvalConfig, evaluate
 from jaxcap.eval.metrics import RatioMetric, bootstrap_estimates
 from jaxcap.eval.prism import PrismConfig, run_prism
 from jaxcap.eval.redteam import RedTeamConfig, make_attacks, run_redteam
-from jaxcap.eval.report import EvalReport, write_report
+from jaxcap.eval.render import write_report
+from jaxcap.eval.report import EvalReport
 
 __all__ = [
   "CapArenaConfig", "CaptionQAConfig", "CaptionSet", "DCScoreConfig", "EvalConfig", "EvalReport", "PrismConfig",

@@ -22,7 +22,7 @@ from jaxcap.eval.dcscore import DCScoreConfig
 from jaxcap.eval.evaluate import SUITES, EvalConfig, evaluate
 from jaxcap.eval.prism import PrismConfig
 from jaxcap.eval.redteam import RedTeamConfig
-from jaxcap.eval.report import write_report
+from jaxcap.eval.render import write_report
 from jaxcap.eval.vqa_probe import probe_options, run_probe
 from jaxcap.judges.factory import build_judge, judge_name
 from jaxcap.judges.preflight import preflight_judge

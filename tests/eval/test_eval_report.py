@@ -8,7 +8,8 @@ from eval_world import builtin, world
 from jaxcap.eval.captioners import CaptionSet, captions_from_fn, load_captioner, read_caption_jsonl, write_caption_jsonl
 from jaxcap.eval.evaluate import EvalConfig, evaluate
 from jaxcap.eval.redteam import RedTeamConfig
-from jaxcap.eval.report import EvalReport, write_report
+from jaxcap.eval.render import write_report
+from jaxcap.eval.report import EvalReport
 from processes import cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
