@@ -60,7 +60,6 @@ async def send_hedged(
   done, _ = await asyncio.wait({first}, timeout=delay)
   if done:
     return first.result()
-  pool.metrics.record(hedge=True)
   second = asyncio.ensure_future(send_once(client, pool, body, hint, tries, avoid=tries.last, hedge=True))
   pending, errors = {first, second}, {}
   try:
@@ -115,6 +114,7 @@ async def send_once(
     send = state.breaker.on_send()
     tries.sent, tries.last = True, state
     pool.metrics.record_request_start(url)
+    pool.metrics.record(hedge=hedge)  # counted as it goes out: a copy cancelled while it queued was never sent
     try:
       try:
         with_hint = hint is not None and await wants_hint(client, state, pool.config)
