@@ -54,6 +54,23 @@ class Phase(Block):
         f"float32 (float32 masters, keep model.dtype=bfloat16 for compute) or --config.{at}optim.master_update="
         "stochastic_rounding"
       )
+    yield from self._check_packing(run, at)
+
+  def longest_completion(self, run) -> tuple[str, int]:
+    """(the key, its value) bounding a completion's tokens in this phase's rows."""
+    raise NotImplementedError
+
+  def _check_packing(self, run, at):
+    if self.micro_batch_tokens <= 0 or self.steps == 0:
+      return
+    key, longest = self.longest_completion(run)
+    if self.micro_batch_tokens <= longest:
+      yield (
+        f"{at}micro_batch_tokens={self.micro_batch_tokens}: must exceed {key}={longest} (a row holds a prompt and "
+        "its longest completion)"
+      )
+    if run.distributed.coordinator_address or run.distributed.num_processes > 1:
+      yield f"{at}micro_batch_tokens > 0 runs on one process for now; set {at}micro_batch_tokens=0 for multi-host runs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +93,16 @@ class Sft(Phase):
     1.0, "incomplete targets name at most this share of the objects", gt=0, le=1, when=_trains
   )
   optim: Optim = field(Optim(2e-3, warmup_steps=20), "the SFT optimiser")
+  # Packed rows (jaxcap.train.packing), as rl.micro_batch_tokens: each (prompt, target) at its own length, several per
+  # row; the loss and gradients equal the padded step's to float rounding, so a resume may change it.
+  micro_batch_tokens: int = field(
+    0,
+    "packed micro-batches of at most this many tokens for the SFT step",
+    ge=0,
+    resume=ALLOWED,
+    hint="0 = off: padded rows in sft.micro_batches slices, which only lay out the batch when on; it must hold the "
+    "longest prompt plus sft.max_target_tokens",
+  )
   # Training the tower along with the decoder from the warm-up lost much of what the warm-up taught (held-out QA
   # after SFT 41% instead of 53%, 64 images).
   freeze_vision: bool = field(True, "no updates to the vision tower in this phase")
@@ -90,6 +117,9 @@ class Sft(Phase):
     hint="the share of SFT examples that are multiple-choice VQA instead of captions; 0 = captions only, and some "
     "captions must remain",
   )
+
+  def longest_completion(self, run):
+    return "sft.max_target_tokens", self.max_target_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,18 +193,9 @@ class Rl(Phase):
       )
     if self.filter_groups == "off" and self.filter_groups_max_extra > 0:
       yield f"{at}filter_groups_max_extra={self.filter_groups_max_extra} does nothing with {at}filter_groups=off"
-    yield from self._check_packing(run, at)
 
-  def _check_packing(self, run, at):
-    if self.micro_batch_tokens <= 0 or self.steps == 0:
-      return
-    if self.micro_batch_tokens <= run.sampling.max_new_tokens:
-      yield (
-        f"{at}micro_batch_tokens={self.micro_batch_tokens}: must exceed sampling.max_new_tokens="
-        f"{run.sampling.max_new_tokens} (a row holds a prompt and its longest caption)"
-      )
-    if run.distributed.coordinator_address or run.distributed.num_processes > 1:
-      yield f"{at}micro_batch_tokens > 0 runs on one process for now; set {at}micro_batch_tokens=0 for multi-host runs"
+  def longest_completion(self, run):
+    return "sampling.max_new_tokens", run.sampling.max_new_tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,7 +88,11 @@ class Batcher:
     """ModelInputs of B prompts (or `host_prompts` of them) -> (PromptBatch [M, B/M, ...] on device, the
     micro-batches' VisionLayouts [M, ...] or None)."""
     batch = inputs if isinstance(inputs, SamplerBatch) else self.host_prompts(inputs, num_micro)
-    return self.prompt_batch(place_batch(batch, self.processor.cfg, self.pad_id, self.bucket_steps), num_micro)
+    return self.prompt_batch(self.place_prompts(batch), num_micro)
+
+  def place_prompts(self, batch: SamplerBatch) -> SamplerBatch:
+    """A host batch (`host_prompts`) on device, as the sampler places its batches (`place_batch`)."""
+    return place_batch(batch, self.processor.cfg, self.pad_id, self.bucket_steps)
 
   def prompt_batch(self, placed: SamplerBatch, num_micro: int, vision: bool = True):
     """The update's (PromptBatch [M, B/M, ...], VisionLayouts [M, ...]) from a placed batch (the sampler's), on

@@ -1,5 +1,5 @@
-"""The RL update over packed micro-batches (`jaxcap.train.packing`): `rl_step`'s loss and gradients, with each
-micro-batch's sequences packed into rows instead of padded.
+"""The RL and SFT updates over packed micro-batches (`jaxcap.train.packing`): `rl_step`'s and `sft_step`'s loss
+and gradients, with each micro-batch's sequences packed into rows instead of padded.
 
 Advantages, masks and rollout correction are computed over the whole step in the update's padded layout, exactly
 as `rl_step` does; each packed micro-batch then gathers its sequences' slots. Its loss aggregates over its own
@@ -11,6 +11,7 @@ batch's whatever the packing: token-mean over the global batch, seq-mean-* over 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -66,3 +67,37 @@ def packed_rl_step(
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
   return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}
+
+
+def packed_sft_step(
+  state: TrainState,
+  prompts: PromptBatch,
+  targets: jax.Array,
+  target_mask: jax.Array,
+  packed: PackedInputs,
+  *,
+  graphdef,
+  optimizer: optax.GradientTransformation,
+  master_update: str = "exact",
+  max_update_ratio: float = 0.0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """`sft_step` over packed rows: prompts [M0, b, P] and targets / target_mask [M0, b, C] in the update's layout
+  (`prompts.pixel_values` is not read), `packed` the step's vision pack and packed micro-batches [M, ...] of its
+  (prompt, target) sequences. Each micro-batch's token-mean NLL weighted by its target tokens: the whole batch's
+  token-mean, as the padded step."""
+  pixels, rows = packed.pixels, packed.rows
+  c = targets.shape[-1]
+  source = token_source(*flat_prompts(prompts), targets.reshape(-1, c))
+  mask = gather_sequences(target_mask, rows) & rows.seq_valid[..., None]  # [M, S, C]
+
+  def loss_fn(params, mb):
+    mb_rows, mb_mask = mb
+    lp, _ = packed_logprobs(nnx.merge(graphdef, params), source, mb_rows, pixels, c)
+    mb_mask = mb_mask.astype(jnp.float32)
+    nll = -jnp.sum(lp * mb_mask) / jnp.maximum(jnp.sum(mb_mask), 1.0)
+    return nll, {"nll": nll}
+
+  weights = jnp.sum(mask, axis=(1, 2))
+  loss, metrics, grads = accumulate(loss_fn, state.params, (rows, mask), weights)
+  state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
+  return state, {"loss": loss, **metrics, **opt_metrics}

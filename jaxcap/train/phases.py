@@ -22,7 +22,8 @@ from jaxcap.train.off_policy import Lookahead, queues_after
 from jaxcap.train.programs import reference_is_base, rollout_correction_config, with_reference
 from jaxcap.train.refill import GroupFilter
 from jaxcap.train.state import phase_train_state
-from jaxcap.train.updates import RLUpdate, SFTUpdate
+from jaxcap.train.sft_update import SFTUpdate
+from jaxcap.train.updates import RLUpdate
 
 Trainer = Any  # jaxcap.train.loop.Trainer, which imports this module
 PHASE_KINDS: Registry[type["Phase"]] = Registry("training phase")
@@ -90,6 +91,7 @@ class SFTPhase(Phase):
       s.model.cfg.eos_token_id,
       c.sft.micro_batches,
       c.sft.max_target_tokens,
+      micro_batch_tokens=c.sft.micro_batch_tokens,
     )
     return cls("sft", index, c.sft.steps, c.sft.batch_size, 0, update)
 

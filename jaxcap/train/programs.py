@@ -30,7 +30,7 @@ from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.train.adapters import lora_rank
 from jaxcap.train.packed import packed_sequence_logprobs
-from jaxcap.train.packed_step import packed_rl_step
+from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
 from jaxcap.train.state import make_optimizer
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
 
@@ -100,9 +100,9 @@ def rollout_correction_config(config: ml_collections.ConfigDict) -> RolloutCorre
   return RolloutCorrectionConfig(**config.rl.rollout_correction.to_dict())
 
 
-def packs(config: ml_collections.ConfigDict) -> bool:
-  """Whether RL's log-prob passes and update run on packed rows (`rl.micro_batch_tokens` > 0)."""
-  return int(config.rl.micro_batch_tokens) > 0
+def packs(config: ml_collections.ConfigDict, phase: str = "rl") -> bool:
+  """Whether `phase`'s update (and RL's log-prob passes) run on packed rows (`<phase>.micro_batch_tokens` > 0)."""
+  return int(config[phase].get("micro_batch_tokens", 0)) > 0
 
 
 def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
@@ -131,7 +131,7 @@ class RunPrograms:
     c = self.config
     if phase == "sft":
       return functools.partial(
-        sft_step,
+        packed_sft_step if packs(c, "sft") else sft_step,
         graphdef=self.graphdef,
         optimizer=optimizer,
         master_update=c.sft.optim.master_update,

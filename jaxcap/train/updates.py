@@ -1,8 +1,8 @@
-"""One update of each phase: host batching around the pure, jitted steps in step.py.
+"""RL's update: host batching around the pure, jitted steps in step.py (SFT's: `jaxcap.train.sft_update`).
 
 Each update has a `prepare(records)` that runs on the loader's thread ahead of its step (images decoded and
-processed, prompts padded: numpy only) and a `__call__` that runs the step from that host batch. SFT: prompts +
-target captions -> `sft_step`. RL: the step's prompts uploaded once -> G rollouts per prompt (sampler) ->
+processed, prompts padded: numpy only) and a `__call__` that runs the step from that host batch. RL: the step's
+prompts uploaded once -> G rollouts per prompt (sampler) ->
 old / reference log-probs on device while the captions are judged on a host thread -> `rl_step`; the rollouts'
 tokens, masks and log-probs never leave the device (only this process's rows' tokens and lengths are copied to
 the host, to decode the captions).
@@ -22,20 +22,16 @@ import numpy as np
 
 from jaxcap.data.records import ImageRecord
 from jaxcap.models import lora
-from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
-from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.refill import GroupFilter, Round, assembled_rewards, gather_index, gather_rows
 from jaxcap.train.reward_metrics import reward_metrics
 from jaxcap.train.off_policy import off_policy_step
 from jaxcap.train.packed_batch import packed_inputs
-from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.train.step import RolloutBatch
-from jaxcap.train.vqa import vqa_questions
 
 
 @dataclasses.dataclass
@@ -46,66 +42,6 @@ class HostBatch:
   records: list[ImageRecord]
   prompts: Any
   questions: list | None = None  # SFT with VQA examples: per record, the question it is asked, or None (caption)
-
-
-@dataclasses.dataclass
-class SFTUpdate:
-  """`update(step_fn, state, batch, rng) -> (state, PendingMetrics)` with `step_fn = jit(sft_step)`.
-
-  With `vqa_fraction` > 0 (default: the run config's `sft.vqa_fraction`), that share of the records with questions
-  are VQA examples (`jaxcap.train.vqa`): the prompt is the image + one of the record's questions, lettered, and the
-  target its answer (`jaxcap.processing.vqa`); which records and questions is drawn from (`seed`, step, record), so
-  `prepare` needs the step (the loader passes each batch's index, which is the step)."""
-
-  batcher: Batcher
-  targets: SFTTarget
-  tokenizer: Any
-  eos_id: int
-  micro_batches: int
-  max_target_tokens: int
-  vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction
-  seed: int | None = None  # of the VQA draws; None: the run config's seed
-
-  def __post_init__(self):
-    config = self.batcher.config
-    if self.vqa_fraction is None:
-      self.vqa_fraction = float(config.sft.vqa_fraction)
-    if self.seed is None:
-      self.seed = int(config.seed)
-    self._letters_checked = 0  # option count whose letters the tokenizer was checked for
-
-  def prepare(self, records: Sequence[ImageRecord], step: int | None = None) -> HostBatch:
-    records, questions, prompts = list(records), None, None
-    if self.vqa_fraction:
-      if step is None:
-        raise ValueError("SFTUpdate.prepare(records, step): with sft.vqa_fraction > 0 the VQA draw needs the step")
-      questions = vqa_questions(records, fraction=self.vqa_fraction, seed=self.seed, step=step)
-      asked = [q for q in questions if q is not None]
-      if max_options(asked) > self._letters_checked:  # fails on the first batch, not in the probe after training
-        letter_token_ids(self.tokenizer, max_options(asked))
-        self._letters_checked = max_options(asked)
-      prompts = [self.batcher.config.data.prompt if q is None else vqa_prompt(q) for q in questions]
-    inputs = self.batcher.inputs(records, prompts)
-    return HostBatch(records, self.batcher.host_prompts(inputs, self.micro_batches), questions)
-
-  def __call__(
-    self,
-    step_fn: Callable,
-    state,
-    batch: HostBatch | Sequence[ImageRecord],
-    rng: np.random.Generator,
-    step: int | None = None,
-  ):
-    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch, step)
-    m = self.micro_batches
-    prompts, layout = self.batcher.prompts(batch.prompts, m)
-    # every record draws its caption, VQA or not, so the caption rows' targets are those of a run without VQA
-    captions = [self.targets(r, rng) for r in batch.records]
-    if batch.questions is not None:
-      captions = [c if q is None else vqa_target(q) for c, q in zip(captions, batch.questions)]
-    ids, mask = encode_targets(self.tokenizer, captions, self.max_target_tokens, self.eos_id)
-    state, metrics = step_fn(state, prompts, self.batcher.micro(ids, m), self.batcher.micro(mask, m), layout)
-    return state, PendingMetrics(metrics)
 
 
 @dataclasses.dataclass

@@ -46,7 +46,8 @@ KEYS = {
   "rollout": ["engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
-  "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batches", "steps", "targets"]
+  "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batch_tokens", "micro_batches"]
+  + ["steps", "targets"]
   + ["vqa_fraction"],
   "sft.optim": OPTIM,
   "train": ["collapse_steps", "max_skips", "max_update_ratio", "on_nonfinite"],
@@ -152,6 +153,7 @@ def test_missing_field_is_named():
     ("rl.off_policy_steps", 2, "use 0 (on-policy) or 1"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
+    ("sft.micro_batch_tokens", 48, "must exceed sft.max_target_tokens=48"),
     ("model.lora.rank", -1, ">= 0"),
     ("model.lora.dropout", 0.1, "set model.lora.dropout=0"),
     ("model.lora.targets", ["q_proj", "lm_head"], "unknown module name(s) lm_head"),

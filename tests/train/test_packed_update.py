@@ -19,10 +19,10 @@ from jaxcap.models.vision import vision_layout
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
-from jaxcap.train.packed_step import packed_rl_step
+from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
 from jaxcap.train.packing import VisionItem, assign, fill_rows, pack
 from jaxcap.train.state import init_train_state
-from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs
+from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 
 CFG = M.tiny()
 G, C = 2, 9
@@ -182,6 +182,32 @@ def test_packed_update_equals_padded(policy, aggregation):
     assert max(errors) < 1e-5, (budget, packed.rows.shape, max(errors))
 
 
+def test_packed_sft_step_equals_padded(policy):
+  """SFT's packed step: one target per prompt (each prompt's first rollout as its target, uneven lengths); the
+  token-mean NLL and every gradient leaf equal the padded step's, over several micro-batches and over one."""
+  graphdef, params = policy
+  prompts, rollouts, pixels, layout, items = CASE
+  targets, target_mask = rollouts.tokens[:, ::G], rollouts.mask[:, ::G]  # [1, Np, C]
+  opt = _grads_optimizer()
+  state = init_train_state(params, opt, jax.random.key(0))
+  padded, want_m = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=opt))(
+    state, prompts, targets, target_mask, layout
+  )
+  want = jax.tree.leaves(padded.opt_state)
+  step = jax.jit(functools.partial(packed_sft_step, graphdef=graphdef, optimizer=opt))
+  for budget in (24, 64):
+    rows = pack(
+      prompts.ids[0], prompts.mask[0], target_mask[0], budget, image_token_id=CFG.image_token_id,
+      video_token_id=CFG.video_token_id, items=items, vision_cfg=CFG.vision,
+    )  # fmt: skip
+    assert (rows.shape[0] > 1) == (budget == 24)
+    new, got_m = step(state, prompts, targets, target_mask, PackedInputs(pixels, rows))
+    np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-5)
+    got = jax.tree.leaves(new.opt_state)
+    errors = [float(jnp.linalg.norm(g - w) / jnp.maximum(jnp.linalg.norm(w), 1e-30)) for g, w in zip(got, want)]
+    assert max(errors) < 1e-5, (budget, rows.shape, max(errors))
+
+
 def _options_case():
   """CASE's rollouts with what the options read: behaviour log-probs off the old ones by up to +-0.7 nats per token
   (some tokens and sequences outside the correction's bands), two truncated sequences (one of each of two prompts),
@@ -249,20 +275,26 @@ def test_packed_update_with_options_equals_padded(policy, options):
 
 @pytest.mark.slow  # a training run in a subprocess (~40 s)
 def test_tiny_run_with_packed_micro_batches(tmp_path):
-  """The main job with rl.micro_batch_tokens: RL's log-prob passes and update are the packed programs, compiled
-  once each over the run, and every RL step logs its packing."""
+  """The main job with rl.micro_batch_tokens and sft.micro_batch_tokens: SFT's step and RL's log-prob passes and
+  update are the packed programs, compiled once each over the run, and every step logs its packing."""
   import collections
   import json
 
   from processes import compiles, cpu_env, launch, tiny_run
 
   out = launch(
-    "caprl", *tiny_run({"rl.micro_batch_tokens": 256}), workdir=tmp_path, env=cpu_env(1, JAX_LOG_COMPILES="1")
+    "caprl",
+    *tiny_run({"rl.micro_batch_tokens": 256, "sft.micro_batch_tokens": 256}),
+    workdir=tmp_path,
+    env=cpu_env(1, JAX_LOG_COMPILES="1"),
   )
   by_name = collections.Counter(name for name, _ in compiles(out.stderr))
   assert by_name["packed_rl_step"] == 1 and by_name["packed_sequence_logprobs"] == 1, by_name
   assert by_name["rl_step"] == 0 and by_name["sequence_logprobs"] == 0, by_name
+  assert by_name["packed_sft_step"] == 1 and by_name["sft_step"] == 0, by_name
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  sft = [r for r in records if r.get("phase") == "sft" and "loss" in r]
+  assert len(sft) == 2 and all(0 <= r["packing/padding_share"] < 0.5 and np.isfinite(r["loss"]) for r in sft)
   rl = [r for r in records if r.get("phase") == "rl" and "loss" in r]
   assert len(rl) == 2
   for r in rl:

@@ -21,7 +21,8 @@ from jaxcap.train.config import validate
 from jaxcap.train.data import record_loader
 from jaxcap.train.state import init_train_state, make_optimizer
 from jaxcap.train.step import sft_step
-from jaxcap.train.updates import HostBatch, SFTUpdate
+from jaxcap.train.sft_update import SFTUpdate
+from jaxcap.train.updates import HostBatch
 from jaxcap.train.vqa import vqa_questions
 
 
