@@ -49,7 +49,7 @@ class Footprint:
 
 
 @functools.lru_cache(maxsize=4)
-def _param_sizes(cfg: Qwen25VLConfig) -> list[tuple[str, tuple[int, ...]]]:
+def param_sizes(cfg: Qwen25VLConfig) -> list[tuple[str, tuple[int, ...]]]:
   """(path, shape) of every param, from the model's abstract shapes (nothing allocated)."""
   from flax import nnx
 
@@ -75,7 +75,7 @@ def sampling_footprint(
   `max_new_tokens` tokens, with params in `cfg.param_dtype` and activations / cache in `cfg.dtype`. Batches are padded to a power of two rows, as the sampler's buckets are. `held`: the weights are held as the decode loop reads them (a sampler that owns them, `decode_layout`), else laid out per call (a trainer's params)."""
   rows = 1 << max(0, rows - 1).bit_length()
   pbytes, cbytes = np.dtype(cfg.param_dtype).itemsize, np.dtype(cfg.dtype).itemsize
-  sizes = _param_sizes(cfg)
+  sizes = param_sizes(cfg)
   params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
   layout = 0
   if row_blocks.applies(rows):

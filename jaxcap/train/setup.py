@@ -10,7 +10,7 @@ from typing import Any
 import ml_collections
 from flax import nnx
 
-from jaxcap.checkpoint import load_hf_checkpoint
+from jaxcap.checkpoint import load_hf_checkpoint, read_config
 from jaxcap.data.manifest import read_manifest
 from jaxcap.data.media_check import check_record_media
 from jaxcap.processing.media import decode_problem
@@ -24,6 +24,7 @@ from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.adapters import lora_rank, with_run_lora
+from jaxcap.train.memory_check import check_train_memory
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
@@ -78,6 +79,8 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   """A local HF checkpoint (`model.checkpoint`) loaded shard by shard onto the mesh, or the embedded student."""
   m = config.model
   if m.checkpoint:
+    # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
+    check_train_memory(config, read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype)))
     model = load_hf_checkpoint(
       m.checkpoint,
       mesh=mesh,

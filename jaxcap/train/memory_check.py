@@ -1,0 +1,176 @@
+"""Whether a training run fits the host's memory, checked from the config before the checkpoint is read.
+
+On CPU the weights, the train state and the rollouts all live in host memory, and a run that does not fit is
+killed by the kernel's OOM killer minutes into loading, with no message. `check_train_memory` counts what the run
+must hold at once, from the checkpoint's config.json and the run config (nothing is allocated):
+
+- the params at `model.param_dtype` (a QLoRA base's targeted kernels at 1 byte (int8) or half a byte (int4 / nf4));
+- the trainable params' float32 gradients and their two AdamW moments (all params, or LoRA's adapters only);
+- the KL reference copy (`rl.loss.kl_coef` > 0 without LoRA);
+- an RL step's rollouts: one prefill per prompt (`jaxcap.sampling.footprint` for `rl.batch_size` rows, less the
+  params it counts again) and the KV cache of `rl.num_samples` completions per prompt; the rollouts and the
+  gradients are never held at once, so the larger of the two counts.
+
+The update's own activations are not counted (they depend on the compiled program: `python -m jaxcap.plan` has
+them), so the figure is what the run needs at least, and a run over it cannot fit. Skipped off CPU (the state lives
+on the accelerators) unless `JAXCAP_MEMORY_BUDGET` is set; `JAXCAP_MEMORY_BUDGET=off` skips it anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxcap.config.cli import ConfigError
+from jaxcap.host_memory import BUDGET, available_memory
+from jaxcap.processing.vision import smart_resize
+from jaxcap.sampling.footprint import param_sizes, sampling_footprint
+from jaxcap.train.programs import with_reference
+
+GIB = 1024**3
+QTYPE_BYTES = {"int8": 1.0, "int4": 0.5, "nf4": 0.5}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainFootprint:
+  """Bytes a training run holds at once, by part (see the module docstring)."""
+
+  params: int
+  gradients: int
+  moments: int
+  reference: int
+  rollouts: int
+
+  @property
+  def total(self) -> int:
+    # the gradients exist only inside the update, the rollouts' caches only while sampling
+    return self.params + self.moments + self.reference + max(self.gradients, self.rollouts)
+
+  def describe(self) -> str:
+    parts = [f"params {size(self.params)}", f"gradients {size(self.gradients)}"]
+    parts += [f"AdamW moments {size(self.moments)}"]
+    parts += [f"KL reference {size(self.reference)}"] if self.reference else []
+    parts += [f"rollouts {size(self.rollouts)}"] if self.rollouts else []
+    return f"{size(self.total)} ({', '.join(parts)})"
+
+
+def size(n: float) -> str:
+  """Bytes in the largest binary unit that keeps them >= 1 (GiB at most), two decimals."""
+  unit = next((u for u in ("GiB", "MiB", "KiB") if n >= 1024 ** ("_KMG".index(u[0]))), "B")
+  return f"{n / 1024 ** '_KMG'.index(unit[0]):.2f} {unit}" if unit != "B" else f"{int(n)} B"
+
+
+def _adapted(path: str, lora: ml_collections.ConfigDict) -> bool:
+  """Whether the param at `path` (e.g. 'layers.self_attn.q_proj.kernel') is a kernel LoRA adapts."""
+  parts = path.split(".")
+  if parts[-1] != "kernel" or len(parts) < 2 or parts[-2] not in tuple(lora.targets):
+    return False
+  return parts[0] == "layers" or (bool(lora.vision) and parts[0] == "visual")
+
+
+def train_footprint(config: ml_collections.ConfigDict, cfg) -> TrainFootprint:
+  """What the run of `config` on a model of `cfg` (the checkpoint's config at the run's dtypes) holds at once."""
+  sizes = param_sizes(cfg)
+  pbytes = np.dtype(cfg.param_dtype).itemsize
+  count = lambda s: int(np.prod(s))
+  lora = config.model.get("lora")
+  rank = int(lora.rank) if lora is not None else 0
+  if rank > 0:
+    qbytes = QTYPE_BYTES.get(str(lora.weight_qtype), pbytes)
+    adapted = [(p, s) for p, s in sizes if _adapted(p, lora)]
+    params = sum(count(s) * pbytes for p, s in sizes if not _adapted(p, lora))
+    params += int(sum(count(s) * qbytes for _, s in adapted))
+    trainable = sum(count(s[:-2]) * rank * (s[-2] + s[-1]) for _, s in adapted)  # A [in, r], B [r, out]
+    tbytes = 4  # adapters are float32 whatever the base
+    params += trainable * tbytes
+  else:
+    trainable = sum(count(s) for _, s in sizes)
+    tbytes = pbytes
+    params = trainable * pbytes
+  rl = config.rl
+  reference = trainable * pbytes if rl.steps and with_reference(config, "rl") else 0
+  rollouts = 0
+  if rl.steps:  # one prefill per prompt (its KV shared by its G samples), then G completions' KV per prompt
+    patches = _image_patches(config, cfg)
+    rows, new_tokens = int(rl.batch_size), int(config.sampling.max_new_tokens)
+    text = 64  # the prompt's text and chat template, roughly
+    prefill = sampling_footprint(
+      cfg, rows, patches // cfg.vision.spatial_merge_size**2 + text, 0, vision_patches=patches, held=False
+    )
+    t = cfg.text
+    completions = 2 * t.num_hidden_layers * rows * int(rl.num_samples) * t.num_key_value_heads * t.head_dim
+    rollouts = prefill.total - prefill.params + completions * new_tokens * np.dtype(cfg.dtype).itemsize
+  return TrainFootprint(params, trainable * 4, 2 * trainable * tbytes, reference, rollouts)
+
+
+def _image_patches(config: ml_collections.ConfigDict, cfg) -> int:
+  """Patches of the largest image a run feeds: `data.image_size` square, else one at the `data.max_pixels` budget;
+  0 when neither is set (the checkpoint's own budget, unknown here: rollouts then count text only)."""
+  v = cfg.vision
+  factor = v.patch_size * v.spatial_merge_size
+  side, budget = int(config.data.image_size), int(config.data.get("max_pixels", 0))
+  if side:
+    h, w = smart_resize(side, side, factor)
+  elif budget:
+    h, w = smart_resize(int(budget**0.5), int(budget**0.5), factor, max_pixels=budget)
+  else:
+    return 0
+  return (h // v.patch_size) * (w // v.patch_size)
+
+
+def check_train_memory(config: ml_collections.ConfigDict, cfg, available: tuple[int, str] | None = None) -> None:
+  """Raises ConfigError (one message: the run's footprint by part, the memory available and where that figure
+  comes from, and settings that would fit, with their footprints) when the run cannot fit; on CPU only, or where
+  `JAXCAP_MEMORY_BUDGET` is set. `available`: (bytes, source), default `host_memory.available_memory()`."""
+  if available is None:
+    if jax.default_backend() != "cpu" and not os.environ.get(BUDGET):
+      return
+    available = available_memory()
+    if available is None:
+      return
+  need = train_footprint(config, cfg)
+  budget, source = available
+  if need.total <= budget:
+    return
+  fixes = []
+  for label, changes in _alternatives(config, cfg):
+    trial = config.copy_and_resolve_references()
+    for key, value in changes.items():
+      block, _, name = key.rpartition(".")
+      trial_block = trial
+      for part in block.split("."):
+        trial_block = trial_block[part]
+      trial_block[name] = value
+    dtype = changes.get("model.param_dtype")
+    trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(dtype)) if dtype else cfg
+    smaller = train_footprint(trial, trial_cfg).total
+    if smaller < need.total:
+      fixes.append(f"{label} ({size(smaller)})")
+  fixes.append("a machine or mesh with more memory")
+  raise ConfigError(
+    f"this run needs at least {need.describe()}, but {size(budget)} is available ({source}); use "
+    f"{' or '.join(fixes)}, or set {BUDGET}=off to skip this check"
+  )
+
+
+def _alternatives(config: ml_collections.ConfigDict, cfg):
+  """(flags, changes) that shrink the run, each tried alone against the footprint."""
+  lora = config.model.get("lora")
+  if lora is not None and int(lora.rank) == 0:
+    yield "--config.model.lora.rank=16", {"model.lora.rank": 16}
+    if np.dtype(cfg.param_dtype).itemsize > 2:
+      yield (
+        "--config.model.lora.rank=16 --config.model.param_dtype=bfloat16",
+        {"model.lora.rank": 16, "model.param_dtype": "bfloat16"},
+      )
+  elif lora is not None and not str(lora.weight_qtype):
+    yield "--config.model.lora.weight_qtype=int8", {"model.lora.weight_qtype": "int8"}
+  if config.rl.steps and config.rl.loss.kl_coef > 0:
+    yield "--config.rl.loss.kl_coef=0", {"rl.loss.kl_coef": 0.0}
+  if config.rl.steps and int(config.rl.batch_size) > 1:
+    half = int(config.rl.batch_size) // 2
+    yield f"--config.rl.batch_size={half}", {"rl.batch_size": half}

@@ -1,0 +1,84 @@
+"""The trainer's memory check (jaxcap.train.memory_check): the footprint's parts counted by hand on the tiny model,
+and a run that cannot fit refused before its checkpoint is read, with the numbers and settings that would fit."""
+
+import numpy as np
+import pytest
+
+import jaxcap.models as M
+from jaxcap.config.cli import ConfigError
+from jaxcap.sampling.footprint import param_sizes
+from jaxcap.train.memory_check import check_train_memory, size, train_footprint
+from processes import cpu_env, launch, load_config, tiny_run
+
+CFG = M.tiny()
+SIZES = dict(param_sizes(CFG))
+COUNT = sum(int(np.prod(s)) for s in SIZES.values())
+
+
+def _config(**changes):
+  c = load_config("caprl")
+  for key, value in changes.items():
+    block = c
+    *path, name = key.split(".")
+    for part in path:
+      block = block[part]
+    block[name] = value
+  return c
+
+
+def test_full_fine_tuning_counts_params_gradients_moments_and_the_reference():
+  f = train_footprint(_config(**{"rl.steps": 0}), CFG)  # float32 params
+  assert (f.params, f.gradients, f.moments, f.reference, f.rollouts) == (4 * COUNT, 4 * COUNT, 8 * COUNT, 0, 0)
+  assert f.total == 16 * COUNT
+  with_kl = train_footprint(_config(**{"rl.loss.kl_coef": 0.05}), CFG)
+  assert with_kl.reference == 4 * COUNT and with_kl.rollouts > 0
+  assert with_kl.total == 16 * COUNT + max(0, with_kl.rollouts - with_kl.gradients) + 4 * COUNT
+
+
+def test_lora_counts_adapters_as_trainable_and_the_base_as_frozen():
+  rank = 4
+  f = train_footprint(_config(**{"rl.steps": 0, "model.lora.rank": rank}), CFG)
+  targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+  adapted = {
+    p: s for p, s in SIZES.items() if p.startswith("layers.") and p.endswith(tuple(f"{t}.kernel" for t in targets))
+  }
+  assert len(adapted) == len(targets)
+  adapters = sum(s[0] * rank * (s[1] + s[2]) for s in adapted.values())  # [L, in, out] -> L x r x (in + out)
+  assert (f.params, f.gradients, f.moments) == (4 * COUNT + 4 * adapters, 4 * adapters, 8 * adapters)
+  q = train_footprint(_config(**{"rl.steps": 0, "model.lora.rank": rank, "model.lora.weight_qtype": "int8"}), CFG)
+  kernels = sum(int(np.prod(s)) for s in adapted.values())
+  assert q.params == f.params - 3 * kernels  # int8 kernels: 1 byte instead of 4
+
+
+def test_sizes_read_in_their_unit():
+  assert [size(n) for n in (512, 2048, 3 * 2**20, 1.5 * 2**30)] == ["512 B", "2.00 KiB", "3.00 MiB", "1.50 GiB"]
+
+
+def test_a_run_that_cannot_fit_is_refused_with_what_would():
+  c = _config(**{"rl.loss.kl_coef": 0.05})
+  need = train_footprint(c, CFG).total
+  check_train_memory(c, CFG, (need, "test"))  # exactly enough: no error
+  with pytest.raises(ConfigError) as e:
+    check_train_memory(c, CFG, (need - 1, "a test budget"))
+  msg = str(e.value)
+  assert f"needs at least {size(need)} (" in msg and "a test budget" in msg
+  assert "--config.model.lora.rank=16" in msg and "--config.rl.loss.kl_coef=0" in msg
+  assert "JAXCAP_MEMORY_BUDGET=off" in msg
+
+
+@pytest.mark.slow  # the trainer in a subprocess
+def test_the_trainer_stops_before_loading_a_checkpoint_that_cannot_fit(tmp_path):
+  from hf_reference import save_tiny_checkpoint
+
+  ckpt = tmp_path / "ckpt"
+  save_tiny_checkpoint(CFG, 0, ckpt)
+  (ckpt / "model.safetensors").write_bytes(b"not read")  # a load would fail on it: the check must come first
+  out = launch(
+    "caprl",
+    *tiny_run({"model.checkpoint": ckpt, "vision_warmup.steps": 0, "vision_warmup.batch_size": None}),
+    workdir=tmp_path / "run",
+    env=cpu_env(1, JAXCAP_MEMORY_BUDGET="64KiB"),
+    check=False,
+  )
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert "needs at least" in out.stderr and "64.00 KiB is available (JAXCAP_MEMORY_BUDGET)" in out.stderr, out.stderr
