@@ -16,14 +16,7 @@ COUNT = sum(int(np.prod(s)) for s in SIZES.values())
 
 
 def _config(**changes):
-  c = load_config("caprl")
-  for key, value in changes.items():
-    block = c
-    *path, name = key.split(".")
-    for part in path:
-      block = block[part]
-    block[name] = value
-  return c
+  return load_config("caprl", **changes)
 
 
 def test_full_fine_tuning_counts_params_gradients_moments_and_the_reference():
