@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from jaxcap.models.config import tiny
+from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.plan import GIB, format_plan, plan
 from jaxcap.train.config import base_config
 from processes import cli

@@ -10,6 +10,7 @@ import pathlib
 from typing import Any
 
 from jaxcap.models import config as qwen25vl_config
+from jaxcap.models import qwen25vl_presets
 from jaxcap.models import qwen3vl_presets
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
@@ -50,7 +51,7 @@ FAMILIES: dict[str, Family] = {
     model_type="qwen2_5_vl",
     config_cls=Qwen25VLConfig,
     model_cls=Qwen25VL,
-    presets=qwen25vl_config.PRESETS,
+    presets=qwen25vl_presets.PRESETS,
     rope_index=rope_index,
     vision_config_cls=qwen25vl_config.VisionConfig,
     vision_layout=vision_layout,

@@ -108,7 +108,7 @@ def qwen3vl_tiny(vocab_size: int = 512, **overrides) -> Qwen3VLConfig:
 
 def qwen3vl_mid(**overrides) -> Qwen3VLConfig:
   """A 54M-parameter config for CPU benchmarks (the 2B's shape ratios: mRoPE sections, DeepStack every 6 of 24
-  blocks scaled to 8), token ids as `jaxcap.models.config.mid`'s."""
+  blocks scaled to 8), token ids as `jaxcap.models.qwen25vl_presets.mid`'s."""
   return _preset(
     dict(
       depth=8,

@@ -31,7 +31,7 @@ def test_embedded_student_of_either_family_has_the_same_sizes_and_its_own_layout
   depths and token ids, and the registry gives each family's vision config its own host layout."""
   import numpy as np
 
-  from jaxcap.models.config import tiny
+  from jaxcap.models.qwen25vl_presets import tiny
   from jaxcap.models.families import family, family_of_config, layout_for, layout_shape_for
   from jaxcap.models.qwen3vl_vision import Qwen3VisionLayout
   from jaxcap.models.vision import VisionLayout

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcap.models.config import tiny
+from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.plan import plan, program_fingerprint, rl_step_inputs
 from jaxcap.sharding import make_mesh

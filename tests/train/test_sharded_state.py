@@ -11,7 +11,7 @@ import pytest
 
 from hf_reference import save_tiny_checkpoint
 from processes import cpu_env, run_command, run_processes
-from jaxcap.models.config import tiny
+from jaxcap.models.qwen25vl_presets import tiny
 
 pytestmark = pytest.mark.slow  # three subprocesses, each compiling a train step
 
