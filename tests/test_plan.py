@@ -112,3 +112,24 @@ def test_presets_of_either_family_and_tiny_by_the_configs_family():
   assert isinstance(model_config(config, "tiny"), Qwen3VLConfig)
   with pytest.raises(SystemExit, match="qwen3-vl-8b"):
     model_config(config, "qwen9")
+
+
+@pytest.mark.slow
+def test_the_paged_engine_is_planned_with_its_pool():
+  c = _config()
+  c.mesh.shape.fsdp = 1
+  c.rollout.update(dict(engine="paged", slots=4, page_size=8))
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  res = plan(c, cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)
+  assert [p["name"] for p in res["programs"]] == ["paged_prefill", "segment"]
+  assert all(p["arguments"] > 0 and p["bytes_accessed"] > 0 for p in res["programs"])
+  # prompts of 16 tokens = 2 pages of 8; a sample's own pages: ceil((16 - 1) / 8) = 2; 4 prompts in the step
+  e = res["engine"]
+  assert (e["slots"], e["page_size"], e["read_pages"]) == (4, 8, 4)
+  assert e["pages"] == 1 + 4 * (2 + 2) + 4 * 2  # the null page, every slot at its worst, one step's prompts
+  t = cfg.text
+  assert e["pool_bytes"] == 2 * t.num_hidden_layers * t.num_key_value_heads * e["pages"] * 8 * t.head_dim * 2
+  assert "paged engine: 4 slots, a pool of 25 pages x 8 tokens" in format_plan(res)
+  c.mesh.shape.fsdp = 2
+  with pytest.raises(SystemExit, match="runs on one device"):
+    plan(c, cfg, jax.devices()[:2], 80.0, ("decode",), text=8)

@@ -25,7 +25,8 @@ from jaxcap.sharding import logical_to_spec, make_mesh
 from jaxcap.train.adapters import state_breakdown, with_run_lora
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packed_batch import planned_rows
-from jaxcap.train.programs import RunPrograms, packs
+from jaxcap.train.programs import RunPrograms, packs, rollout_engine
+from jaxcap.plan.engine import engine_inputs, engine_programs
 
 
 @dataclasses.dataclass
@@ -42,6 +43,7 @@ class ProgramPlan:
   compile_s: float
   flops: float
   fingerprint: str = ""  # sha256 of the lowered program's text: equal fingerprints, equal programs
+  bytes_accessed: float = 0.0  # XLA's count per call (a loop's body once: a decode program's is per step)
 
   @property
   def peak(self) -> int:
@@ -87,6 +89,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   gen_kw = programs.generation_statics(cfg, pad_id=0)
 
   results: list[ProgramPlan] = []
+  engine_plan = None
 
   def compile_one(name, lower, args, resident_outside):
     t0 = time.perf_counter()
@@ -108,6 +111,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
         seconds,
         float((cost or {}).get("flops", 0.0)),
         program_fingerprint(lowered),
+        float((cost or {}).get("bytes accessed", 0.0)),
       )
     )
     return compiled
@@ -127,6 +131,21 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   if "logprobs" in names:
     lower = programs.logprobs().lower
     compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes)
+  engine = rollout_engine(config)
+  if engine is not None and {"prefill", "decode"} & set(names):  # the run's rollouts: the paged engine's programs
+    if len(devices) > 1:
+      raise SystemExit(
+        f"rollout.engine='paged' runs on one device; plan it on one (--topology=cpu:1 or tpu:<chip>:1x1, "
+        f"mesh.shape of 1) or with rollout.engine=static for {len(devices)} devices"
+      )
+    ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g)
+    stop_ids = (int(cfg.eos_token_id),)
+    lowerings = engine_programs(config, graphdef, programs.sampling(), g, stop_ids)
+    for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
+      if old in names:
+        compile_one(name, lowerings[name], getattr(ins, name.removeprefix("paged_")), state_bytes - params_bytes)
+    engine_plan = dataclasses.asdict(ins.plan)
+    names = tuple(n for n in names if n not in ("prefill", "decode"))
   if {"prefill", "decode"} & set(names):
     sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh)))
     prefill = functools.partial(generate.prefill_jit.lower, num_samples=g, **gen_kw)
@@ -170,5 +189,6 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "hbm_gib": hbm_gib,
     "peak_gib": peak / GIB,
     "fits": peak <= budget,
+    "engine": engine_plan,
     "advice": advice(config, results, state_bytes, budget, mesh),
   }

@@ -60,13 +60,22 @@ def format_plan(result: dict) -> str:
     f"(params {result['params_gib_per_device']:.2f} GiB)",
     format_breakdown(result["train_state_parts"]),
     "",
-    f"{'program':<10}{'args':>9}{'temp':>9}{'out':>9}{'aliased':>9}{'other state':>13}{'peak':>9}{'compile':>10}",
+    f"{'program':<14}{'args':>9}{'temp':>9}{'out':>9}{'aliased':>9}{'other state':>13}{'peak':>9}{'compile':>10}",
   ]
   for r in result["programs"]:
     gib = lambda k: f"{r[k] / GIB:9.2f}"
     lines.append(
-      f"{r['name']:<10}{gib('arguments')}{gib('temporaries')}{gib('outputs')}{gib('aliased')}"
+      f"{r['name']:<14}{gib('arguments')}{gib('temporaries')}{gib('outputs')}{gib('aliased')}"
       f"{r['resident_outside'] / GIB:13.2f}{r['peak'] / GIB:9.2f}{r['compile_s']:9.1f}s"
+    )
+  for r in result["programs"]:
+    if r["name"] in ("decode", "segment") and r.get("bytes_accessed"):
+      lines.append(f"{r['name']}: {r['bytes_accessed'] / GIB:.2f} GiB accessed per decode step (XLA's count)")
+  e = result.get("engine")
+  if e:
+    lines.append(
+      f"paged engine: {e['slots']} slots, a pool of {e['pages']} pages x {e['page_size']} tokens "
+      f"({e['pool_bytes'] / GIB:.2f} GiB), a slot reads at most {e['read_pages']} pages"
     )
   verdict = "fits" if result["fits"] else "does NOT fit"
   lines += ["", f"peak {result['peak_gib']:.2f} GiB per device of {result['hbm_gib']:.0f} GiB: {verdict}"]

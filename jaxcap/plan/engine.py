@@ -1,0 +1,88 @@
+"""The paged rollout engine's programs for `plan` (`rollout.engine='paged'`): its pool of pages, and the abstract
+arguments of its prefill (a step's prompts into pages) and decode segment (up to `rollout.segment_steps` steps of
+every slot, reading each slot's filled pages only).
+
+The engine runs on one device (`jaxcap.sampling.engine.PagedSampler`), so its programs are planned on the
+target's first device with the whole model there. The pool is what a call needs at once with `rollout.pages=0`:
+every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`) plus one step's prompts
+(`page_budget.pool_pages`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcap.models import row_blocks
+from jaxcap.sampling.page_budget import own_pages, pool_pages
+from jaxcap.sampling.paged_cache import PagePool
+from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
+from jaxcap.sampling.paged_slots import Outputs, Slots
+from jaxcap.sampling.prompts import Prompts
+from jaxcap.train.programs import rollout_engine
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlan:
+  """The engine's sizes: `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
+  every layer's keys and values), `read_pages` pages a slot reads at its longest."""
+
+  slots: int
+  page_size: int
+  pages: int
+  pool_bytes: int
+  read_pages: int
+
+
+def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int) -> SimpleNamespace:
+  """The abstract arguments of the engine's `prefill` and `segment` for one RL step's prompts `prompts` (the
+  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`)."""
+  engine = rollout_engine(config)
+  z, new = engine.page_size, int(config.sampling.max_new_tokens)
+  rows, t = prompts.input_ids.shape
+  t_pages = -(-t // z)
+  if t_pages * z != t:  # the engine pads prompts to whole pages
+    pad = lambda x, axis: jax.ShapeDtypeStruct(
+      x.shape[:axis] + (t_pages * z,) + x.shape[axis + 1 :], x.dtype, sharding=getattr(x, "sharding", None)
+    )
+    prompts = Prompts(
+      pad(prompts.input_ids, 1), pad(prompts.attention_mask, 1), pad(prompts.positions, 2), prompts.rope_deltas,
+      prompts.vision,
+    )  # fmt: skip
+  pages = pool_pages([np.full(rows, t_pages)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
+  t_cfg = cfg.text
+  dtype = jnp.dtype(cfg.dtype)
+  page_shape = jax.ShapeDtypeStruct((t_cfg.num_key_value_heads, pages, z, t_cfg.head_dim), dtype)
+  layers = t_cfg.num_hidden_layers
+  pool = PagePool((page_shape,) * layers, (page_shape,) * layers)
+  out_rows = rows * num_samples
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+  out = Outputs(i32(out_rows, new), *(jax.ShapeDtypeStruct((out_rows, new), jnp.float32),) * 2, i32(out_rows))
+  r = engine.slots
+  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 6)
+  read = t_pages + own_pages(new, z)
+  weights = jax.eval_shape(
+    lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
+  )
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
+  return SimpleNamespace(
+    prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key),
+    segment=(params, *weights, pool, slots, out, i32(r, read), key, i32()),
+    plan=EnginePlan(r, z, pages, pool_bytes, read),
+    steps=engine.segment_steps,
+  )
+
+
+def engine_programs(config, graphdef, sampling, num_samples: int, stop_ids: tuple[int, ...]) -> dict:
+  """name -> the lowering function of each engine program, with the run's static arguments."""
+  model = dict(graphdef=graphdef, sampling=sampling, num_samples=num_samples)
+  steps = rollout_engine(config).segment_steps
+  return {
+    "paged_prefill": lambda *args: prefill_jit.lower(*args, **model),
+    "segment": lambda *args: segment_jit.lower(*args, **model, stop_ids=stop_ids, steps=steps),
+  }
