@@ -11,7 +11,7 @@ upper bound) or `tpu:<chip>:<shape>` (e.g. `tpu:v5e:4x4`, `tpu:v5p:2x2x2`; the r
 `libtpu`, `pip install -e ".[plan-tpu]"`, no TPU attached).
 
 Modules: `topology` (targets, the model to plan), `inputs` (the programs' abstract arguments), `compile` (`plan`),
-`report` (advice and the printed table), `__main__` (the command line).
+`engine` (the paged engine's programs), `report` (advice and the printed table), `__main__` (the command line).
 """
 
 from jaxcap.plan.compile import ProgramPlan, plan, program_fingerprint
