@@ -133,3 +133,16 @@ def test_the_paged_engine_is_planned_with_its_pool():
   c.mesh.shape.fsdp = 2
   with pytest.raises(SystemExit, match="runs on one device"):
     plan(c, cfg, jax.devices()[:2], 80.0, ("decode",), text=8)
+
+
+@pytest.mark.slow
+def test_off_policy_counts_the_queued_round_in_the_passes_it_outlives():
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  on = _config()
+  on.rl.off_policy_steps = 1
+  off_res, on_res = (plan(c, cfg, jax.devices()[:8], 80.0, ("logprobs",), text=8) for c in (_config(), on))
+  assert off_res["queued_round_gib"] == 0 and on_res["queued_round_gib"] > 0
+  # the log-prob pass holds the queued round besides the state it does not take: exactly that round's bytes more
+  extra = on_res["programs"][0]["resident_outside"] - off_res["programs"][0]["resident_outside"]
+  assert extra == on_res["queued_round_gib"] * GIB
+  assert "the queued round's prompts and rollouts" in format_plan(on_res)

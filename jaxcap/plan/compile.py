@@ -76,6 +76,9 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     inputs.patches,
   )
   state_bytes = per_device_bytes(state)
+  # rl.off_policy_steps=1: the next step's round (its prompts and rollouts) is held through this step's passes
+  queued = per_device_bytes((prompt_batch, rollouts.tokens, rollouts.mask, rollouts.old_logprobs))
+  queued = queued if int(config.rl.get("off_policy_steps", 0)) else 0
   params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
   sample_layout = layout_for(np.asarray([grid] * rows), cfg.vision)
@@ -127,10 +130,10 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     prompt_batch = dataclasses.replace(prompt_batch, pixel_values=None)
   if "rl_step" in names:
     jitted = programs.update("rl", opt, jax.tree.map(lambda x: x.sharding, state))
-    compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), 0)
+    compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), queued)
   if "logprobs" in names:
     lower = programs.logprobs().lower
-    compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes)
+    compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes + queued)
   engine = rollout_engine(config)
   if engine is not None and {"prefill", "decode"} & set(names):  # the run's rollouts: the paged engine's programs
     if len(devices) > 1:
@@ -184,6 +187,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
     "train_state_gib_per_device": state_bytes / GIB,
     "train_state_parts": state_breakdown(state, config),
+    "queued_round_gib": queued / GIB,
     "params_gib_per_device": params_bytes / GIB,
     "programs": [dataclasses.asdict(r) | {"peak": r.peak} for r in results],
     "hbm_gib": hbm_gib,
