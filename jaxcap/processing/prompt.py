@@ -34,6 +34,7 @@ from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
 from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 
+
 @dataclasses.dataclass
 class ModelInputs:
   """A host-side (numpy) batch, ready for `Qwen25VL`.
