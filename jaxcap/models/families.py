@@ -29,7 +29,10 @@ class Family:
   shape)`, `layout_shape(grid_thw, vision_cfg)`: what `layout_for` / `layout_shape_for` call) and the HF key layout its export writes: `nested_keys` (`model.language_model.*`, `model.visual.*`,
   the only one transformers reads for Qwen3-VL) or the older `model.*`, `visual.*`. `preprocess`: the image
   processor's defaults that differ from Qwen2.5-VL's (a checkpoint's own preprocessor config still wins).
-  `like_qwen25(cfg)`: this family's config of a Qwen2.5-VL config's sizes (how the embedded student is built)."""
+  `like_qwen25(cfg)`: this family's config of a Qwen2.5-VL config's sizes (how the embedded student is built).
+  `processor`: the transformers processor whose rules `jaxcap.processing` follows for this family (a key of
+  `jaxcap.processing.rules.PROCESSOR_RULES`: video sampling, resizing and placeholders); `default_system`: the
+  system turn the family's chat template adds when a conversation has none (None: no system turn)."""
 
   name: str
   model_type: str
@@ -43,6 +46,8 @@ class Family:
   preprocess: dict = dataclasses.field(default_factory=dict)
   like_qwen25: Any = None
   nested_keys: bool = False
+  processor: str = "qwen2_vl"
+  default_system: str | None = "You are a helpful assistant."
 
 
 FAMILIES: dict[str, Family] = {
@@ -71,6 +76,8 @@ FAMILIES: dict[str, Family] = {
     preprocess={"image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)},
     like_qwen25=qwen3vl_presets.qwen3vl_like,
     nested_keys=True,
+    processor="qwen3_vl",
+    default_system=None,  # Qwen3-VL's template adds no system turn of its own
   ),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"

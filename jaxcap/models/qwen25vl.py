@@ -19,6 +19,9 @@ from jaxcap.models.layers import RMSNorm, linear, mrope_cos_sin, scan_layers, st
 from jaxcap.models.vision import VisionLayout, VisionTower
 from jaxcap.sharding import path_name, shard, shard_like_params
 
+ACT_AXES = ("batch", None, None)  # hidden states [B, T, D]
+DEEPSTACK_AXES = (None, *ACT_AXES)  # DeepStack additions [n, B, T, D], laid out like the states they join
+
 # the decoder's pieces, long imported from here
 __all__ = ["CACHE_AXES", "Attention", "DecoderLayer", "KVCache", "Qwen25VL", "VisionInput", "cached_attention"]
 
@@ -84,7 +87,9 @@ class Qwen25VL(nnx.Module):
     if deepstack is None:
       return x, None
     placed, _ = self.place_visual(input_ids, deepstack.astype(x.dtype))
-    return x, jnp.where(is_visual, placed, 0).astype(x.dtype)
+    # laid out like the hidden states it is added to (batch-sharded): left to itself XLA shards it after the
+    # gather's features and reshards it in full at every layer that adds it
+    return x, shard(jnp.where(is_visual, placed, 0).astype(x.dtype), DEEPSTACK_AXES)
 
   def embed(self, input_ids: jax.Array, vision: VisionInput | None = None) -> jax.Array:
     """Token embeddings [B, T, D] with visual features placed (`embed_vision` without DeepStack additions: a
@@ -141,8 +146,8 @@ class Qwen25VL(nnx.Module):
       kw = dict(policy=self.cfg.remat, unroll=not self.cfg.scan_layers)
       n = 0 if deepstack is None else deepstack.shape[0]
       if n:  # the first n layers in a scan of their own, each adding its DeepStack slice to its output
-        add = lambda layer, x, extra: body(layer, x, None) + extra
-        x = scan_layers(self.layers, add, x, deepstack.astype(x.dtype), stop=n, **kw)
+        add = lambda layer, x, extra: shard(body(layer, x, None) + shard(extra, DEEPSTACK_AXES[1:]), ACT_AXES)
+        x = scan_layers(self.layers, add, x, shard(deepstack.astype(x.dtype), DEEPSTACK_AXES), stop=n, **kw)
       x = scan_layers(self.layers, body, x, start=n, **kw)
       return self.norm(x), None
 
@@ -159,7 +164,7 @@ class Qwen25VL(nnx.Module):
       kv = (cache.k[i], cache.v[i]) + ((cache.prefix_k[i], cache.prefix_v[i]) if cache.prefix_k else ())
       x, (k, v) = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, cache_index)
       if deepstack is not None and i < deepstack.shape[0]:
-        x = x + deepstack[i].astype(x.dtype)
+        x = shard(x + shard(deepstack[i].astype(x.dtype), ACT_AXES), ACT_AXES)
       new_k.append(k)
       new_v.append(v)
     return self.norm(x), KVCache(tuple(new_k), tuple(new_v), cache.prefix_k, cache.prefix_v)

@@ -13,61 +13,26 @@ import numpy as np
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.families import family_of_config, layout_for
 from jaxcap.models.vision import VisionLayout
+from jaxcap.processing.chat import (  # noqa: F401 -- re-exported: the template's names live in chat
+  CONTROL_TOKENS,
+  DEFAULT_SYSTEM,
+  IM_END,
+  IM_START,
+  IMAGE_PAD,
+  PROMPT_SETTINGS,
+  TEMPLATE_DEFAULT,
+  VIDEO_PAD,
+  VISION_END,
+  VISION_START,
+  chat_pieces,
+  image_pieces,
+  read_prompt_settings,
+  render_chat,
+)
+from jaxcap.processing.rules import PROCESSOR_RULES
 from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
 from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
-
-IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
-VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
-DEFAULT_SYSTEM = "You are a helpful assistant."
-PROMPT_SETTINGS = "jaxcap_prompt.json"
-
-
-def read_prompt_settings(directory) -> dict:
-  """The prompt settings a jaxcap export saved ({"system": str | None}); {} for other checkpoints."""
-  path = Path(directory) / PROMPT_SETTINGS
-  return json.loads(path.read_text()) if path.exists() else {}
-
-
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CONTROL_TOKENS = (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
-
-
-def chat_pieces(
-  messages: Sequence[dict], add_generation_prompt: bool = True, system: str | None = DEFAULT_SYSTEM
-) -> list[tuple[str, bool]]:
-  """The Qwen2.5-VL chat template (ChatML with vision markers, one placeholder per image/video) as pieces
-  (text, is_control): control pieces are the template's special tokens, every other piece (roles, the system
-  prompt, message texts) is text, whatever characters it holds."""
-  out: list[tuple[str, bool]] = []
-  turn = lambda role, parts: [(IM_START, True), (f"{role}\n", False), *parts, (IM_END, True), ("\n", False)]
-  if system is not None and (not messages or messages[0]["role"] != "system"):
-    out += turn("system", [(system, False)])
-  for msg in messages:
-    content = msg["content"]
-    if isinstance(content, str):
-      content = [{"type": "text", "text": content}]
-    parts = []
-    for item in content:
-      kind = item.get("type")
-      if kind == "text":
-        parts.append((item["text"], False))
-      elif kind in ("image", "video"):
-        parts += [(VISION_START, True), (IMAGE_PAD if kind == "image" else VIDEO_PAD, True), (VISION_END, True)]
-      else:
-        raise ValueError(f"message content item of type {kind!r}; use 'text', 'image' or 'video'")
-    out += turn(msg["role"], parts)
-  if add_generation_prompt:
-    out += [(IM_START, True), ("assistant\n", False)]
-  return out
-
-
-def render_chat(
-  messages: Sequence[dict], add_generation_prompt: bool = True, system: str | None = DEFAULT_SYSTEM
-) -> str:
-  """The Qwen2.5-VL chat template as one string (what transformers' processor renders; `Processor` tokenizes
-  `chat_pieces` instead, so text that spells a control token stays text)."""
-  return "".join(text for text, _ in chat_pieces(messages, add_generation_prompt, system))
 
 
 @dataclasses.dataclass
@@ -99,13 +64,15 @@ class ModelInputs:
 
 
 class Processor:
-  """Tokenizer + image/video preprocessing for Qwen2.5-VL, equal to the HF processor's outputs.
+  """Tokenizer + image/video preprocessing for a student family, equal to its HF processor's outputs
+  (`Qwen2_5_VLProcessor`, `Qwen3VLProcessor`; the family of `cfg` picks the rules, `jaxcap.processing.rules`).
 
   `tokenizer` is any HF tokenizer with the Qwen special tokens (e.g. `AutoTokenizer.from_pretrained(ckpt_dir)`);
   `vision_cfg` / `video_cfg` are the image and video processor settings (`from_pretrained` reads them from the
-  checkpoint; by default images get transformers' defaults for `cfg`'s geometry and video frames the image
-  budget); `fps` is the rate assumed for videos given as frame lists without an 'fps' (default video_cfg.fps);
-  `system` is the system prompt added when a conversation has none (None: no system turn).
+  checkpoint; by default images get transformers' defaults for `cfg`'s geometry and video frames the family's
+  video class defaults over the image geometry, for Qwen2.5-VL the image budget); `fps` is the rate assumed for
+  videos given as frame lists without an 'fps' (default video_cfg.fps); `system` is the system prompt added when a
+  conversation has none (None: no system turn; by default the family's template's, `Family.default_system`).
   """
 
   def __init__(
@@ -114,18 +81,21 @@ class Processor:
     cfg: Qwen25VLConfig,
     vision_cfg: VisionPreprocessConfig | None = None,
     fps: float | None = None,
-    system: str | None = DEFAULT_SYSTEM,
+    system: Any = TEMPLATE_DEFAULT,
     video_cfg: VideoPreprocessConfig | None = None,
   ):
+    family = family_of_config(cfg)
+    self.rules = PROCESSOR_RULES[family.processor]
     # Everything that encodes with this tokenizer (targets, answers, lengths) encodes data: control tokens stay text.
-    self.tokenizer, self.cfg, self.system = text_only_tokenizer(tokenizer), cfg, system
+    self.tokenizer, self.cfg = text_only_tokenizer(tokenizer), cfg
+    self.system = family.default_system if system is TEMPLATE_DEFAULT else system
     self.vision_cfg = vision_cfg or VisionPreprocessConfig(
       patch_size=cfg.vision.patch_size,
       temporal_patch_size=cfg.vision.temporal_patch_size,
       merge_size=cfg.vision.spatial_merge_size,
-      **family_of_config(cfg).preprocess,
+      **family.preprocess,
     )
-    self.video_cfg = video_cfg or VideoPreprocessConfig.from_image(self.vision_cfg)
+    self.video_cfg = video_cfg or self.rules.video_config.from_image(self.vision_cfg)
     self.fps = float(fps) if fps is not None else self.video_cfg.fps
     want = (cfg.vision.patch_size, cfg.vision.temporal_patch_size, cfg.vision.spatial_merge_size)
     for name, pc in (("image", self.vision_cfg), ("video", self.video_cfg)):
@@ -153,18 +123,18 @@ class Processor:
     **kw,
   ) -> "Processor":
     """The processor of a checkpoint directory: its tokenizer, `config.json`, and image / video processor
-    settings read as transformers reads them (`VisionPreprocessConfig.from_pretrained`,
-    `VideoPreprocessConfig.from_pretrained`) unless given."""
+    settings read as transformers reads them (`VisionPreprocessConfig.from_pretrained`, the family's video class
+    `from_pretrained`) unless given."""
     from transformers import AutoTokenizer
     from jaxcap.checkpoint.hf import read_config
 
+    cfg = cfg or read_config(directory)
+    video_config = PROCESSOR_RULES[family_of_config(cfg).processor].video_config
     vision_cfg = vision_cfg or VisionPreprocessConfig.from_pretrained(directory)
-    video_cfg = video_cfg or VideoPreprocessConfig.from_pretrained(directory, image=vision_cfg)
+    video_cfg = video_cfg or video_config.from_pretrained(directory, image=vision_cfg)
     if "system" not in kw:  # a jaxcap export records the prompt its policy was trained with
-      kw["system"] = read_prompt_settings(directory).get("system", DEFAULT_SYSTEM)
-    return cls(
-      AutoTokenizer.from_pretrained(directory), cfg or read_config(directory), vision_cfg, video_cfg=video_cfg, **kw
-    )
+      kw["system"] = read_prompt_settings(directory).get("system", TEMPLATE_DEFAULT)
+    return cls(AutoTokenizer.from_pretrained(directory), cfg, vision_cfg, video_cfg=video_cfg, **kw)
 
   def save_prompt_settings(self, directory) -> None:
     """Writes <directory>/jaxcap_prompt.json (the system turn, None for none), which `from_pretrained` reads, so an
@@ -172,8 +142,9 @@ class Processor:
     the file)."""
     (Path(directory) / PROMPT_SETTINGS).write_text(json.dumps({"system": self.system}) + "\n")
 
-  def video(self, item: dict) -> tuple[np.ndarray, np.ndarray, float]:
-    """One video content item -> (patches, grid_thw, second_per_grid_t). item["video"] is a file path (sampled
+  def video(self, item: dict) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """One video content item -> (patches, grid_thw, second_per_grid_t, each sampled frame's time in the video
+    float64 [T] in seconds). item["video"] is a file path (sampled
     with the item's 'fps' / 'min_frames' / 'max_frames' / 'nframes', else video_cfg's), a `VideoClip`, a uint8
     array [T, H, W, C] or a list of frames (whose rate is item['fps'], else `self.fps`)."""
     source = item["video"]
@@ -191,7 +162,7 @@ class Processor:
       record=item.get("record"),
     )
     patches, grid = preprocess_video(clip, self.video_cfg)
-    return patches, grid, self.video_cfg.temporal_patch_size / clip.fps
+    return patches, grid, self.video_cfg.temporal_patch_size / clip.fps, clip.timestamps
 
   def __call__(
     self,
@@ -204,18 +175,19 @@ class Processor:
     array, video items 'video': a file path or frames, see `video`; an optional 'record' id names the item
     in errors)."""
     ids, images, videos, seconds = [], [], [], []
+    merge, temporal = self.vision_cfg.merge_size, self.video_cfg.temporal_patch_size
     for index, messages in enumerate(conversations):
-      own: list = []  # this conversation's vision inputs, in placeholder order
+      own: list = []  # this conversation's vision inputs, in placeholder order: (grid, the pieces it becomes)
       for msg in messages:
         for item in msg["content"] if not isinstance(msg["content"], str) else ():
           if item.get("type") == "image":
-            own.append(preprocess_image(item["image"], self.vision_cfg, record=item.get("record")))
-            images.append(own[-1])
+            images.append(preprocess_image(item["image"], self.vision_cfg, record=item.get("record")))
+            own.append((images[-1][1], image_pieces(images[-1][1], merge)))
           elif item.get("type") == "video":
-            patches, grid, spg = self.video(item)
-            own.append((patches, grid))
-            videos.append(own[-1])
+            patches, grid, spg, times = self.video(item)
+            videos.append((patches, grid))
             seconds.append(spg)
+            own.append((grid, self.rules.video_pieces(grid, merge, times, temporal)))
       ids.append(self._encode(chat_pieces(messages, add_generation_prompt, self.system), own, index, messages))
     input_ids, mask = pad_batch(ids, self.tokenizer.pad_token_id or 0, padding_side, pad_to_multiple_of)
     image_grid = np.stack([g for _, g in images]) if images else None
@@ -232,26 +204,25 @@ class Processor:
     return out
 
   def _encode(self, pieces: list[tuple[str, bool]], vision: list, index: int, messages) -> list[int]:
-    """Token ids of one conversation: control pieces by id (each vision placeholder expanded to one token per
-    merged patch), runs of text through `encode_text` (special-token parsing off). The runs are exactly the text
-    between control tokens that transformers tokenizes, so ids equal its processor's for ordinary text."""
+    """Token ids of one conversation: each vision placeholder replaced by its pieces (`vision`: (grid, pieces) per
+    image / video, in order: one pad per merged patch, for Qwen3-VL videos with timestamps), control pieces by id,
+    runs of text through `encode_text` (special-token parsing off). The runs are exactly the text between control
+    tokens that transformers tokenizes, so ids equal its processor's for ordinary text."""
     merge = self.vision_cfg.merge_size**2
     control_id = {t: self.tokenizer.convert_tokens_to_ids(t) for t in CONTROL_TOKENS}
-    grids = iter(grid for _, grid in vision)
+    expanded = iter(expansion for _, expansion in vision)
     out: list[int] = []
     run: list[str] = []
-    for text, control in [*pieces, ("", True)]:
+    for text, control in [p for piece in pieces for p in _expand(piece, expanded)] + [("", True)]:
       if not control:
         run.append(text)
         continue
       if run and "".join(run):
         out += encode_text(self.tokenizer, "".join(run))
       run = []
-      if text in (IMAGE_PAD, VIDEO_PAD):
-        out += [control_id[text]] * int(np.prod(next(grids)) // merge)
-      elif text:
+      if text:
         out.append(control_id[text])
-    want = sum(int(np.prod(grid)) // merge for _, grid in vision)
+    want = sum(int(np.prod(grid)) // merge for grid, _ in vision)
     got = sum(int(i in (self.cfg.image_token_id, self.cfg.video_token_id)) for i in out)
     if got != want:
       record = next(
@@ -264,6 +235,11 @@ class Processor:
         "are special tokens (the checkpoint's own), or remove the token from the text."
       )
     return out
+
+
+def _expand(piece: tuple[str, bool], expansions) -> list[tuple[str, bool]]:
+  """A vision placeholder piece -> the next image / video's pieces; any other piece unchanged."""
+  return next(expansions) if piece[1] and piece[0] in (IMAGE_PAD, VIDEO_PAD) else [piece]
 
 
 def pad_batch(

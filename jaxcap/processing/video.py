@@ -110,6 +110,32 @@ class VideoPreprocessConfig:
     """(height, width) every frame of a `num_frames`-frame clip of `height` x `width` is resized to."""
     return smart_resize(height, width, self.factor, self.min_pixels, self.frame_max_pixels(num_frames))
 
+  def frame_count(
+    self,
+    total_frames: int,
+    video_fps: float,
+    fps: float | None = None,
+    min_frames: int | None = None,
+    max_frames: int | None = None,
+    nframes: int | None = None,
+  ) -> int:
+    """How many frames to sample from a file of `total_frames` at `video_fps` (qwen-vl-utils' `smart_nframes`);
+    the arguments override this config's sampling."""
+    pick = lambda value, default: default if value is None else value
+    return smart_nframes(
+      total_frames,
+      video_fps,
+      pick(fps, self.fps),
+      pick(min_frames, self.min_frames),
+      pick(max_frames, self.max_frames),
+      pick(nframes, self.num_frames),
+      self.temporal_patch_size,
+    )
+
+  def frame_indices(self, total_frames: int, nframes: int) -> np.ndarray:
+    """int64 [nframes]: which frames of the file to take (`sample_indices`)."""
+    return sample_indices(total_frames, nframes)
+
   def grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
     """(grid_t, grid_h, grid_w) in patches of `num_frames` sampled frames of height x width pixels (for a file:
     `smart_nframes` of `probe_video`'s counts); it costs the product / merge_size^2 tokens."""
@@ -119,7 +145,7 @@ class VideoPreprocessConfig:
   @classmethod
   def from_dict(cls, row: Mapping[str, Any], source: str = "video_preprocessor_config.json", **overrides):
     """From the JSON of a video processor config (keys transformers reads; others are ignored)."""
-    min_pixels, max_pixels = pixel_budget(row, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS, source)
+    min_pixels, max_pixels = pixel_budget(row, cls.min_pixels, cls.max_pixels, source)
     fields: dict[str, Any] = dict(min_pixels=min_pixels, max_pixels=max_pixels, **normalisation(row, source))
     for key, cast in (("fps", float), ("min_frames", int), ("max_frames", int), ("num_frames", int)):
       if row.get(key) is not None:
@@ -253,8 +279,7 @@ def video_file_grid(
   from its headers only (for bucketing before decoding)."""
   cfg = cfg or VideoPreprocessConfig()
   total, video_fps, height, width = probe_video(path, record)
-  n = smart_nframes(total, video_fps, cfg.fps, cfg.min_frames, cfg.max_frames, cfg.num_frames, cfg.temporal_patch_size)
-  return cfg.grid(n, height, width)
+  return cfg.grid(cfg.frame_count(total, video_fps), height, width)
 
 
 def read_video(
@@ -268,7 +293,8 @@ def read_video(
   resize: bool = False,
   record: str | None = None,
 ) -> VideoClip:
-  """Decodes the frames of a video file that Qwen2.5-VL samples (see the module docstring), uint8 RGB.
+  """Decodes the frames of a video file that `cfg` samples (`cfg.frame_count`, `cfg.frame_indices`: for this class
+  qwen-vl-utils' rule, see the module docstring; `Qwen3VideoPreprocessConfig`: transformers'), uint8 RGB.
 
   fps / min_frames / max_frames / nframes override `cfg`'s sampling. With `resize`, each sampled frame is resized
   to the processor's target as soon as it is decoded (memory stays small for long, large clips); the result is
@@ -282,18 +308,10 @@ def read_video(
     if nframes is None and not video_fps:
       raise ValueError(f"{who}video {path} has no frame rate in its headers; pass nframes (frames to sample).")
     try:
-      n = smart_nframes(
-        total,
-        video_fps,
-        fps if fps is not None else cfg.fps,
-        min_frames if min_frames is not None else cfg.min_frames,
-        max_frames if max_frames is not None else cfg.max_frames,
-        nframes,
-        cfg.temporal_patch_size,
-      )
+      n = cfg.frame_count(total, video_fps, fps, min_frames, max_frames, nframes)
     except ValueError as e:
       raise ValueError(f"{who}video {path}: {e}") from None
-    indices = sample_indices(total, n)
+    indices = cfg.frame_indices(total, n)
     frames, source, decoded = _decode(path, indices, cfg if resize else None, n, record)
     if len(frames) == n:
       sampled_fps = n / max(total, 1e-6) * video_fps if video_fps else (fps or cfg.fps)

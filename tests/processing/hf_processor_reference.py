@@ -1,4 +1,4 @@
-"""transformers' `Qwen2_5_VLProcessor` as the reference, run in a subprocess.
+"""transformers' `Qwen2_5_VLProcessor` / `Qwen3VLProcessor` as the reference, run in a subprocess.
 
 transformers' video processor needs torchvision, which cannot be installed beside the CPU torch wheel of the test
 environment. The subprocess gets a stand-in `torchvision` package holding the few functions transformers calls on
@@ -101,24 +101,38 @@ def run_reference(spec: dict, workdir: Path, timeout: float = 300) -> dict[str, 
 
 
 def main(spec_path: str, out_dir: str) -> None:
-  """SPEC.json: {"checkpoint": dir, "cases": [{"name", "text", "images": [{"path", "as": "path" | "pil" |
-  "array"}], "videos": [{"frames": .npy [T, H, W, 3], "total_num_frames", "fps", "indices" (or null)}]}]}.
+  """SPEC.json: {"checkpoint": dir (or per case), "processor": "qwen2_5_vl" (default) | "qwen3_vl", "cases": [{"name", "text",
+  "images": [{"path", "as": "path" | "pil" | "array"}], "videos": [{"frames": .npy [T, H, W, 3],
+  "total_num_frames", "fps", "indices" (or null), "sample": false}]}]}.
   Images "as": "path" go in as the file name (transformers' `load_image`: EXIF transpose, RGB); "pil" as the
   opened file after `ImageOps.exif_transpose` (so the image processor composites alpha on white); "array" as a
-  uint8 array from a .npy file."""
+  uint8 array from a .npy file. Videos with "sample" are every frame of a file, which transformers' own
+  `sample_frames` samples; the others are the frames as given (`indices`: which frames of the file they are).
+  The image processor is transformers' PIL one (the torchvision one needs torchvision), from the checkpoint's
+  preprocessor_config.json; the video processor reads video_preprocessor_config.json."""
   import numpy as np
   from PIL import Image, ImageOps
   from transformers import AutoTokenizer, Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
+  from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
   from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
   from transformers.video_utils import VideoMetadata
 
   spec = json.loads(Path(spec_path).read_text())
-  ckpt = spec["checkpoint"]
-  processor = Qwen2_5_VLProcessor(
-    image_processor=Qwen2VLImageProcessorPil.from_pretrained(ckpt),
-    tokenizer=AutoTokenizer.from_pretrained(ckpt),
-    video_processor=Qwen2VLVideoProcessor.from_pretrained(ckpt),
+  qwen3 = spec.get("processor", "qwen2_5_vl") == "qwen3_vl"
+  processor_cls, video_cls = (
+    (Qwen3VLProcessor, Qwen3VLVideoProcessor) if qwen3 else (Qwen2_5_VLProcessor, Qwen2VLVideoProcessor)
   )
+  processors = {}
+
+  def processor_of(ckpt):
+    if ckpt not in processors:
+      processors[ckpt] = processor_cls(
+        image_processor=Qwen2VLImageProcessorPil.from_pretrained(ckpt),
+        tokenizer=AutoTokenizer.from_pretrained(ckpt),
+        video_processor=video_cls.from_pretrained(ckpt),
+      )
+    return processors[ckpt]
+
   load = {
     "path": lambda p: p,
     "pil": lambda p: ImageOps.exif_transpose(Image.open(p)),
@@ -126,6 +140,7 @@ def main(spec_path: str, out_dir: str) -> None:
   }
   Path(out_dir).mkdir(parents=True, exist_ok=True)
   for case in spec["cases"]:
+    processor = processor_of(case.get("checkpoint", spec.get("checkpoint")))
     kw = {}
     if case.get("images"):
       kw["images"] = [load[im["as"]](im["path"]) for im in case["images"]]
@@ -135,9 +150,11 @@ def main(spec_path: str, out_dir: str) -> None:
         VideoMetadata(total_num_frames=v["total_num_frames"], fps=v["fps"], frames_indices=v["indices"])
         for v in case["videos"]
       ]
-      kw["do_sample_frames"] = False
+      kw["do_sample_frames"] = any(v.get("sample", False) for v in case["videos"])
     out = processor(text=[case["text"]], return_tensors="pt", **kw)
-    np.savez(Path(out_dir) / f"{case['name']}.npz", **{k: v.numpy() for k, v in out.items()})
+    arrays = {k: v.numpy() for k, v in out.items() if hasattr(v, "numpy")}
+    arrays["text"] = np.array(processor.tokenizer.decode(out["input_ids"][0]))  # the expanded prompt, for messages
+    np.savez(Path(out_dir) / f"{case['name']}.npz", **arrays)
 
 
 if __name__ == "__main__":
