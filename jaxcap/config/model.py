@@ -47,7 +47,9 @@ class Student(Block):
 @dataclasses.dataclass(frozen=True)
 class Lora(Block):
   """Low-rank adapters on the frozen base (qwix, `jaxcap.models.lora`): only the adapters train and hold optimizer
-  state; with `weight_qtype` the frozen base is quantized (QLoRA). rank 0 = full fine-tuning."""
+  state; with `weight_qtype` the frozen base is quantized (QLoRA). rank 0 = full fine-tuning. The embedded student
+  (no model.checkpoint) has no pretrained base: its SFT trains the base with the adapters held, its RL the adapters
+  (`jaxcap.train.adapters.trains_base`)."""
 
   RESUME = SHAPE
 

@@ -9,7 +9,8 @@ model's outputs exactly. Stacked layers (a leading layer axis) get one adapter p
 kernel's own rule (A like the kernel's input axis, B like its output axis).
 
 Only the adapters train: `split_trainable` separates them from the frozen base (a params state without adapters
-trains whole), so gradients and optimizer state exist for the adapters alone. The base policy is the same params
+trains whole), so gradients and optimizer state exist for the adapters alone (or, for a base the run warms itself,
+the base alone with the adapters held at zero). The base policy is the same params
 with B zeroed (`adapters_off`): the KL reference costs no copy. `merged` folds the adapters into the (dequantized)
 kernels: a plain model that `save_hf_checkpoint` exports.
 """
@@ -109,12 +110,14 @@ def adapter_count(params) -> int:
   return sum(int(x.size) for p, x in _paths(params) if _ADAPTER.search(_key(_last_name(p))))
 
 
-def split_trainable(params):
-  """(trainable, frozen) of an nnx params state: with adapters, the `nnx.LoRAParam`s and the rest; without, the
-  whole state and None."""
+def split_trainable(params, base: bool = False):
+  """(trainable, frozen) of an nnx params state: with adapters, the `nnx.LoRAParam`s and the rest (with `base`,
+  the other way round: the base trains and the adapters are held, as the embedded student's SFT warms its own
+  base); without adapters, the whole state and None."""
   if not has_adapters(params):
     return params, None
-  return nnx.split_state(params, nnx.LoRAParam, ...)
+  adapters, rest = nnx.split_state(params, nnx.LoRAParam, ...)
+  return (rest, adapters) if base else (adapters, rest)
 
 
 def join(trainable, frozen):

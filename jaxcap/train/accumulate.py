@@ -32,12 +32,13 @@ def per_micro(layout: VisionLayout | None, num_micro: int) -> VisionLayout | Non
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_micro, *x.shape)), layout)
 
 
-def accumulate(loss_fn: Callable, params, batches, weights: jax.Array):
+def accumulate(loss_fn: Callable, params, batches, weights: jax.Array, *, trains_base: bool = False):
   """Loss, metrics and grads of `loss_fn(params, micro_batch)` over the leading micro-batch axis (lax.scan),
   each micro-batch weighted by its share of `weights` [M] (e.g. its token count), so the result equals the
   whole batch's loss whatever M is. Gradients accumulate in float32. With LoRA adapters in `params`, the gradients
-  are the adapters' only (the frozen base is a constant of the loss: `lora.split_trainable`)."""
-  trainable, frozen = lora.split_trainable(params)
+  are the adapters' only (the frozen base is a constant of the loss: `lora.split_trainable`); with `trains_base`
+  (`TrainState.trains_base`) the base's only, the adapters held."""
+  trainable, frozen = lora.split_trainable(params, trains_base)
   if frozen is not None:
     loss_fn = _on_trainable(loss_fn, frozen)
     params = trainable
@@ -93,7 +94,8 @@ def apply_update(
   stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.guard): a step whose
   `loss`, gradients or update is non-finite, or whose update diverged, keeps the params and optimizer state (the
   step counter still advances, with the data position) and says so in metrics[guard.HEALTH]."""
-  trainable, frozen = lora.split_trainable(state.params)  # with LoRA: the adapters; the base stays as it is
+  # with LoRA: the adapters (the base stays as it is), or with state.trains_base the base (the adapters held)
+  trainable, frozen = lora.split_trainable(state.params, state.trains_base)
   updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
   key = None if master_update == "exact" else precision.update_key(state.key, state.step)
   params = precision.apply_updates(trainable, updates, mode=master_update, key=key)

@@ -22,6 +22,15 @@ def lora_rank(config: ml_collections.ConfigDict) -> int:
   return int(block.rank) if block is not None else 0
 
 
+def trains_base(config: ml_collections.ConfigDict, phase: str) -> bool:
+  """Whether `phase` trains the base rather than the adapters under LoRA: the embedded student's SFT (no
+  `model.checkpoint`). That student has no pretrained base; its vision warm-up and SFT build the one the RL
+  adapters then sit on (with B = 0 the adapters leave it as it is), so RL starts from the SFT policy and its KL
+  reference, the base with the adapters off, is that policy exactly, as in full fine-tuning. A checkpoint's base
+  never trains: its SFT trains the adapters."""
+  return lora_rank(config) > 0 and phase == "sft" and not config.model.checkpoint
+
+
 def with_run_lora(model: nnx.Module, config: ml_collections.ConfigDict) -> nnx.Module:
   """`model` with the adapters of `model.lora` (the base quantized per `weight_qtype`), or `model` itself with rank
   0. Works on abstract models too (inside `nnx.eval_shape`). Adapters are seeded from the run's seed."""

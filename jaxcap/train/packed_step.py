@@ -63,7 +63,7 @@ def packed_rl_step(
 
   batches = (rows, cmask, gather(old), gather(ref), gather(advantages), valid, extras)
   weights = micro_weights(cmask, valid, loss_config.loss_aggregation)
-  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights, trains_base=state.trains_base)
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
   return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}
@@ -98,6 +98,6 @@ def packed_sft_step(
     return nll, {"nll": nll}
 
   weights = jnp.sum(mask, axis=(1, 2))
-  loss, metrics, grads = accumulate(loss_fn, state.params, (rows, mask), weights)
+  loss, metrics, grads = accumulate(loss_fn, state.params, (rows, mask), weights, trains_base=state.trains_base)
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -18,6 +18,7 @@ from jaxcap.config.cli import ConfigError
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rl.group_filter import OFF, SPREAD
+from jaxcap.train.adapters import trains_base
 from jaxcap.train.off_policy import Lookahead, queues_after
 from jaxcap.train.programs import reference_is_base, rollout_correction_config, with_reference
 from jaxcap.train.refill import GroupFilter
@@ -52,7 +53,10 @@ class Phase:
     """A fresh train state around `params` on the run's mesh (the optimizer from the phase's `optim` block)."""
     self.optimizer = trainer.programs.optimizer(self.name)
     reference = with_reference(trainer.config, self.name)
-    return phase_train_state(self.optimizer, params, key, trainer.setup.mesh, with_reference=reference)
+    base = trains_base(trainer.config, self.name)
+    return phase_train_state(
+      self.optimizer, params, key, trainer.setup.mesh, with_reference=reference, trains_base=base
+    )
 
   def step_fn(self, trainer: Trainer, state) -> Callable:
     """The jitted update, its state donated and kept in `state`'s shardings."""

@@ -21,13 +21,15 @@ class TrainState:
   """Everything a run needs to continue bit-for-bit: `step` int32 scalar, `params` (nnx.State of the policy; with
   LoRA the frozen base and the adapters), `opt_state` (of the trainable params: with LoRA the adapters only),
   `ref_params` (frozen copy for the KL term, or None; with LoRA None, the reference being the base) and the run's
-  PRNG `key`."""
+  PRNG `key`. `trains_base` (static): with LoRA adapters in `params`, the base trains and the adapters are held
+  (the embedded student's SFT, which warms the base RL's adapters then sit on); else the adapters train."""
 
   step: jax.Array
   params: Any
   opt_state: Any
   ref_params: Any
   key: jax.Array
+  trains_base: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   def replace(self, **changes) -> "TrainState":
     return dataclasses.replace(self, **changes)
@@ -100,34 +102,41 @@ def _top_name(path) -> str:
 
 
 def init_train_state(
-  params, optimizer: optax.GradientTransformation, key: jax.Array, with_reference: bool = False, mesh=None
+  params,
+  optimizer: optax.GradientTransformation,
+  key: jax.Array,
+  with_reference: bool = False,
+  mesh=None,
+  trains_base: bool = False,
 ) -> TrainState:
   """A fresh state around `params` (kept as they are). The optimizer state and the reference copy are created
   directly in their shardings on `mesh` (the params' rules, `train_state_shardings`): one jitted init with
-  out_shardings, so no process ever holds, or fetches, a global array."""
-  state_fn = lambda p, k: _fresh_state(p, optimizer, k, with_reference)
+  out_shardings, so no process ever holds, or fetches, a global array. `trains_base`: see `TrainState`."""
+  state_fn = lambda p, k: _fresh_state(p, optimizer, k, with_reference, trains_base)
   if mesh is None:
     return jax.jit(state_fn)(params, key)
   shardings = train_state_shardings(jax.eval_shape(state_fn, params, key), mesh)
   params = reshard(params, shardings.params)
   make = jax.jit(
-    lambda p, k: (optimizer.init(trainable(p)), jax.tree.map(jnp.copy, p) if with_reference else None),
+    lambda p, k: (optimizer.init(trainable(p, trains_base)), jax.tree.map(jnp.copy, p) if with_reference else None),
     out_shardings=(shardings.opt_state, shardings.ref_params),
   )
   opt_state, ref = make(params, key)
   scalars = jax.jit(lambda k: (jnp.zeros((), jnp.int32), k), out_shardings=(shardings.step, shardings.key))
   step, key = scalars(key)
-  return TrainState(step, params, opt_state, ref, key)
+  return TrainState(step, params, opt_state, ref, key, trains_base)
 
 
-def _fresh_state(params, optimizer, key, with_reference) -> TrainState:
+def _fresh_state(params, optimizer, key, with_reference, trains_base) -> TrainState:
   ref = jax.tree.map(jnp.copy, params) if with_reference else None
-  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(trainable(params)), ref, key)
+  opt_state = optimizer.init(trainable(params, trains_base))
+  return TrainState(jnp.zeros((), jnp.int32), params, opt_state, ref, key, trains_base)
 
 
-def trainable(params):
-  """The params the optimizer updates: all of them, or with LoRA the adapters only (`jaxcap.models.lora`)."""
-  return lora.split_trainable(params)[0]
+def trainable(params, trains_base: bool = False):
+  """The params the optimizer updates: all of them, or with LoRA the adapters only (with `trains_base`, the base
+  only; `jaxcap.models.lora.split_trainable`)."""
+  return lora.split_trainable(params, trains_base)[0]
 
 
 def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:
@@ -142,15 +151,19 @@ def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:
     opt_state=by_rule(abstract_state.opt_state),
     ref_params=None if abstract_state.ref_params is None else by_rule(abstract_state.ref_params),
     key=replicated,
+    trains_base=abstract_state.trains_base,
   )
 
 
-def phase_train_state(optimizer: optax.GradientTransformation, params, key, mesh, *, with_reference: bool = False):
-  """A phase's fresh TrainState for `optimizer` (`jaxcap.train.programs.phase_optimizer`) around `params`.
+def phase_train_state(
+  optimizer: optax.GradientTransformation, params, key, mesh, *, with_reference: bool = False, trains_base: bool = False
+):
+  """A phase's fresh TrainState for `optimizer` (`jaxcap.train.programs.phase_optimizer`) around `params`
+  (`trains_base`: see `TrainState`).
 
   Every leaf is created in (or moved to) its sharding on `mesh`, so the jitted steps see the same argument
   signature on every call and compile once; large replicated leaves are reported (`warn_replicated`)."""
   with jax.set_mesh(mesh):
-    state = init_train_state(params, optimizer, key, with_reference=with_reference, mesh=mesh)
+    state = init_train_state(params, optimizer, key, with_reference=with_reference, mesh=mesh, trains_base=trains_base)
   warn_replicated(state, mesh)
   return state

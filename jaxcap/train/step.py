@@ -151,7 +151,7 @@ def rl_step(
   layouts = per_micro(layout, rollouts.tokens.shape[0])
   batches = (prompts, layouts, rollouts.tokens, cmask, old, ref, advantages, sample_valid, extras)
   weights = micro_weights(cmask, sample_valid, loss_config.loss_aggregation)
-  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights, trains_base=state.trains_base)
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   adv_metrics = {f"adv/{k}": v for k, v in adv_metrics.items()}
   return state, {"loss": loss, **metrics, **opt_metrics, **adv_metrics, **extra_metrics}
@@ -184,6 +184,6 @@ def sft_step(
 
   weights = jnp.sum(target_mask, axis=(1, 2))
   batches = (prompts, per_micro(layout, targets.shape[0]), targets, target_mask)
-  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights)
+  loss, metrics, grads = accumulate(loss_fn, state.params, batches, weights, trains_base=state.trains_base)
   state, opt_metrics = apply_update(state, grads, optimizer, master_update, loss, max_update_ratio)
   return state, {"loss": loss, **metrics, **opt_metrics}

@@ -150,6 +150,39 @@ def test_only_adapters_have_optimizer_state_and_move(tiny):
   assert min(b_moved) > 0  # every B left zero
 
 
+def test_base_trained_under_held_adapters_is_full_fine_tuning(tiny):
+  """`trains_base` (the embedded student's SFT under LoRA): the base gets the plain model's optimizer state and
+  update to float rounding (zero B adds exactly 0 to every output and input gradient), the adapters stay as made."""
+  base_graphdef, base_params, graphdef, params = tiny
+  opt = make_optimizer(1e-2, 10, weight_decay=0.01)
+  inputs = _text_inputs()
+
+  def step_of(gd):
+    def loss_fn(p, mb):
+      logits = nnx.merge(gd, p)(mb, *inputs[1:])[0]
+      return -jnp.mean(jax.nn.log_softmax(logits)[..., 0]), {}
+
+    def step(state):
+      loss, _, grads = accumulate(loss_fn, state.params, inputs[0][None], jnp.ones((1,)), trains_base=state.trains_base)
+      return apply_update(state, grads, opt, loss=loss)[0]
+
+    return jax.jit(step)
+
+  state = init_train_state(params, opt, jax.random.key(0), trains_base=True)
+  assert state.trains_base and not any(
+    "_lora_" in str(p) for p, _ in jax.tree_util.tree_leaves_with_path(state.opt_state)
+  )
+  new = step_of(graphdef)(state)
+  plain = step_of(base_graphdef)(init_train_state(base_params, opt, jax.random.key(0)))
+  adapters, base = lora.split_trainable(new.params)
+  jax.tree.map(np.testing.assert_array_equal, adapters, lora.split_trainable(params)[0])  # held: A and zero B
+  want = nnx.to_pure_dict(plain.params)
+  got = nnx.to_pure_dict(base)
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), want, nnx.to_pure_dict(base_params))
+  assert max(jax.tree.leaves(moved)) > 1e-3
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7), got, want)
+
+
 def test_adapter_sharding_follows_the_kernel_rules():
   assert param_logical_axes("layers.self_attn.q_proj.kernel_lora_a.value", 3) == (None, "embed", None)
   assert param_logical_axes("layers.self_attn.q_proj.kernel_lora_b", 3) == (None, None, "heads")

@@ -72,3 +72,34 @@ def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_pa
   adapters = load_file(workdir / "export_adapters" / "adapter_model.safetensors")  # and the adapters alone (PEFT)
   assert json.loads((workdir / "export_adapters" / "adapter_config.json").read_text())["r"] == 4
   assert any(k.endswith("q_proj.lora_B.weight") for k in adapters)
+
+
+def test_embedded_lora_run_sft_trains_the_base_then_rl_the_adapters(tmp_path):
+  """The embedded student (no checkpoint: its base is built by the run) under LoRA, as a Qwen3-VL with the paged
+  rollout engine: SFT trains the base with the adapters held at zero (its moments are the base's), RL the adapters
+  alone, so RL's first policy is the SFT policy and its KL to the base (adapters off) is exactly 0 at that step."""
+  workdir = tmp_path / "run"
+  changes = {
+    "model.family": "qwen3_vl",
+    "rollout.engine": "paged",
+    "rollout.slots": 4,
+    "model.lora.rank": 4,
+    "rl.loss.kl_coef": 0.05,
+    "rl.loss.entropy_coef": 0.01,  # a gradient whatever the rewards (the tiny run's are often flat in a group)
+    "rl.optim.warmup_steps": 0,
+    "checkpoint.every": 1,
+    "checkpoint.max_to_keep": 4,
+    "export.hf": True,
+  }
+  launch("caprl", *tiny_run(changes), workdir=workdir)
+  moments = {}
+  for step, phase in ((2, "sft"), (4, "rl")):
+    tree = json.loads((workdir / "checkpoints" / str(step) / "state" / "_METADATA").read_text())["tree_metadata"]
+    opt = [k for k in tree if k.startswith("('opt_state'") and ("kernel" in k or "embedding" in k)]
+    moments[phase] = opt
+    assert any(k.startswith("('params'") and "_lora_" in k for k in tree)  # the adapters are in both phases' params
+  assert moments["sft"] and not any("_lora_" in k for k in moments["sft"])  # SFT: the base's moments only
+  assert moments["rl"] and all("_lora_" in k for k in moments["rl"])  # RL: the adapters' only
+  kl = [r["kl"] for r in _rows(workdir) if "kl" in r]
+  assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0  # RL starts at its reference, the SFT policy
+  assert (workdir / "export" / "model.safetensors").exists()

@@ -34,14 +34,20 @@ def _losses(workdir):
   return [(r["phase"], r["step"], r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
 
 
-def test_two_processes_match_one(tmp_path):
+# LoRA: SFT trains the embedded base (adapters held), RL the adapters with the KL to the base (adapters off)
+LORA = ["--config.model.lora.rank=4", "--config.rl.loss.kl_coef=0.05"]
+
+
+@pytest.mark.parametrize("extra", [[], LORA], ids=["full", "lora"])
+def test_two_processes_match_one(tmp_path, extra):
+  common = [*COMMON, *extra]
   launch(
-    "caprl", *COMMON, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
+    "caprl", *common, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
   )
   run_processes(
     lambda i, port: launch_command(
       "caprl",
-      *COMMON,
+      *common,
       "--config.sft.batch_size=2",
       "--config.rl.batch_size=2",  # per process
       f"--config.distributed.coordinator_address=127.0.0.1:{port}",
