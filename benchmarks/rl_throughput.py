@@ -18,13 +18,20 @@ latency a sleep per step's judging on the reward's thread (the first version of 
 come from `--engine` (paged: the engine that hands groups over as they finish; with the static engine streaming
 changes nothing).
 
+`--length-spread LO` caps each group's captions at a length drawn uniformly from [LO, --new_tokens] (the paged
+engine's per-row `max_lengths`, seeded by the rollout's index, the same in every arm): the tiny student after a
+2-step SFT writes max-length captions, so without it every group finishes in the last decode segment and streaming
+has nothing to overlap; a trained student's captions vary in length. Compiled programs are kept in a persistent
+cache shared by the runs, and one unrecorded run of the first arm fills it first (`--no-prime` skips it), so no
+arm pays the paged engine's compilations of new buckets inside its timed window more than another.
+
 After `--warmup` RL steps (compiles) the next `--steps` are timed from the start of one step's update call to the
 start of the call after the last, and traced with `jax.profiler` for the device-busy share
 (`rl_host_time.device_busy_ns`; on a CPU the "device" shares the cores with the host threads and the judge server,
 so that share is only indicative there). `judge_wait_s` is the time per timed step the loop blocked on the step's
 rewards (the judging tail the device may idle through).
 
-    python -m benchmarks.rl_throughput --latencies 50,200,800 --repeats 1 --steps 3
+    python -m benchmarks.rl_throughput --latencies 50,200,800 --repeats 1 --steps 3 --length-spread 4
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from benchmarks.rl_host_time import _config, _window_ns, device_busy_ns
 
@@ -109,13 +117,26 @@ def _one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float)
   def timed_submit(self, *a, **kw):
     return _TimedFuture(submit(self, *a, **kw), waits, window)
 
-  RLUpdate.__call__, RLUpdate.submit = marked_update, timed_submit
+  from jaxcap.sampling.engine import PagedSampler
+
+  paged_call, rollouts = PagedSampler.__call__, {"n": 0}
+
+  def capped(self, prompts, key, *, num_samples=1, max_lengths=None, **kw):
+    if args.length_spread and max_lengths is None:
+      rng = np.random.default_rng([7, rollouts["n"]])
+      rollouts["n"] += 1
+      caps = rng.integers(args.length_spread, args.new_tokens + 1, size=prompts.block)
+      max_lengths = np.repeat(caps, num_samples)
+    return paged_call(self, prompts, key, num_samples=num_samples, max_lengths=max_lengths, **kw)
+
+  RLUpdate.__call__, RLUpdate.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
   if judge_url is None:
     caprl.CapRLReward.__call__ = slow_reward
   try:
     loop.Trainer(config).run()
   finally:
     RLUpdate.__call__, RLUpdate.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
+    PagedSampler.__call__ = paged_call
   wall = marks["t1"] - marks["t0"]
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
   busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))
@@ -171,8 +192,12 @@ def main(argv=None):
   ap.add_argument("--image_size", type=int, default=84, help="data.image_size")
   ap.add_argument("--sft_steps", type=int, default=2)
   ap.add_argument("--vision_steps", type=int, default=2)
+  ap.add_argument("--length-spread", type=int, default=0, help="cap each group's captions at U[this, new_tokens]")
+  ap.add_argument("--no-prime", action="store_true", help="no unrecorded first run filling the compilation cache")
   ap.add_argument("--out", default="", help="write the figures as JSON here")
   args = ap.parse_args(argv)
+  jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="rl_throughput_cache_"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   os.environ["JUDGE_API_KEY"] = KEY  # judge.api_key_env's default variable: the key the server was started with
   arms = [a.strip() for a in args.arms.split(",") if a.strip()]
   unknown = [a for a in arms if a not in ARMS]
@@ -191,11 +216,15 @@ def main(argv=None):
     "engine": args.engine,
     "concurrency": args.concurrency,
     "shape": {"batch": args.batch, "samples": args.samples, "new_tokens": args.new_tokens, "image": args.image_size},
+    "length_spread": args.length_spread,
     "steps_timed": args.steps,
     "repeats": args.repeats,
     "latencies": {},
   }
   keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s")
+  if not args.no_prime:
+    with _judge_server(args, latencies[0]) as url:
+      print(f"priming run: {json.dumps(_one_run(args, arms[0], 'prime', url, latencies[0]))}", flush=True)
   for latency in latencies:
     runs = {arm: [] for arm in arms}
     with _judge_server(args, latency) as url:
