@@ -14,7 +14,8 @@ once per arm and repeat, the arms interleaved (today, stream, stream_off1, today
 (`jaxcap.world.judge_server`, in a thread of this process, over localhost), which adds `--judge-latency-ms` to
 every request; the run talks to it as to a remote fleet (`judge.kind=http`, `judge.max_concurrency` requests in
 flight). One server per latency in `--latencies`. `--judge sleep`: the judge is the in-process oracle and the
-latency a sleep per step's judging on the reward's thread (the first version of this benchmark). The rollouts
+latency a sleep per CapRL call on the reward's thread (the first version of this benchmark): per step, or per group
+when streaming, so that mode does not compare streaming arms fairly. The rollouts
 come from `--engine` (paged: the engine that hands groups over as they finish; with the static engine streaming
 changes nothing).
 
