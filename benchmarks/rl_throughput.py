@@ -1,21 +1,44 @@
-"""RL steps per second on-policy vs one-step off-policy (`rl.off_policy_steps` 0 vs 1) against a judge with a
-fixed latency, and the share of each step's wall time the device was busy.
+"""RL steps per second against a slow judge for today's step, streaming judging and streaming + one-step
+off-policy, and the share of each step's wall time the device was busy.
 
 Runs the main job (`Trainer`, in this process) on the embedded default (`configs/caprl.py`, the tiny student, as
 `benchmarks/rl_host_time.py` sets it up: short SFT warm start, no held-out evaluation, no mid-run checkpoints),
-once per arm and repeat, the arms interleaved (on, off, on, off, ...). The judge's latency is added in the training
-reward's call (a sleep of `--judge-latency-ms` per step's judging, on the reward's host thread, as an HTTP judge
-blocks it), so the embedded rule-based judge stands in for a slow remote one. After `--warmup` RL steps (compiles)
-the next `--steps` are timed from the start of one step's update call to the start of the call after the last,
-and traced with `jax.profiler` for the device-busy share (`rl_host_time.device_busy_ns`; on a CPU the "device"
-shares the cores with the host threads, so that share is only indicative there).
+once per arm and repeat, the arms interleaved (today, stream, stream_off1, today, ...). Arms:
 
-    python -m benchmarks.rl_throughput --judge-latency-ms 2000 --repeats 2
+    today        rl.stream_judging=False, rl.off_policy_steps=0   (the batch judged after its rollout)
+    off1         rl.stream_judging=False, rl.off_policy_steps=1
+    stream       rl.stream_judging=True,  rl.off_policy_steps=0   (each group judged as it finishes decoding)
+    stream_off1  rl.stream_judging=True,  rl.off_policy_steps=1
+
+`--judge http` (default): the judge is the embedded world's rule-based oracle behind its OpenAI-compatible server
+(`jaxcap.world.judge_server`, in a thread of this process, over localhost), which adds `--judge-latency-ms` to
+every request; the run talks to it as to a remote fleet (`judge.kind=http`, `judge.max_concurrency` requests in
+flight). One server per latency in `--latencies`. `--judge sleep`: the judge is the in-process oracle and the
+latency a sleep per CapRL call on the reward's thread (the first version of this benchmark): per step, or per group
+when streaming, so that mode does not compare streaming arms fairly. The rollouts
+come from `--engine` (paged: the engine that hands groups over as they finish; with the static engine streaming
+changes nothing).
+
+`--length-spread LO` caps each group's captions at a length drawn uniformly from [LO, --new_tokens] (the paged
+engine's per-row `max_lengths`, seeded by the rollout's index, the same in every arm): the tiny student after a
+2-step SFT writes max-length captions, so without it every group finishes in the last decode segment and streaming
+has nothing to overlap; a trained student's captions vary in length. Compiled programs are kept in a persistent
+cache shared by the runs, and one unrecorded run of the first arm fills it first (`--no-prime` skips it), so no
+arm pays the paged engine's compilations of new buckets inside its timed window more than another.
+
+After `--warmup` RL steps (compiles) the next `--steps` are timed from the start of one step's update call to the
+start of the call after the last, and traced with `jax.profiler` for the device-busy share
+(`rl_host_time.device_busy_ns`; on a CPU the "device" shares the cores with the host threads and the judge server,
+so that share is only indicative there). `judge_wait_s` is the time per timed step the loop blocked on the step's
+rewards (the judging tail the device may idle through).
+
+    python -m benchmarks.rl_throughput --latencies 50,200,800 --repeats 1 --steps 3 --length-spread 4
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -26,21 +49,47 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from benchmarks.rl_host_time import _config, _window_ns, device_busy_ns
 
+ARMS = {"today": (False, 0), "off1": (False, 1), "stream": (True, 0), "stream_off1": (True, 1)}
+KEY = "rl-throughput-benchmark"
 
-def _one_run(args, off_policy_steps: int, tag: str) -> dict:
+
+class _TimedFuture:
+  """A reward future whose `result()` adds the time it blocked to `waits` (when the window is open)."""
+
+  def __init__(self, future, waits: list, window: dict):
+    self.future, self.waits, self.window = future, waits, window
+
+  def result(self, timeout=None):
+    t = time.perf_counter()
+    out = self.future.result(timeout)
+    if self.window.get("open"):
+      self.waits.append(time.perf_counter() - t)
+    return out
+
+
+def _one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) -> dict:
   from jaxcap.rewards import caprl
   from jaxcap.train import loop
   from jaxcap.train.updates import RLUpdate
 
+  stream, off_policy = ARMS[arm]
   workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")
   trace_dir = os.path.join(workdir, "trace")
   config = _config(args, workdir)
-  config.rl.off_policy_steps = off_policy_steps
+  config.rl.off_policy_steps = off_policy
+  config.rl.stream_judging = stream
+  config.rollout.engine = args.engine
+  if judge_url is not None:
+    config.judge.kind = "http"
+    config.judge.endpoints = judge_url
+    config.judge.max_concurrency = args.concurrency
+    config.judge.preflight = False
   first, last = args.warmup, args.warmup + args.steps
-  marks, calls = {}, {"n": 0}
+  marks, calls, waits, window = {}, {"n": 0}, [], {}
   annotation = jax.profiler.TraceAnnotation("rl_window")
 
   def mark(step: int) -> None:
@@ -49,14 +98,13 @@ def _one_run(args, off_policy_steps: int, tag: str) -> dict:
       options.python_tracer_level = 0
       jax.profiler.start_trace(trace_dir, profiler_options=options)
       annotation.__enter__()
-      marks["t0"] = time.perf_counter()
+      marks["t0"], window["open"] = time.perf_counter(), True
     elif step == last:
-      marks["t1"] = time.perf_counter()
+      marks["t1"], window["open"] = time.perf_counter(), False
       annotation.__exit__(None, None, None)
       jax.profiler.stop_trace()
 
-  update_call, reward_call = RLUpdate.__call__, caprl.CapRLReward.__call__
-  latency = args.judge_latency_ms / 1e3
+  update_call, reward_call, submit = RLUpdate.__call__, caprl.CapRLReward.__call__, RLUpdate.submit
 
   def marked_update(self, *a, **kw):
     mark(calls["n"])
@@ -64,63 +112,136 @@ def _one_run(args, off_policy_steps: int, tag: str) -> dict:
     return update_call(self, *a, **kw)
 
   def slow_reward(self, *a, **kw):
-    time.sleep(latency)
+    time.sleep(latency_ms / 1e3)
     return reward_call(self, *a, **kw)
 
-  RLUpdate.__call__, caprl.CapRLReward.__call__ = marked_update, slow_reward
+  def timed_submit(self, *a, **kw):
+    return _TimedFuture(submit(self, *a, **kw), waits, window)
+
+  from jaxcap.sampling.engine import PagedSampler
+
+  paged_call, rollouts = PagedSampler.__call__, {"n": 0}
+
+  def capped(self, prompts, key, *, num_samples=1, max_lengths=None, **kw):
+    if args.length_spread and max_lengths is None:
+      rng = np.random.default_rng([7, rollouts["n"]])
+      rollouts["n"] += 1
+      caps = rng.integers(args.length_spread, args.new_tokens + 1, size=prompts.block)
+      max_lengths = np.repeat(caps, num_samples)
+    return paged_call(self, prompts, key, num_samples=num_samples, max_lengths=max_lengths, **kw)
+
+  RLUpdate.__call__, RLUpdate.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
+  if judge_url is None:
+    caprl.CapRLReward.__call__ = slow_reward
   try:
     loop.Trainer(config).run()
   finally:
-    RLUpdate.__call__, caprl.CapRLReward.__call__ = update_call, reward_call
+    RLUpdate.__call__, RLUpdate.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
+    PagedSampler.__call__ = paged_call
   wall = marks["t1"] - marks["t0"]
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
   busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))
   rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-  staleness = [r.get("offpolicy/staleness") for r in rows if r.get("phase") == "rl" and "loss" in r]
+  rl = [r for r in rows if r.get("phase") == "rl" and "loss" in r]
   return {
     "steps_per_s": args.steps / wall,
     "s_per_step": wall / args.steps,
     "device_busy_fraction": busy_ns / 1e9 / wall,
-    "staleness": staleness,
+    "judge_wait_s": sum(waits) / args.steps,
+    "staleness": [r.get("offpolicy/staleness") for r in rl],
+    "valid_fraction": [r.get("judge/valid_fraction") for r in rl],
     "device": what,
+    "load_average": os.getloadavg(),
   }
+
+
+@contextlib.contextmanager
+def _judge_server(args, latency_ms: float):
+  """The URL of the world's oracle judge served over HTTP with `latency_ms` added per request (None: in process)."""
+  if args.judge != "http":
+    yield None
+    return
+  from benchmarks.judge_overlap import start_server
+  from jaxcap.world.judge_server import rule_based_app_for_manifest
+  from jaxcap.world.student import build_world_manifests
+
+  # the run builds the same world (same config and seed) in its own workdir: the server judges its image ids
+  world = tempfile.mkdtemp(prefix="rl_throughput_world_")
+  train, _ = build_world_manifests(_config(args, world), Path(world))
+  app = rule_based_app_for_manifest(str(train), added_latency_s=latency_ms / 1e3, api_key=KEY)
+  server, url = start_server(app)
+  try:
+    yield url
+  finally:
+    server.should_exit = True
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--judge-latency-ms", type=float, default=2000, help="added to each step's judging")
-  ap.add_argument("--repeats", type=int, default=2, help="runs per arm, interleaved")
-  ap.add_argument("--steps", type=int, default=4, help="RL steps timed per run")
+  ap.add_argument("--judge", choices=("http", "sleep"), default="http", help="the oracle over HTTP, or a sleep")
+  ap.add_argument("--latencies", default="200", help="ms added per request (http) or per step's judging (sleep)")
+  ap.add_argument("--judge-latency-ms", type=float, default=None, help="one latency (overrides --latencies)")
+  ap.add_argument("--concurrency", type=int, default=8, help="judge.max_concurrency: requests in flight (http)")
+  ap.add_argument("--arms", default="today,stream,stream_off1", help=f"comma-separated, of {', '.join(ARMS)}")
+  ap.add_argument("--engine", choices=("paged", "static"), default="paged", help="rollout.engine")
+  ap.add_argument("--repeats", type=int, default=1, help="runs per arm, interleaved")
+  ap.add_argument("--steps", type=int, default=3, help="RL steps timed per run")
   ap.add_argument("--warmup", type=int, default=2, help="RL steps before the timed ones (compilation)")
-  ap.add_argument("--batch", type=int, default=8, help="prompts per RL step (rl.batch_size)")
-  ap.add_argument("--samples", type=int, default=8, help="G (rl.num_samples)")
-  ap.add_argument("--new_tokens", type=int, default=48, help="sampling.max_new_tokens")
+  ap.add_argument("--batch", type=int, default=4, help="prompts per RL step (rl.batch_size)")
+  ap.add_argument("--samples", type=int, default=4, help="G (rl.num_samples)")
+  ap.add_argument("--new_tokens", type=int, default=32, help="sampling.max_new_tokens")
   ap.add_argument("--image_size", type=int, default=84, help="data.image_size")
   ap.add_argument("--sft_steps", type=int, default=2)
   ap.add_argument("--vision_steps", type=int, default=2)
+  ap.add_argument("--length-spread", type=int, default=0, help="cap each group's captions at U[this, new_tokens]")
+  ap.add_argument("--no-prime", action="store_true", help="no unrecorded first run filling the compilation cache")
   ap.add_argument("--out", default="", help="write the figures as JSON here")
   args = ap.parse_args(argv)
+  jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="rl_throughput_cache_"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  os.environ["JUDGE_API_KEY"] = KEY  # judge.api_key_env's default variable: the key the server was started with
+  arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+  unknown = [a for a in arms if a not in ARMS]
+  if unknown:
+    ap.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+  latencies = (
+    [args.judge_latency_ms] if args.judge_latency_ms is not None else [float(x) for x in args.latencies.split(",")]
+  )
 
-  runs = {0: [], 1: []}
-  for r in range(args.repeats):
-    for arm in (0, 1):
-      runs[arm].append(_one_run(args, arm, f"{arm}_{r}"))
-      print(f"off_policy_steps={arm} repeat {r}: {json.dumps(runs[arm][-1])}", flush=True)
-  med = lambda arm, k: statistics.median(x[k] for x in runs[arm])
   out = {
     "backend": jax.default_backend(),
     "cpu": _cpu_model(),
-    "load_average": os.getloadavg(),
-    "judge_latency_ms": args.judge_latency_ms,
+    "cpu_count": os.cpu_count(),
+    "load_average_start": os.getloadavg(),
+    "judge": args.judge,
+    "engine": args.engine,
+    "concurrency": args.concurrency,
     "shape": {"batch": args.batch, "samples": args.samples, "new_tokens": args.new_tokens, "image": args.image_size},
+    "length_spread": args.length_spread,
     "steps_timed": args.steps,
     "repeats": args.repeats,
-    "on_policy": {k: med(0, k) for k in ("steps_per_s", "s_per_step", "device_busy_fraction")},
-    "off_policy_1": {k: med(1, k) for k in ("steps_per_s", "s_per_step", "device_busy_fraction")},
-    "runs": runs,
+    "latencies": {},
   }
-  out["speedup_off_vs_on"] = out["off_policy_1"]["steps_per_s"] / out["on_policy"]["steps_per_s"]
-  print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=2))
+  keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s")
+  if not args.no_prime:
+    with _judge_server(args, latencies[0]) as url:
+      print(f"priming run: {json.dumps(_one_run(args, arms[0], 'prime', url, latencies[0]))}", flush=True)
+  for latency in latencies:
+    runs = {arm: [] for arm in arms}
+    with _judge_server(args, latency) as url:
+      for r in range(args.repeats):
+        for arm in arms:
+          runs[arm].append(_one_run(args, arm, f"{arm}_{int(latency)}_{r}", url, latency))
+          print(f"latency {latency:g} ms, {arm}, repeat {r}: {json.dumps(runs[arm][-1])}", flush=True)
+    med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in keys} for arm in arms}
+    if "today" in med:
+      for arm in arms:
+        med[arm]["speedup_vs_today"] = med[arm]["steps_per_s"] / med["today"]["steps_per_s"]
+    out["latencies"][f"{latency:g}"] = {"median": med, "runs": runs}
+  out["load_average_end"] = os.getloadavg()
+  summary = {k: v for k, v in out.items() if k != "latencies"}
+  summary["median"] = {lat: v["median"] for lat, v in out["latencies"].items()}
+  print(json.dumps(summary, indent=2))
   if args.out:
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
   return out

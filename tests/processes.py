@@ -7,9 +7,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -194,6 +196,24 @@ def start(cmd: Sequence[str], env: Mapping[str, str] | None = None, **kw) -> sub
   together in .stdout, as text, unless `kw` says otherwise): for a test that kills it or serves from it."""
   kw = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, **kw}
   return subprocess.Popen(list(cmd), env=cpu_env(1) if env is None else dict(env), cwd=ROOT, **kw)
+
+
+def kill_after_checkpoint(cmd: Sequence[str], workdir, log, min_step: int, timeout: float = 600) -> None:
+  """Starts the trainer `cmd` (writing to `workdir`, its output to the file `log`), SIGKILLs it as soon as a
+  checkpoint of global step >= `min_step` is on disk (so mid-run, after that checkpoint) and waits for it; fails,
+  showing the log's tail, if the run ended before it could be killed."""
+  with open(log, "w") as out:  # a file, not a pipe nobody reads while it runs
+    proc = start(cmd, stdout=out)
+  ckpts = Path(workdir) / "checkpoints"
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    steps = [int(p.name) for p in ckpts.glob("[0-9]*") if p.name.isdigit()] if ckpts.exists() else []
+    if any(s >= min_step for s in steps) or proc.poll() is not None:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, f"the run ended before it could be killed:\n{Path(log).read_text()[-3000:]}"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
 
 
 def cli(module: str, *args: str, **kw) -> subprocess.CompletedProcess:

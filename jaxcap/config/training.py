@@ -176,6 +176,12 @@ class Rl(Phase):
     rule="use 0 (on-policy) or 1",
     hint="1 overlaps the next rollouts with this step's judging and update",
   )
+  # streaming judging (jaxcap.rewards.streaming): the paged engine hands each prompt's G captions to the judge as
+  # soon as they are decoded; the rewards are those of judging the batch after the rollout, so a resume may change
+  # it. The static engine finishes every group at once: there the batch is judged after the rollout either way.
+  stream_judging: bool = field(
+    False, "judge each group as soon as its G samples are decoded (rollout.engine=paged)", resume=ALLOWED
+  )
 
   def check(self, run, at):
     yield from super().check(run, at)

@@ -53,7 +53,9 @@ class BalCapRLReward:
           self._units_cache[image_id] = split.claims
     return [r.reference_units or self._units_cache.get(r.id) for r in records]
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+  def __call__(
+    self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
+  ) -> RewardBatch:
     records = align_records(captions, records)
     n = len(captions)
     values = np.zeros((n, 3))

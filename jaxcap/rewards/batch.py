@@ -91,6 +91,37 @@ class RewardBatch:
     )
 
 
+def stack_rows(parts: Sequence[RewardBatch]) -> RewardBatch:
+  """The batches of consecutive captions of one reward as one: N = the parts' N summed, in order (same names and
+  weights); failed judgments summed. Parts carry no extras (a mean over parts is not the whole's mean), and
+  either all or none carry evidence."""
+  if not parts:
+    raise ValueError("stack_rows needs at least one batch.")
+  head = parts[0]
+  for b in parts[1:]:
+    if b.names != head.names or not np.array_equal(b.weights, head.weights):
+      raise ValueError(f"stack_rows: parts of different rewards ({head.names} vs {b.names}).")
+  if any(b.extras for b in parts):
+    raise ValueError("stack_rows: a part carries extras; stack the innermost reward's batches, before any stage")
+  with_evidence = [bool(b.evidence) for b in parts]
+  if any(with_evidence) and not all(with_evidence):
+    raise ValueError("stack_rows: some parts carry evidence and some do not")
+  failed: collections.Counter = collections.Counter()
+  for b in parts:
+    failed.update(b.failed_judgments)
+  cat = lambda field: np.concatenate([getattr(b, field) for b in parts])
+  return RewardBatch(
+    names=head.names,
+    values=cat("values"),
+    valid=cat("valid"),
+    weights=head.weights,
+    caption_lengths=cat("caption_lengths"),
+    reference_lengths=cat("reference_lengths"),
+    failed_judgments=dict(failed),
+    evidence=tuple(e for b in parts for e in b.evidence),
+  )
+
+
 def merge_evidence(parts: Sequence[Sequence[Mapping]], n: int) -> tuple[Mapping, ...]:
   """Per caption, the union of the parts' evidence dicts (parts without evidence skipped); () when none has any."""
   parts = [p for p in parts if p]
@@ -100,11 +131,19 @@ def merge_evidence(parts: Sequence[Sequence[Mapping]], n: int) -> tuple[Mapping,
 
 
 class RewardFunction(Protocol):
-  """Scores captions [N] given one record per caption (or per image, rollouts contiguous)."""
+  """Scores captions [N] given one record per caption (or per image, rollouts contiguous). A reward whose values
+  depend on a caption's place in the step's batch (CapRL's draws) also takes `first: int = 0`, the index of
+  captions[0] there: streaming judging scores a batch by groups (`positioned`)."""
 
   names: tuple[str, ...]
 
   def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch: ...
+
+
+def positioned(first: int) -> dict[str, int]:
+  """The keywords of a reward call for captions starting at index `first` of the step's batch: none at 0, so
+  reward functions that key nothing by position need not take `first`."""
+  return {"first": int(first)} if first else {}
 
 
 def word_count(text: str) -> int:

@@ -158,9 +158,12 @@ class BudgetedReward(RewardStage):
     self.budget.observe(step + 1, int(total[0]), int(total[1]), by_kind, last, unsent=int(total[2]))
     super().settle()
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0):
-    before, unsent_before = judgment_counts(self.judge), unsent_judgments(self.judge)
-    batch = self.inner(captions, records, step=step)
+  def open(self) -> tuple:
+    """The judge's counts before the call."""
+    return judgment_counts(self.judge), unsent_judgments(self.judge)
+
+  def complete(self, batch, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int, opened: tuple):
+    before, unsent_before = opened
     after, unsent = judgment_counts(self.judge), unsent_judgments(self.judge) - unsent_before
     if before is not None and after is not None:
       asked, failed = after[0] - before[0], after[1] - before[1]

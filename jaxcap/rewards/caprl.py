@@ -101,13 +101,17 @@ class CapRLReward:
       out.append((q.question, options, options.index(q.answer)))
     return out
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-    """Reward [N, 1]; masked where the image has no questions or too many answers failed."""
+  def __call__(
+    self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
+  ) -> RewardBatch:
+    """Reward [N, 1]; masked where the image has no questions or too many answers failed. `first`: the index of
+    captions[0] in the step's batch, which keys the question draws."""
     records = align_records(captions, records)
     requests, owners, golds = [], [], []
     for i, (caption, record) in enumerate(zip(captions, records)):
-      # One generator per (seed, step, caption index): draws don't depend on the rest of the batch.
-      rng = np.random.default_rng([self.config.seed, step, i])
+      # One generator per (seed, step, caption index in the step's batch): draws don't depend on the rest of the
+      # batch, nor on whether it is judged whole or by groups (`first` > 0: streaming judging)
+      rng = np.random.default_rng([self.config.seed, step, first + i])
       for question, options, gold in self.draw(record, rng):
         requests.append(MultipleChoiceRequest(record.id, caption, question, options))
         owners.append(i)

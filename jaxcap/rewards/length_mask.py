@@ -28,8 +28,9 @@ class LengthMaskedReward(RewardStage):
     self.dims = [inner.names.index(n) for n in dims]
     self.names_masked = list(dims)
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-    batch = self.inner(captions, records, step=step)
+  def complete(
+    self, batch: RewardBatch, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int, opened=None
+  ) -> RewardBatch:
     n, r = batch.values.shape
     masked, in_range = apply_length_mask(
       batch.values.reshape(n, 1, r).astype(np.float32),

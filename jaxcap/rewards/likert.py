@@ -22,7 +22,9 @@ class LikertReward:
     self.reference = reference
     self.names = (name or ("likert/reference" if reference else "likert/direct"),)
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+  def __call__(
+    self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
+  ) -> RewardBatch:
     records = align_records(captions, records)
     failed = collections.Counter()
     asked = [i for i, r in enumerate(records) if not self.reference or r.reference_caption]

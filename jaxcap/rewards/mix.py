@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from jaxcap.data.records import ImageRecord, align_records
 from jaxcap.judges.protocol import Judge
-from jaxcap.rewards.batch import RewardBatch, RewardFunction
+from jaxcap.rewards.batch import RewardBatch, RewardFunction, positioned
 from jaxcap.rewards.families import REWARD_FAMILIES
 
 
@@ -28,10 +28,13 @@ class RewardMix:
     if len(set(self.names)) != len(self.names):
       raise ValueError(f"Duplicate reward names {self.names}; give components distinct names.")
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+  def __call__(
+    self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
+  ) -> RewardBatch:
     records = align_records(captions, records)
     return RewardBatch.concatenate(
-      [fn(captions, records, step=step) for fn, _ in self.components], [w for _, w in self.components]
+      [fn(captions, records, step=step, **positioned(first)) for fn, _ in self.components],
+      [w for _, w in self.components],
     )
 
 

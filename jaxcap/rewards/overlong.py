@@ -33,8 +33,9 @@ class OverlongPenalty(RewardStage):
     self.names = (*inner.names, NAME)
     self.tokenize, self.max_len, self.buffer, self.penalty = tokenize, max_len, buffer, penalty
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
-    batch = self.inner(captions, records, step=step)
+  def complete(
+    self, batch: RewardBatch, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int, opened=None
+  ) -> RewardBatch:
     tokens = np.minimum([len(self.tokenize(c)) + 1 for c in captions], self.max_len)
     pen = overlong_penalty(tokens, self.max_len, self.buffer, self.penalty)
     extras = {

@@ -38,7 +38,9 @@ class RubiCapReward:
       return record.rubric
     return self.store.load(record.id) if self.store is not None else None
 
-  def __call__(self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0) -> RewardBatch:
+  def __call__(
+    self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
+  ) -> RewardBatch:
     records = align_records(captions, records)
     requests, owners, weights = [], [], []
     total_weight = np.zeros(len(captions))

@@ -42,6 +42,7 @@ class PagedSampler(Sampler):
   multi-host runs."""
 
   wants_host_batch = True  # a host `SamplerBatch` saves copying a placed one back
+  streams_groups = True  # calls take `on_group`: each prompt's G samples handed over as soon as they are done
 
   def __init__(self, model, tokenizer=None, *, engine: EngineConfig = EngineConfig(), **kw):
     super().__init__(model, tokenizer, **kw)
@@ -57,9 +58,11 @@ class PagedSampler(Sampler):
     params=None,
     max_lengths: np.ndarray | None = None,
     stats: dict | None = None,
+    on_group=None,
   ) -> Rollouts:
-    """As `Sampler.__call__`; `max_lengths` / `stats` as `scheduler.generate`'s."""
+    """As `Sampler.__call__`; `max_lengths` / `stats` / `on_group` as `scheduler.generate`'s."""
     kw = dict(num_samples=num_samples, sampling=sampling, params=params, max_lengths=max_lengths, stats=stats)
+    kw["on_group"] = on_group
     return self.stream([prompts], key, **kw)[0]
 
   def stream(
@@ -72,11 +75,12 @@ class PagedSampler(Sampler):
     params=None,
     max_lengths: np.ndarray | None = None,
     stats: dict | None = None,
+    on_group=None,
   ) -> list[Rollouts]:
     """Several batches (each as `__call__` takes it: conversations, `ModelInputs` or a `SamplerBatch`) through one
     engine call, so the slots stay full across batches (a later batch's samples take the slots an earlier one's
     free) and only the last one's tail decodes at a small row bucket. One `Rollouts` per batch, in order. Sample g
-    of the p-th prompt of the call (counting every batch's padded block) draws from (key, p, g, position)."""
+    of the p-th prompt of the call (counting every batch's padded block) draws from (key, p, g, position); `on_group` gets that p."""
     mesh = jax.sharding.get_abstract_mesh()
     if jax.process_count() > 1 or (not mesh.empty and mesh.size > 1):
       raise ValueError(
@@ -103,6 +107,7 @@ class PagedSampler(Sampler):
       pad_id=self.pad_id,
       max_lengths=max_lengths,
       stats=stats,
+      on_group=on_group,
     )
     out, lo = [], 0
     for batch in chunks:

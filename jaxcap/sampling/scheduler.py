@@ -11,7 +11,9 @@ A call queues every sample (G per prompt, prompt-major) and loops:
 4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the
    pages any live slot can fill in the segment, up the same ladder), returning early once enough slots have
    finished to refill (1/8 of them) or, draining, to compact into the next smaller row bucket;
-5. finished samples free their pages (a prompt's when its last sample finishes).
+5. finished samples free their pages (a prompt's when its last sample finishes); with `on_group`, each prompt whose
+   G samples are all done is handed over then (its tokens copied to the host), e.g. to be judged while the
+   others decode (streaming judging).
 
 Programs compile once per (row bucket, page bucket) and per prefill shape. Single process, unsharded (see
 `jaxcap.sampling.engine.PagedSampler`). `stats` counts where a call's work goes (see `generate`).
@@ -22,7 +24,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +104,7 @@ def generate(
   pad_id: int,
   max_lengths: np.ndarray | None = None,
   stats: dict | None = None,
+  on_group: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
 ) -> SampledArrays:
   """G samples of every real prompt of `chunks` (host `SamplerBatch`es, in order). Output rows: chunk c's block
   of `block * G` rows after the earlier chunks', row (offset + b) * G + g sample g of its prompt b; padded prompts'
@@ -109,7 +112,9 @@ def generate(
   emitted tokens (a stop schedule for benchmarks). `stats`, when given, is filled with: segments, compactions,
   row_steps (decode steps x compiled rows, summed over segments), attention_positions (row steps x page-bucket
   positions each row read), host_s (wall seconds between a segment's results arriving and the next segment's
-  dispatch: the scheduler's own time), pages, free_pages and the programs' trace counts."""
+  dispatch: the scheduler's own time), pages, free_pages and the programs' trace counts. `on_group(prompt, tokens
+  int32 [G, N], lengths int32 [G])`, when given, is called on this thread once per real prompt (numbered across
+  the chunks as the output rows are), as soon as its G samples have finished, with their host copies."""
   g, n_new, z = num_samples, sampling.max_new_tokens, engine.page_size
   stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
   offsets = np.cumsum([0] + [c.block for c in chunks])
@@ -227,6 +232,7 @@ def generate(
     count["segments"] += 1
     count["row_steps"] += rows * int(steps)
     count["attention_positions"] += rows * int(steps) * width * z
+    complete = []
     for i in np.flatnonzero((host.row >= 0) & done):
       prompt = int(host.row[i]) // g
       alloc.give(host.pages[i])
@@ -236,10 +242,21 @@ def generate(
       if p.remaining == 0:
         alloc.give(p.pages)
         del prompts[prompt]
+        complete.append(prompt)
     host.emitted = np.asarray(emitted, np.int64)
+    if on_group is not None and complete:
+      hand_over(on_group, out, complete, g)
 
   if stats is not None:
     host_s += time.perf_counter() - since
     stats.update(count, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
     stats["traces"] = dict(paged_slots.TRACE_COUNTS)
   return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
+
+
+def hand_over(on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int) -> None:
+  """`on_group(prompt, tokens [G, N], lengths [G])` for each finished prompt, from one copy of their rows."""
+  rows = np.asarray([p * g + s for p in prompts for s in range(g)], np.int32)
+  tokens, lengths = jax.device_get((out.tokens[rows], out.lengths[rows]))
+  for k, prompt in enumerate(prompts):
+    on_group(prompt, tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])

@@ -88,12 +88,12 @@ def off_policy_step(update, step_fn: Callable, state, batch, step: int, key: jax
   if current is not None and current.round.batch is not batch:
     raise RuntimeError("off-policy queue out of step with the loader: bind its Lookahead with RLPhase.attach")
   if current is None:  # the phase's first step, or the one after a checkpoint: this batch from these weights
-    rnd = update.rollout(state, batch, key)
+    rnd = update.rollout(state, batch, key, step)
     current = Queued(rnd, None, 0)
   ahead = None
   if update.queues is not None and update.queues(step):
     # dispatched before anything of this step waits: the device samples the next batch from these weights first
-    nxt = update.rollout(state, update.peek(), jax.random.fold_in(state.key, step + 1))
+    nxt = update.rollout(state, update.peek(), jax.random.fold_in(state.key, step + 1), step + 1)
     ahead = Queued(nxt, None, 1)
   rnd = current.round
   if current.rewards is None:
@@ -112,6 +112,6 @@ def off_policy_step(update, step_fn: Callable, state, batch, step: int, key: jax
 
 
 def _submit(update, rnd: Round, step: int) -> Future:
-  """The future of a round's rewards (waits for its tokens, to decode the captions; the judge runs on the reward's
-  own thread, one call at a time, in submission order)."""
-  return update.reward.submit(rnd.rollouts.text, rnd.batch.records, step=step)
+  """The future of a round's rewards (its streamed judging, or its captions submitted now: waits for its tokens,
+  to decode them; the judge runs on the reward's own thread, one call or stream at a time, in submission order)."""
+  return update.submit(rnd, step)

@@ -146,6 +146,7 @@ class RLPhase(Phase):
       recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
       off_policy_steps=c.rl.off_policy_steps,
       reference_is_base=reference_is_base(c, "rl"),
+      stream_judging=c.rl.stream_judging,
     )
     every = int(c.checkpoint.every or 0)
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, c.eval.every, checkpoint_every=every)

@@ -38,6 +38,7 @@ class Round:
   cmask: jax.Array
   behaviour: jax.Array | None
   rewards: Any = None  # RewardBatch, once judged
+  judging: Any = None  # Future[RewardBatch] of its streamed judging (rl.stream_judging), opened by the rollout
 
 
 class SlotFill:

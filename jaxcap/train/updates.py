@@ -14,6 +14,8 @@ after it has dispatched the next step instead of waiting for this one to finish.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 import jax
@@ -55,7 +57,11 @@ class RLUpdate:
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
   batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
   packed inputs are then those of the assembled batch. With `off_policy_steps` = 1 each step trains on rollouts
-  generated from the weights before the last update (jaxcap.train.off_policy)."""
+  generated from the weights before the last update (jaxcap.train.off_policy). With `stream_judging` and a
+  sampler that hands over finished groups (the paged engine), each prompt's G captions go to the judge as soon as
+  they are decoded (jaxcap.rewards.streaming), and the rewards equal those of judging the whole batch after the
+  rollout; the static sampler finishes every group at once, so there it judges the batch after the rollout, as
+  without streaming."""
 
   batcher: Batcher
   sampler: Sampler
@@ -75,6 +81,7 @@ class RLUpdate:
   queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
   recorder: Any = None  # jaxcap.train.rollout_records.RolloutRecorder: rollout records at its steps
   reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
+  stream_judging: bool = False  # rl.stream_judging: groups judged as the paged engine finishes them
 
   def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
     return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
@@ -86,7 +93,7 @@ class RLUpdate:
       return off_policy_step(self, step_fn, state, batch, step, key)
     if self.group_filter is not None:
       return self._filtered(step_fn, state, batch, step, key)
-    first = self.rollout(state, batch, key)
+    first = self.rollout(state, batch, key, step)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
     # (Packed, the rows are cut by the completions' lengths: that waits for the rollout, as decoding does.)
@@ -114,17 +121,37 @@ class RLUpdate:
     }
     return prompts, layout, metrics
 
-  def rollout(self, state, batch: HostBatch, key: jax.Array) -> Round:
-    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet)."""
+  def rollout(self, state, batch: HostBatch, key: jax.Array, step: int) -> Round:
+    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet; with
+    streaming judging, its groups are being judged as step `step`'s: `Round.judging`)."""
     placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
     source = batch.prompts if getattr(self.sampler, "wants_host_batch", False) else placed  # the paged engine's
-    rollouts = self.sampler(source, key, num_samples=self.num_samples, params=state.params)
+    kw = dict(num_samples=self.num_samples, params=state.params)
+    stream = None
+    if self.stream_judging and getattr(self.sampler, "streams_groups", False):
+      stream = self.reward.stream(batch.records, group_size=self.num_samples, step=step)
+      kw["on_group"] = functools.partial(_hand_to_judge, stream, self.sampler.tokenizer)
+    try:
+      rollouts = self.sampler(source, key, **kw)
+      if stream is not None and stream.added != len(batch.records):
+        raise RuntimeError(f"the engine handed over {stream.added} of {len(batch.records)} groups")
+    except BaseException:
+      if stream is not None:  # its judging thread would wait for the missing groups
+        stream.cancel()
+      raise
     arrays = self.batcher.rollout_batch(rollouts.arrays, placed, self.num_samples, self.micro_batches, True)
-    return Round(batch, placed, rollouts, *arrays, rewards=None)
+    return Round(batch, placed, rollouts, *arrays, rewards=None, judging=None if stream is None else stream.future)
+
+  def submit(self, rollout: Round, step: int) -> Future:
+    """The future of a round's RewardBatch: its streamed judging, or its captions submitted now (waits for this
+    process's tokens, to decode them)."""
+    if rollout.judging is not None:
+      return rollout.judging
+    return self.reward.submit(rollout.rollouts.text, rollout.batch.records, step=step)
 
   def judge(self, rollout: Round, step: int):
-    """The RewardBatch of a round's captions (waits for this process's tokens, then for the judge)."""
-    rewards = self.reward.submit(rollout.rollouts.text, rollout.batch.records, step=step).result()
+    """The RewardBatch of a round's captions (waits for the judge)."""
+    rewards = self.submit(rollout, step).result()
     self.reward.settle()  # e.g. the judge failure budget, agreed across processes
     return rewards
 
@@ -148,7 +175,7 @@ class RLUpdate:
     g, m = self.num_samples, self.micro_batches
 
     def judged(r: int, host_batch: HostBatch) -> Round:
-      rnd = self.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r))
+      rnd = self.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r), step)
       rnd.rewards = self.judge(rnd, step)
       return rnd
 
@@ -211,6 +238,11 @@ SAMPLER_OLD_MISMATCH = dict.fromkeys(("kl_k1", "kl_k3", "log_ppl_diff", "log_ppl
   "training_log_ppl": float("nan"),
   "rollout_log_ppl": float("nan"),
 }
+
+
+def _hand_to_judge(stream, tokenizer, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
+  """The paged engine's `on_group`: prompt `prompt`'s G captions, decoded as `Rollouts.text` decodes them."""
+  stream.add(prompt, tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True))
 
 
 @jax.jit

@@ -16,8 +16,8 @@ from jaxcap.data.records import align_records
 _call = caprl.CapRLReward.__call__
 
 
-def _spread_call(self, captions, records, *, step=0):
-  batch = _call(self, captions, records, step=step)
+def _spread_call(self, captions, records, *, step=0, first=0):
+  batch = _call(self, captions, records, step=step, first=first)
   hits = [zlib.crc32(f"{r.id}|{c}".encode()) % 5 == 0 for c, r in zip(captions, align_records(captions, records))]
   values = np.asarray(hits, np.float32)[:, None] * self.config.reward_scale
   return dataclasses.replace(batch, values=np.where(batch.valid, values, 0.0).astype(np.float32))

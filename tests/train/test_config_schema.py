@@ -35,7 +35,8 @@ KEYS = {
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
-  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "recompute_old_logprobs", "steps"],
+  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "recompute_old_logprobs", "steps"]
+  + ["stream_judging"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],

@@ -4,13 +4,11 @@ counts are logged, and a SIGKILLed run resumes to the same metrics as an uninter
 from the loader are part of its saved position."""
 
 import json
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from processes import ROOT, SMALL, launch, launch_command, run_processes, start, tiny_run
+from processes import ROOT, SMALL, kill_after_checkpoint, launch, launch_command, run_processes, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -47,20 +45,8 @@ def test_groups_are_dropped_refilled_and_counted(uninterrupted):
 
 def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path):
   workdir = tmp_path / "killed"
-  with open(tmp_path / "killed.log", "w") as log:
-    proc = start(launch_command("caprl", *RUN, workdir=workdir, script=SCRIPT), stdout=log)
-  ckpts = workdir / "checkpoints"
-  deadline = time.time() + 600
-  while time.time() < deadline:  # kill once an RL-phase checkpoint (global step > 4) is on disk
-    steps = [int(p.name) for p in ckpts.glob("[0-9]*") if p.name.isdigit()] if ckpts.exists() else []
-    if any(s >= 6 for s in steps) or proc.poll() is not None:
-      break
-    time.sleep(0.2)
-  assert proc.poll() is None, (
-    f"the run ended before it could be killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
-  )
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  command = launch_command("caprl", *RUN, workdir=workdir, script=SCRIPT)
+  kill_after_checkpoint(command, workdir, tmp_path / "killed.log", 6)  # an RL-phase checkpoint (global step > 4)
   rerun = launch("caprl", *RUN, workdir=workdir, script=SCRIPT)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)

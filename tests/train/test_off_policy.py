@@ -57,17 +57,39 @@ def _metrics(workdir):
   return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
-@pytest.mark.slow  # three short training runs in subprocesses
-def test_off_policy_run_logs_staleness_and_resumes_to_the_same_metrics(tmp_path):
-  """SMALL (6 RL steps, a checkpoint every 2) with a reward that sometimes spreads: the steps after a checkpoint
-  roll out their own batch (staleness 0), the others train on the round queued by the step before (staleness 1);
-  a run stopped at a checkpoint and resumed writes the uninterrupted run's metrics."""
-  from processes import ROOT, SMALL, launch, tiny_run
+def _run_flags():
+  from processes import SMALL, tiny_run
 
-  script = str(Path(ROOT) / "tests" / "train" / "spread_reward_launch.py")
-  run = tiny_run({"rl.off_policy_steps": 1, "rl.rollout_correction.is_level": "token", "eval.every": 0}, base=SMALL)
-  launch("caprl", *run, workdir=tmp_path / "full", script=script)
-  rows = [r for r in _metrics(tmp_path / "full") if r["phase"] == "rl" and "loss" in r]
+  return tiny_run({"rl.off_policy_steps": 1, "rl.rollout_correction.is_level": "token", "eval.every": 0}, base=SMALL)
+
+
+def _script():
+  from processes import ROOT
+
+  return str(Path(ROOT) / "tests" / "train" / "spread_reward_launch.py")
+
+
+def _rl_steps(workdir):
+  return [r for r in _metrics(workdir) if r["phase"] == "rl" and "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """SMALL (6 RL steps, a checkpoint every 2) off-policy, with a reward that sometimes spreads, run to its end."""
+  from processes import launch
+
+  workdir = tmp_path_factory.mktemp("off_policy_full")
+  launch("caprl", *_run_flags(), workdir=workdir, script=_script())
+  return workdir
+
+
+@pytest.mark.slow  # two more short training runs in subprocesses
+def test_off_policy_run_logs_staleness_and_resumes_to_the_same_metrics(uninterrupted, tmp_path):
+  """The steps after a checkpoint roll out their own batch (staleness 0), the others train on the round queued by
+  the step before (staleness 1); a run stopped at a checkpoint and resumed writes the uninterrupted run's metrics."""
+  from processes import launch
+
+  rows = _rl_steps(uninterrupted)
   assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
   assert [r["offpolicy/staleness"] for r in rows] == [0.0, 1.0] * 3
   for r in rows:
@@ -79,11 +101,26 @@ def test_off_policy_run_logs_staleness_and_resumes_to_the_same_metrics(tmp_path)
   diff = [abs(r["rollout_corr/log_ppl_diff"]) for r in rows]
   assert max(diff[0::2]) < 1e-6 and min(diff[3], diff[5]) > 1e-5, diff
 
+  run, script = _run_flags(), _script()
   launch("caprl", *run, "--config.rl.steps=4", workdir=tmp_path / "resumed", script=script)
   rerun = launch("caprl", *run, workdir=tmp_path / "resumed", script=script)
   assert "resumed rl" in rerun.stdout + rerun.stderr
-  steps = lambda workdir: [r for r in _metrics(workdir) if r["phase"] == "rl" and "loss" in r]
-  assert steps(tmp_path / "resumed") == rows  # (the 4-step run's end-of-phase evaluation is the only other row)
+  assert _rl_steps(tmp_path / "resumed") == rows  # (the 4-step run's end-of-phase evaluation is the only other row)
+
+
+@pytest.mark.slow  # a killed training run and its rerun, in subprocesses
+def test_sigkill_mid_run_then_rerun_resumes_to_the_uninterrupted_metrics(uninterrupted, tmp_path):
+  """SIGKILL once the RL step-2 checkpoint is on disk: step 3 runs on, queuing step 4's round (rolled out, being
+  judged) when the run dies. The queue is not saved, and needs not be: no round is queued across a checkpoint, so
+  the rerun rolls step 3 out from the checkpoint's weights as the uninterrupted run did, and every metric matches."""
+  from processes import kill_after_checkpoint, launch, launch_command
+
+  workdir, run, script = tmp_path / "killed", _run_flags(), _script()
+  # global step 6 = SFT's 4 + RL's 2
+  kill_after_checkpoint(launch_command("caprl", *run, workdir=workdir, script=script), workdir, tmp_path / "log", 6)
+  rerun = launch("caprl", *run, workdir=workdir, script=script)
+  assert "resumed rl" in rerun.stdout + rerun.stderr
+  assert _metrics(workdir) == _metrics(uninterrupted)
 
 
 @pytest.mark.slow  # two processes of a short training run

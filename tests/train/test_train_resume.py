@@ -3,13 +3,11 @@ SIGKILLed run resumes to the same metrics as an uninterrupted run of the same se
 
 import collections
 import json
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from processes import SMALL, compiles, cpu_env, launch, launch_command, start, tiny_run
+from processes import SMALL, compiles, cpu_env, kill_after_checkpoint, launch, launch_command, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -53,20 +51,8 @@ def test_run_writes_everything(uninterrupted):
 
 def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path):
   workdir = tmp_path / "killed"
-  with open(tmp_path / "killed.log", "w") as log:  # a file, not a pipe nobody reads while it runs
-    proc = start(launch_command("caprl", *RUN, workdir=workdir), stdout=log)
-  ckpts = workdir / "checkpoints"
-  deadline = time.time() + 600
-  while time.time() < deadline:  # kill once an RL-phase checkpoint (global step > 4) is on disk
-    steps = [int(p.name) for p in ckpts.glob("[0-9]*") if p.name.isdigit()] if ckpts.exists() else []
-    if any(s >= 6 for s in steps) or proc.poll() is not None:
-      break
-    time.sleep(0.2)
-  assert proc.poll() is None, (
-    f"the run ended before it could be killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
-  )
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  # killed once an RL-phase checkpoint (global step > 4) is on disk
+  kill_after_checkpoint(launch_command("caprl", *RUN, workdir=workdir), workdir, tmp_path / "killed.log", 6)
   rerun = launch("caprl", *RUN, workdir=workdir)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
