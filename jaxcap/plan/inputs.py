@@ -13,6 +13,7 @@ from jaxcap.models.families import layout_for
 from jaxcap.models.qwen25vl import CACHE_AXES
 from jaxcap.plan.topology import image_grid
 from jaxcap.sharding import logical_to_spec
+from jaxcap.train.adapters import trains_base
 from jaxcap.train.programs import rollout_correction_config, with_reference
 from jaxcap.train.state import _fresh_state, train_state_shardings
 from jaxcap.train.step import PromptBatch, RolloutBatch
@@ -43,7 +44,8 @@ def rl_step_inputs(config, cfg, mesh, abstract_params, optimizer, text: int = 48
   c = s.max_new_tokens
   with_ref = with_reference(config, "rl")
   key = jax.eval_shape(lambda: jax.random.key(0))
-  abstract_state = jax.eval_shape(lambda prm, k: _fresh_state(prm, optimizer, k, with_ref), abstract_params, key)
+  base = trains_base(config, "rl")  # False: RL trains the adapters (or everything)
+  abstract_state = jax.eval_shape(lambda prm, k: _fresh_state(prm, optimizer, k, with_ref, base), abstract_params, key)
   state = with_shardings(abstract_state, train_state_shardings(abstract_state, mesh))
 
   def arr(shape, dtype, logical):
