@@ -3,17 +3,8 @@
 from jaxcap.processing.prompt import ModelInputs, Processor, pad_batch, render_chat
 from jaxcap.processing.qwen3_video import Qwen3VideoPreprocessConfig
 from jaxcap.processing.tokenizer import word_tokenizer
-from jaxcap.processing.video import (
-  VideoClip,
-  VideoPreprocessConfig,
-  is_video_file,
-  load_video,
-  preprocess_video,
-  probe_video,
-  read_video,
-  smart_nframes,
-  video_file_grid,
-)
+from jaxcap.processing.video import VideoClip, VideoPreprocessConfig, is_video_file, smart_nframes
+from jaxcap.processing.video_frames import load_video, preprocess_video, probe_video, read_video, video_file_grid
 from jaxcap.processing.vision import (
   VisionPreprocessConfig,
   load_image,

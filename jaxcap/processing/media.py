@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from jaxcap.data.records import is_video_file
-from jaxcap.processing.video import read_video
+from jaxcap.processing.video_frames import read_video
 from jaxcap.processing.vision import load_image
 
 

@@ -31,7 +31,8 @@ from jaxcap.processing.chat import (  # noqa: F401 -- re-exported: the template'
 )
 from jaxcap.processing.rules import PROCESSOR_RULES
 from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
-from jaxcap.processing.video import VideoPreprocessConfig, load_video, preprocess_video
+from jaxcap.processing.video import VideoPreprocessConfig
+from jaxcap.processing.video_frames import load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
 
 

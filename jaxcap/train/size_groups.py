@@ -23,7 +23,7 @@ def record_patches(
   """Vision patches per record (int64 [N]) as the processor will make them, from file headers only (EXIF rotation
   applied; a video file: the frames its sampling takes; a frame list: its frames). Unreadable files count 0 here;
   reading them fails by name later."""
-  from jaxcap.processing.video import video_file_grid
+  from jaxcap.processing.video_frames import video_file_grid
   from jaxcap.processing.vision import read_image_size
 
   def one(record: ImageRecord) -> int:

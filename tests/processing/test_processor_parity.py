@@ -12,7 +12,7 @@ from PIL import Image
 
 import jaxcap.models as M
 from jaxcap.processing import Processor, read_image_size, read_video, render_chat
-from jaxcap.processing.video import video_file_grid
+from jaxcap.processing.video_frames import video_file_grid
 from hf_processor_reference import run_reference
 from hf_reference import save_tiny_checkpoint
 

@@ -20,7 +20,7 @@ from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
 from jaxcap.processing import Processor, Qwen3VideoPreprocessConfig, read_video, render_chat, word_tokenizer
 from jaxcap.processing.chat import group_timestamps
 from jaxcap.processing.tokenizer import encode_text
-from jaxcap.processing.video import video_file_grid
+from jaxcap.processing.video_frames import video_file_grid
 from hf_processor_reference import run_reference
 from hf_reference import WORDS
 from test_processor_parity import _encode_clip, _smooth
