@@ -246,3 +246,21 @@ def run_processes(
   outs = [p.communicate(timeout=timeout)[0] for p in procs]
   assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
   return outs
+
+
+def launch_processes(config: str, *args: str, workdir, count: int = 2, script: str | None = None) -> list[str]:
+  """The trainer (`launch_command`) as `count` jax.distributed processes of one CPU device each, sharing
+  `workdir`, on a free coordinator port; see `run_processes`."""
+  return run_processes(
+    lambda i, port: launch_command(
+      config,
+      *args,
+      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+      f"--config.distributed.num_processes={count}",
+      f"--config.distributed.process_id={i}",
+      workdir=workdir,
+      script=script,
+    ),
+    count=count,
+    devices=1,
+  )

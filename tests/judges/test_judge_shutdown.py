@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow  # a Python subprocess per case, each waiting on a judge in flight
 
 SCRIPT = textwrap.dedent(
   """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import ROOT, SMALL, kill_after_checkpoint, launch, launch_command, run_processes, tiny_run
+from processes import ROOT, SMALL, kill_after_checkpoint, launch, launch_command, launch_processes, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -89,19 +89,7 @@ def test_two_processes_agree_on_the_rounds(tmp_path):
       "vision_warmup.batch_size": None,
     }
   )
-  run_processes(
-    lambda i, port: launch_command(
-      "caprl",
-      *common,
-      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-      "--config.distributed.num_processes=2",
-      f"--config.distributed.process_id={i}",
-      workdir=tmp_path / "two",
-      script=SCRIPT,
-    ),
-    count=2,
-    devices=1,
-  )
+  launch_processes("caprl", *common, workdir=tmp_path / "two", script=SCRIPT)
   rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
   assert [r["step"] for r in rows] == [1, 2]
   assert any(r["filter/rounds"] > 1 for r in rows)  # a refill, so the assembled batch's collectives ran

@@ -127,7 +127,7 @@ def test_sigkill_mid_run_then_rerun_resumes_to_the_uninterrupted_metrics(uninter
 def test_two_processes_queue_in_step(tmp_path):
   """Both processes queue the same rounds (a process out of step would hang the next collective) and each step's
   metrics are logged once, with its staleness."""
-  from processes import launch_command, run_processes, tiny_run
+  from processes import launch_processes, tiny_run
 
   common = tiny_run(
     {
@@ -139,17 +139,6 @@ def test_two_processes_queue_in_step(tmp_path):
       "vision_warmup.batch_size": None,
     }
   )
-  run_processes(
-    lambda i, port: launch_command(
-      "caprl",
-      *common,
-      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-      "--config.distributed.num_processes=2",
-      f"--config.distributed.process_id={i}",
-      workdir=tmp_path / "two",
-    ),
-    count=2,
-    devices=1,
-  )
+  launch_processes("caprl", *common, workdir=tmp_path / "two")
   rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
   assert [(r["step"], r["offpolicy/staleness"]) for r in rows] == [(1, 0.0), (2, 1.0), (3, 1.0)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import cpu_env, launch, launch_command, run_processes, tiny_run
+from processes import cpu_env, launch, launch_processes, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -45,20 +45,8 @@ def test_two_processes_match_one(tmp_path, extra):
   launch(
     "caprl", *common, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
   )
-  run_processes(
-    lambda i, port: launch_command(
-      "caprl",
-      *common,
-      "--config.sft.batch_size=2",
-      "--config.rl.batch_size=2",  # per process
-      f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-      "--config.distributed.num_processes=2",
-      f"--config.distributed.process_id={i}",
-      workdir=tmp_path / "two",
-    ),
-    count=2,
-    devices=1,
-  )
+  per_process = ["--config.sft.batch_size=2", "--config.rl.batch_size=2"]
+  launch_processes("caprl", *common, *per_process, workdir=tmp_path / "two")
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
   sft_steps = 1 if extra else 3
   assert [(p, s) for p, s, *_ in got] == [("sft", i + 1) for i in range(sft_steps)] + [("rl", 1), ("rl", 2)]
