@@ -139,12 +139,7 @@ def check_train_memory(config: ml_collections.ConfigDict, cfg, available: tuple[
   fixes = []
   for label, changes in _alternatives(config, cfg):
     trial = config.copy_and_resolve_references()
-    for key, value in changes.items():
-      block, _, name = key.rpartition(".")
-      trial_block = trial
-      for part in block.split("."):
-        trial_block = trial_block[part]
-      trial_block[name] = value
+    trial.update_from_flattened_dict(changes)
     dtype = changes.get("model.param_dtype")
     trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(dtype)) if dtype else cfg
     smaller = train_footprint(trial, trial_cfg).total
