@@ -36,15 +36,15 @@ def hub_tensors(cfg) -> dict[str, tuple[tuple[int, ...], str]]:
   import jax
   from flax import nnx
 
-  from jaxcap.checkpoint.hf import _hf_shape, _path_name, hf_name, layer_names
+  from jaxcap.checkpoint.hf_layout import hf_name, hf_shape, layer_names, path_name
   from jaxcap.models.qwen25vl import Qwen25VL
 
   state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Qwen25VL(cfg, rngs=nnx.Rngs(0))), nnx.Param))
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    template, layout = hf_name(_path_name(path))
+    template, layout = hf_name(path_name(path))
     stacked = "*" in template
-    shape = _hf_shape(leaf.shape[1:] if stacked else leaf.shape, layout, cfg)
+    shape = hf_shape(leaf.shape[1:] if stacked else leaf.shape, layout, cfg)
     for name in layer_names(template, leaf.shape[0] if stacked else 1):
       if name.startswith("visual."):
         name = "model." + name

@@ -2,7 +2,7 @@
 `PeftModel.from_pretrained(base, directory)` and vLLM's LoRA loader read on top of the base checkpoint.
 
 Each adapted jaxcap module (`jaxcap.models.lora`) becomes the PEFT keys of the transformers module it maps to
-(`hf.hf_name`, in the nested `model.language_model.` / `model.visual.` layout that transformers' modules have):
+(`hf_layout.hf_name`, in the nested `model.language_model.` / `model.visual.` layout that transformers' modules have):
 `base_model.model.<module>.lora_A.weight` = A^T [r, in] and `.lora_B.weight` = B^T [out, r], one pair per layer of a
 stack; PEFT scales B A by lora_alpha / r, as jaxcap does. A QLoRA run's adapters were trained against the quantized
 base: on the full-precision base they compute slightly different outputs (the merged export does not have this gap).
@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxcap.checkpoint.hf import _alt_names, _gather, hf_name, layer_names
+from jaxcap.checkpoint.hf_layout import alt_names, hf_name, layer_names
+from jaxcap.checkpoint.hf_save import gather
 from jaxcap.models.layers import Linear
 
 
@@ -33,9 +34,9 @@ def save_peft_adapters(model: nnx.Module, directory: str | os.PathLike, *, base_
     if not isinstance(lin, Linear) or not hasattr(lin, "kernel_lora_a"):
       continue
     template, _ = hf_name(".".join(str(p) for p in path) + ".kernel")
-    template = _alt_names(template)[-1].removesuffix(".weight")
-    a = np.asarray(jax.device_get(_gather(lin.kernel_lora_a[...])), np.float32)
-    b = np.asarray(jax.device_get(_gather(lin.kernel_lora_b[...])), np.float32)
+    template = alt_names(template)[-1].removesuffix(".weight")
+    a = np.asarray(jax.device_get(gather(lin.kernel_lora_a[...])), np.float32)
+    b = np.asarray(jax.device_get(gather(lin.kernel_lora_b[...])), np.float32)
     stacked = a.ndim == 3
     names = layer_names(template, a.shape[0] if stacked else 1)
     for i, module in enumerate(names):

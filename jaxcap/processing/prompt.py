@@ -127,7 +127,7 @@ class Processor:
     settings read as transformers reads them (`VisionPreprocessConfig.from_pretrained`, the family's video class
     `from_pretrained`) unless given."""
     from transformers import AutoTokenizer
-    from jaxcap.checkpoint.hf import read_config
+    from jaxcap.checkpoint import read_config
 
     cfg = cfg or read_config(directory)
     video_config = PROCESSOR_RULES[family_of_config(cfg).processor].video_config

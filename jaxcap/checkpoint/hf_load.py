@@ -1,0 +1,162 @@
+"""Loading a student from a local Hugging Face checkpoint directory (Qwen2.5-VL, Qwen3-VL), placed shard by shard.
+The family (config class, Flax module) is picked from config.json's `model_type`.
+
+Each tensor is read lazily from its safetensors file and every device gets only the slice it owns
+(`jax.make_array_from_callback`), converting dtype on the way, so a 7B model never needs a full host copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+from safetensors import safe_open
+
+from jaxcap.checkpoint.hf_layout import alt_names, from_hf_layout, hf_name, hf_shape, layer_names, path_name
+from jaxcap.checkpoint.precision import checkpoint_dtype
+from jaxcap.models.config import Qwen25VLConfig
+from jaxcap.models.families import family_of_model_type
+from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.sharding import param_shardings
+
+
+class CheckpointError(ValueError):
+  """A local directory that is not a loadable student checkpoint, with what is wrong and how to fix it."""
+
+
+class _TensorIndex:
+  """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
+
+  def __init__(self, directory: Path):
+    index_file = directory / "model.safetensors.index.json"
+    if index_file.exists():
+      weight_map = json.loads(index_file.read_text())["weight_map"]
+    elif (directory / "model.safetensors").exists():
+      with safe_open(directory / "model.safetensors", "numpy") as f:
+        weight_map = {k: "model.safetensors" for k in f.keys()}
+    else:
+      raise CheckpointError(
+        f"{directory} has no model.safetensors or model.safetensors.index.json; a Qwen2.5-VL checkpoint "
+        "directory saved by transformers (save_pretrained) or downloaded from the hub is expected."
+      )
+    self.directory, self.weight_map, self._files = directory, weight_map, {}
+
+  def resolve(self, name: str) -> str | None:
+    return next((n for n in alt_names(name) if n in self.weight_map), None)
+
+  def slice(self, name: str):
+    file = self.weight_map[name]
+    if file not in self._files:
+      self._files[file] = safe_open(self.directory / file, "numpy")
+    return self._files[file].get_slice(name)
+
+
+def read_config(directory: str | os.PathLike, **overrides) -> Qwen25VLConfig:
+  """The config of a checkpoint directory, as its family's config class (a `Qwen25VLConfig` or a subclass)."""
+  directory = Path(directory)
+  if not (directory / "config.json").exists():
+    raise CheckpointError(
+      f"{directory} has no config.json; pass the directory of a Qwen2.5-VL or Qwen3-VL checkpoint "
+      "(the folder holding config.json and model*.safetensors)."
+    )
+  d = json.loads((directory / "config.json").read_text())
+  try:
+    family = family_of_model_type(d.get("model_type"))
+  except ValueError as e:
+    raise CheckpointError(f"{directory}/config.json: {e}") from e
+  try:
+    return family.config_cls.from_hf_dict(d, **overrides)
+  except (KeyError, ValueError) as e:
+    raise CheckpointError(f"{directory}/config.json is not a valid {family.name} config: {e}") from e
+
+
+def load_hf_checkpoint(
+  directory: str | os.PathLike, *, mesh: Mesh | None = None, dtype=None, param_dtype=None, **config_overrides
+) -> Qwen25VL:
+  """Builds the family's model (`Qwen25VL`, `Qwen3VL`) from a local HF checkpoint directory.
+
+  Params are stored as `param_dtype` (default: the checkpoint's own, `checkpoint_dtype`; training passes its float32
+  masters) and sharded per `jaxcap.sharding` rules over `mesh` (default: the first local device). `dtype` is the
+  compute dtype (default: `param_dtype`).
+  """
+  directory = Path(directory)
+  param_dtype = param_dtype or checkpoint_dtype(directory)
+  cfg = read_config(directory, dtype=dtype or param_dtype, param_dtype=param_dtype, **config_overrides)
+  index = _TensorIndex(directory)
+  model_cls = family_of_model_type(json.loads((directory / "config.json").read_text()).get("model_type")).model_cls
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0))))
+  pure = nnx.to_pure_dict(abstract)
+  single = SingleDeviceSharding(jax.local_devices()[0])
+  shardings = param_shardings(pure, mesh) if mesh is not None else jax.tree.map(lambda _: single, pure)
+  missing = []
+
+  def load_one(path, leaf, sharding):
+    template, layout = hf_name(path_name(path))
+    stacked = "*" in template
+    names = layer_names(template, leaf.shape[0] if stacked else 1)
+    tensors = []
+    for hf in names:
+      found = index.resolve(hf)
+      if found is None:
+        missing.append(hf)
+        continue
+      tensor = index.slice(found)
+      stored, want = tuple(tensor.get_shape()), hf_shape(leaf.shape[1:] if stacked else leaf.shape, layout, cfg)
+      if stored != want:
+        raise CheckpointError(
+          f"tensor {found!r} in {directory} has shape {stored}, but config.json implies "
+          f"{want}; the weights and config.json do not belong together."
+        )
+      tensors.append(tensor)
+    if len(tensors) < len(names):
+      return None
+    if stacked:
+      return _place_stacked(tensors, layout, leaf.shape, param_dtype, sharding)
+    return _place(tensors[0], layout, leaf.shape, param_dtype, sharding)
+
+  arrays = jax.tree_util.tree_map_with_path(load_one, pure, shardings)
+  if missing:
+    raise CheckpointError(
+      f"{directory} lacks {len(missing)} tensor(s) the config needs, e.g. {missing[:3]}; "
+      "is it a complete checkpoint of its model_type (all shards present)?"
+    )
+  nnx.replace_by_pure_dict(abstract, arrays)
+  return nnx.merge(graphdef, abstract)
+
+
+def _read(tensor, layout: str, idx: tuple, dtype) -> np.ndarray:
+  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone. A slice read is a fresh
+  buffer of its own, so a block already in `dtype` (a bf16 checkpoint held in bf16) is handed on as read, not
+  copied once more."""
+  if layout == "conv":  # small; read whole
+    return from_hf_layout(tensor[:], layout)[idx].astype(dtype, copy=False)
+  if layout == "t":
+    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype, copy=False)
+  return np.asarray(tensor[idx]).astype(dtype, copy=False)
+
+
+def _full(idx, ndim: int) -> tuple:
+  return tuple(idx) + (slice(None),) * (ndim - len(idx))
+
+
+def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
+  """A device array holding `tensor` (lazy safetensors slice) in jaxcap layout, each shard read separately."""
+  return jax.make_array_from_callback(
+    tuple(shape), sharding, lambda idx: _read(tensor, layout, _full(idx, len(shape)), dtype)
+  )
+
+
+def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:
+  """A stacked [L, ...] device array from L per-layer tensors; each device reads only its block of each layer."""
+
+  def read(idx):
+    idx = _full(idx, len(shape))
+    layers = range(len(tensors))[idx[0]]
+    return np.stack([_read(tensors[i], layout, idx[1:], dtype) for i in layers])
+
+  return jax.make_array_from_callback(tuple(shape), sharding, read)
