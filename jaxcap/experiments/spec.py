@@ -23,6 +23,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "knowledge_retention",
     "losses",
     "filter_groups",
+    "off_policy",
   ),
 }
 DIRECTIONS = ("+", "=", "none")  # arm a above arm b; no difference; no published figure
