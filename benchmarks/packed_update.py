@@ -2,7 +2,7 @@
 against the padded rows of today's path, at dense-caption lengths and mixed image sizes.
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.packed_update [--prompts 4 --samples 4 --median 200 --sigma 0.5
-        --cap 1024 --sides 112,168,224 --micro 1 --budget 0 --pairs 3 --cases long-tailed,uniform]
+        --cap 1024 --sides 112,168,224 --micro 1 --budget 0 --block 32 --pairs 3 --cases long-tailed,uniform]
 
 `mid()` model (~60M params, random init), float32, CPU, one process. `--prompts` prompts of one image each, the
 sides cycling through `--sides` (square, pixels), `--samples` completions each, random tokens. Completion lengths
@@ -11,7 +11,8 @@ clipped to [1, --cap]); 'uniform' gives every completion the draws' mean (the sa
 completion width is the longest length rounded up to 8 (kinder to it than the trainer's rollout arrays, which are
 sampling.max_new_tokens wide), its prompts the bucketed prompt length, in `--micro` micro-batches. The packed side
 packs the same step under a budget of `--budget` tokens per micro-batch (0: the padded micro-batch's slots, so
-both hold the same tokens at once). Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
+both hold the same tokens at once); its attention runs in query blocks of `--block` slots over a key window
+holding the longest sequence (`jaxcap.models.segment_attention`; 0: dense over the row, as before the window). Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
 run config differing only in rl.micro_batch_tokens; the inputs from the trainer's `Batcher` and `packed_inputs`.
 
 Real tokens = each sequence's real prompt tokens + its completion's tokens (a prompt counts once per completion, as
@@ -65,6 +66,13 @@ def main():
   ap.add_argument("--micro", type=int, default=1, help="padded micro-batches (rl.micro_batches)")
   ap.add_argument("--budget", type=int, default=0, help="packed tokens per micro-batch (0: the padded one's slots)")
   ap.add_argument("--cases", default="long-tailed,uniform")
+  ap.add_argument(
+    "--block",
+    type=int,
+    default=None,
+    help="query block (slots) of the packed side's attention window (default: segment_attention.BLOCK; 0: dense "
+    "attention over the whole row, as before the window)",
+  )
   ap.add_argument("--passes", default="logprobs,update")
   add_arguments(ap)
   args = ap.parse_args()
@@ -74,6 +82,7 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
+  from jaxcap.models import segment_attention
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling.sampler import place_batch
   from jaxcap.sharding import make_mesh
@@ -83,6 +92,8 @@ def main():
   from jaxcap.train.state import init_train_state
   from jaxcap.train.step import RolloutBatch
 
+  if args.block is not None:  # the packer's choice of window (`packing.pack` reads it)
+    segment_attention.BLOCK = args.block or 1 << 30
   rng = np.random.RandomState(0)
   cfg = M.mid()
   graphdef, params = nnx.split(M.Qwen25VL(cfg, rngs=nnx.Rngs(0)))
@@ -121,7 +132,8 @@ def main():
     print(
       f"\n== {case}: completions {lengths.min()}..{lengths.max()} tokens (mean {lengths.mean():.0f}), padded width "
       f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
-      f"{budget}); padding share padded {share['padded']:.3f}, packed {share['packed']:.3f}"
+      f"{budget}), attention {_window(rows.window)}; padding share padded {share['padded']:.3f}, packed "
+      f"{share['packed']:.3f}"
     )
     tokens = jnp.asarray(rng.randint(0, cfg.text.vocab_size, (m, n // m, width)).astype(np.int32))
     cmask = jnp.asarray((np.arange(width)[None] < lengths[:, None]).reshape(m, n // m, width))
@@ -171,6 +183,12 @@ def main():
   print("\nsummary (packed / padded real tokens/s, ratio of mins):")
   for key, r in results.items():
     print(f"  {key}: {r['ratio_of_mins']:.2f}x")
+
+
+def _window(window) -> str:
+  if window is None:
+    return "dense over the row"
+  return f"in blocks of {window.block} over {window.blocks * window.block}-slot windows (span {window.span})"
 
 
 if __name__ == "__main__":
