@@ -21,7 +21,8 @@ Real tokens = each sequence's real prompt tokens + its completion's tokens (a pr
 both sides' decoders see it). tokens/s = real tokens / wall time of one call; the padding share is the share of
 the decoder's token slots holding none (padded: N x (P + C); packed: rows x row length). Each side is warmed up
 (compiled) and that time reported apart; then packed and padded run interleaved, --pairs pairs per pass and case
-(benchmarks/harness.py): min and median, ratio of mins, CPU model and load average.
+(benchmarks/harness.py): min and median, ratio of mins, CPU model and load average; and this process's CPU seconds
+per call (all its threads; on a shared machine less moved by other work than the wall time, though not immune).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -175,11 +177,20 @@ def main():
             jax.block_until_ready(metrics["loss"])
 
           calls[name] = call
+      cpu = {name: [] for name in calls}  # this process's CPU seconds per call (all threads): less moved by load
+      calls = {name: _cpu_timed(fn, cpu[name]) for name, fn in calls.items()}
       warm = {name: warm_up(fn) for name, fn in calls.items()}
+      for times in cpu.values():
+        times.clear()
       print(f"-- {which} ({case}): warm-up (compile) " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
       for other in [k for k in sides if k != "packed"]:
         with Section() as section:
           t_packed, t_other = interleaved(calls["packed"], calls[other], args.pairs, names=("packed", other))
+        print(
+          "CPU s per call (min / median): "
+          + ", ".join(f"{k} {min(cpu[k]):.3f} / {np.median(cpu[k]):.3f}" for k in ("packed", other))
+          + f"; ratio of mins {min(cpu[other]) / min(cpu['packed']):.2f}x"
+        )
         key = f"{which}/{case}" + ("" if other == "padded" else f" vs {other}")
         results[key] = report(
           f"{which} pass, {case} lengths (real tokens/s)",
@@ -195,6 +206,15 @@ def main():
   print("\nsummary (packed / the other side's real tokens/s, ratio of mins):")
   for key, r in results.items():
     print(f"  {key}: {r['ratio_of_mins']:.2f}x")
+
+
+def _cpu_timed(fn, into: list):
+  def timed():
+    t0 = time.process_time()
+    fn()
+    into.append(time.process_time() - t0)
+
+  return timed
 
 
 def _window(window) -> str:
