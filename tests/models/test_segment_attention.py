@@ -106,3 +106,24 @@ def test_window_ladder():
   for longest in range(1, 600, 7):
     w = segment_window(longest, 4096)
     assert w.span >= longest and segment_window(w.span, 4096) == w
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_decoder_with_a_window_equals_dense(dtype, tol):
+  """The decoder (tiny model, every layer) on packed rows: `segment_window` changes no real token's hidden state, in
+  float32 and in bfloat16 compute (the blocks' bf16 x bf16 -> f32 scores as the dense path's)."""
+  from flax import nnx
+
+  import jaxcap.models as M
+
+  segments = _segments(ROWS)
+  positions = jnp.broadcast_to(jnp.cumsum(segments > 0, -1)[None], (3, *segments.shape))
+  cfg = M.tiny(dtype=dtype)
+  model = M.Qwen25VL(cfg, rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(*segments.shape, cfg.text.hidden_size)), dtype)
+  decode = lambda w: model.decode(x, positions, segments > 0, segments=segments, segment_window=w)[0]
+  got, want = np.asarray(decode(WINDOW), np.float32), np.asarray(decode(None), np.float32)
+  real = np.asarray(segments > 0)
+  np.testing.assert_allclose(got[real], want[real], rtol=tol, atol=tol)
+  short = np.asarray(decode(SegmentWindow(block=4, blocks=2)), np.float32)  # span 5 < the 9-token segments
+  assert np.max(np.abs(short[real] - want[real])) > 10 * tol  # the window reaches the layers
