@@ -126,4 +126,5 @@ def test_decoder_with_a_window_equals_dense(dtype, tol):
   real = np.asarray(segments > 0)
   np.testing.assert_allclose(got[real], want[real], rtol=tol, atol=tol)
   short = np.asarray(decode(SegmentWindow(block=4, blocks=2)), np.float32)  # span 5 < the 9-token segments
-  assert np.max(np.abs(short[real] - want[real])) > 10 * tol  # the window reaches the layers
+  # the window reaches the layers: a short one moves real tokens by more than the tolerance the right one meets
+  assert np.max(np.abs(short[real] - want[real])) > max(tol, 10 * np.max(np.abs(got[real] - want[real])))
