@@ -98,10 +98,10 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(self.head_dim, t.rms_norm_eps, param_dtype=cfg.param_dtype)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask`; kv: this layer's cache (keys [B, K, H, S], values [B, K, S, H], then optionally a shared
-    prefix's keys and values, see `KVCache`) or None. Returns the output [B, T, D] and the keys and values: the
-    updated cache (new tokens written at `cache_index`, counted after any prefix's slots) or, without one, the new
-    tokens' [B, T, K, H]."""
+    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask`; kv: this layer's cache (keys
+    [B, K, H, S], values [B, K, S, H], then optionally a shared prefix's keys and values, see `KVCache`) or None.
+    Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
+    counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
