@@ -2,7 +2,8 @@
 against the padded rows of today's path, at dense-caption lengths and mixed image sizes.
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.packed_update [--prompts 4 --samples 4 --median 200 --sigma 0.5
-        --cap 1024 --sides 112,168,224 --micro 1 --budget 0 --pairs 3 --cases long-tailed,uniform]
+        --cap 1024 --sides 112,168,224 --micro 1 --budget 0 --block 32 --vs_dense --pairs 3
+        --cases long-tailed,uniform]
 
 `mid()` model (~60M params, random init), float32, CPU, one process. `--prompts` prompts of one image each, the
 sides cycling through `--sides` (square, pixels), `--samples` completions each, random tokens. Completion lengths
@@ -11,20 +12,25 @@ clipped to [1, --cap]); 'uniform' gives every completion the draws' mean (the sa
 completion width is the longest length rounded up to 8 (kinder to it than the trainer's rollout arrays, which are
 sampling.max_new_tokens wide), its prompts the bucketed prompt length, in `--micro` micro-batches. The packed side
 packs the same step under a budget of `--budget` tokens per micro-batch (0: the padded micro-batch's slots, so
-both hold the same tokens at once). Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
+both hold the same tokens at once); its attention runs in query blocks of `--block` slots over a key window
+holding the longest sequence (`jaxcap.models.segment_attention`; 0: dense over the row, as before the window);
+`--vs_dense` also times it against the same rows with dense attention, interleaved. Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
 run config differing only in rl.micro_batch_tokens; the inputs from the trainer's `Batcher` and `packed_inputs`.
 
 Real tokens = each sequence's real prompt tokens + its completion's tokens (a prompt counts once per completion, as
 both sides' decoders see it). tokens/s = real tokens / wall time of one call; the padding share is the share of
 the decoder's token slots holding none (padded: N x (P + C); packed: rows x row length). Each side is warmed up
 (compiled) and that time reported apart; then packed and padded run interleaved, --pairs pairs per pass and case
-(benchmarks/harness.py): min and median, ratio of mins, CPU model and load average.
+(benchmarks/harness.py): min and median, ratio of mins, CPU model and load average; and this process's CPU seconds
+per call (all its threads; on a shared machine less moved by other work than the wall time, though not immune).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +71,18 @@ def main():
   ap.add_argument("--micro", type=int, default=1, help="padded micro-batches (rl.micro_batches)")
   ap.add_argument("--budget", type=int, default=0, help="packed tokens per micro-batch (0: the padded one's slots)")
   ap.add_argument("--cases", default="long-tailed,uniform")
+  ap.add_argument(
+    "--vs_dense",
+    action="store_true",
+    help="also time the packed side against the same rows with dense attention over the row, interleaved",
+  )
+  ap.add_argument(
+    "--block",
+    type=int,
+    default=None,
+    help="query block (slots) of the packed side's attention window (default: segment_attention.BLOCK; 0: dense "
+    "attention over the whole row, as before the window)",
+  )
   ap.add_argument("--passes", default="logprobs,update")
   add_arguments(ap)
   args = ap.parse_args()
@@ -74,6 +92,7 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
+  from jaxcap.models import segment_attention
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling.sampler import place_batch
   from jaxcap.sharding import make_mesh
@@ -83,6 +102,8 @@ def main():
   from jaxcap.train.state import init_train_state
   from jaxcap.train.step import RolloutBatch
 
+  if args.block is not None:  # the packer's choice of window (`packing.pack` reads it)
+    segment_attention.BLOCK = args.block or 1 << 30
   rng = np.random.RandomState(0)
   cfg = M.mid()
   graphdef, params = nnx.split(M.Qwen25VL(cfg, rngs=nnx.Rngs(0)))
@@ -121,25 +142,28 @@ def main():
     print(
       f"\n== {case}: completions {lengths.min()}..{lengths.max()} tokens (mean {lengths.mean():.0f}), padded width "
       f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
-      f"{budget}); padding share padded {share['padded']:.3f}, packed {share['packed']:.3f}"
+      f"{budget}), attention {_window(rows.window)}; padding share padded {share['padded']:.3f}, packed "
+      f"{share['packed']:.3f}"
     )
     tokens = jnp.asarray(rng.randint(0, cfg.text.vocab_size, (m, n // m, width)).astype(np.int32))
     cmask = jnp.asarray((np.arange(width)[None] < lengths[:, None]).reshape(m, n // m, width))
-    vision = {"padded": (prompts_padded, layout), "packed": (prompts_packed, packed)}
-    old = {}
-    for name, prog in programs.items():
-      prompts, v = vision[name]
-      fn = prog.logprobs()
-      old[name] = fn(params, prompts, v, tokens)
-    diff = float(jnp.max(jnp.abs(jnp.where(cmask, old["packed"] - old["padded"], 0.0))))
-    print(f"old log-probs, packed vs padded: max |diff| {diff:.2e} over the completion tokens")
+    sides = {
+      "packed": (programs["packed"], prompts_packed, packed),
+      "padded": (programs["padded"], prompts_padded, layout),
+    }
+    if args.vs_dense and rows.window is not None:  # the same rows, attention dense over the row
+      dense = dataclasses.replace(packed, rows=dataclasses.replace(rows, window=None))
+      sides["packed-dense"] = (programs["packed"], prompts_packed, dense)
+    old = {name: prog.logprobs()(params, prompts, v, tokens) for name, (prog, prompts, v) in sides.items()}
+    for name in [k for k in sides if k != "padded"]:
+      diff = float(jnp.max(jnp.abs(jnp.where(cmask, old[name] - old["padded"], 0.0))))
+      print(f"old log-probs, {name} vs padded: max |diff| {diff:.2e} over the completion tokens")
     rewards = jnp.asarray(rng.randn(m, args.prompts // m, g, 1).astype(np.float32))
     batch = RolloutBatch(tokens, cmask, old["padded"], rewards, jnp.ones(rewards.shape, bool), jnp.ones((1,)))
 
     for which in args.passes.split(","):
       calls, states = {}, {}
-      for name, prog in programs.items():
-        prompts, v = vision[name]
+      for name, (prog, prompts, v) in sides.items():
         if which == "logprobs":
           fn = prog.logprobs()
           calls[name] = lambda fn=fn, p=prompts, v=v: fn(params, p, v, tokens).block_until_ready()
@@ -153,24 +177,50 @@ def main():
             jax.block_until_ready(metrics["loss"])
 
           calls[name] = call
+      cpu = {name: [] for name in calls}  # this process's CPU seconds per call (all threads): less moved by load
+      calls = {name: _cpu_timed(fn, cpu[name]) for name, fn in calls.items()}
       warm = {name: warm_up(fn) for name, fn in calls.items()}
+      for times in cpu.values():
+        times.clear()
       print(f"-- {which} ({case}): warm-up (compile) " + ", ".join(f"{k} {v:.1f} s" for k, v in warm.items()))
-      with Section() as section:
-        t_packed, t_padded = interleaved(calls["packed"], calls["padded"], args.pairs, names=("packed", "padded"))
-      results[f"{which}/{case}"] = report(
-        f"{which} pass, {case} lengths (real tokens/s)",
-        real,
-        "tokens/s",
-        {"packed": t_packed, "padded": t_padded},
-        warm,
-        section,
-        extra={"padding_share_padded": share["padded"], "padding_share_packed": share["packed"]},
-        args=args,
-        json_path=args.json and f"{args.json}.{which}.{case}.json",
-      )
-  print("\nsummary (packed / padded real tokens/s, ratio of mins):")
+      for other in [k for k in sides if k != "packed"]:
+        with Section() as section:
+          t_packed, t_other = interleaved(calls["packed"], calls[other], args.pairs, names=("packed", other))
+        print(
+          "CPU s per call (min / median): "
+          + ", ".join(f"{k} {min(cpu[k]):.3f} / {np.median(cpu[k]):.3f}" for k in ("packed", other))
+          + f"; ratio of mins {min(cpu[other]) / min(cpu['packed']):.2f}x"
+        )
+        key = f"{which}/{case}" + ("" if other == "padded" else f" vs {other}")
+        results[key] = report(
+          f"{which} pass, {case} lengths (real tokens/s)",
+          real,
+          "tokens/s",
+          {"packed": t_packed, other: t_other},
+          warm,
+          section,
+          extra={"padding_share_padded": share["padded"], "padding_share_packed": share["packed"]},
+          args=args,
+          json_path=args.json and f"{args.json}.{which}.{case}{'' if other == 'padded' else '.' + other}.json",
+        )
+  print("\nsummary (packed / the other side's real tokens/s, ratio of mins):")
   for key, r in results.items():
     print(f"  {key}: {r['ratio_of_mins']:.2f}x")
+
+
+def _cpu_timed(fn, into: list):
+  def timed():
+    t0 = time.process_time()
+    fn()
+    into.append(time.process_time() - t0)
+
+  return timed
+
+
+def _window(window) -> str:
+  if window is None:
+    return "dense over the row"
+  return f"in blocks of {window.block} over {window.blocks * window.block}-slot windows (span {window.span})"
 
 
 if __name__ == "__main__":

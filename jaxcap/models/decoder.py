@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcap.models.cache_attention import cached_attention
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear
+from jaxcap.models.segment_attention import SegmentMask, segment_attention
 from jaxcap.sharding import shard
 
 
@@ -79,8 +81,8 @@ CACHE_AXES = ("batch", "kv_heads", None, None)
 
 class Attention(nnx.Module):
   """GQA self-attention (q/k/v biases and q/k norms per the text config's `qkv_bias` / `qk_norm`):
-  `jax.nn.dot_product_attention` (the fused kernel per backend) without a cache, `cached_attention` over a
-  `KVCache`."""
+  `jax.nn.dot_product_attention` (the fused kernel per backend) without a cache, `segment_attention` for packed
+  rows (a `SegmentMask`), `cached_attention` over a `KVCache`."""
 
   def __init__(self, cfg: Qwen25VLConfig, *, rngs):
     t = cfg.text
@@ -96,10 +98,10 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(self.head_dim, t.rms_norm_eps, param_dtype=cfg.param_dtype)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; kv: this layer's cache (keys [B, K, H, S], values [B, K, S, H], then optionally a shared
-    prefix's keys and values, see `KVCache`) or None. Returns the output [B, T, D] and the keys and values: the
-    updated cache (new tokens written at `cache_index`, counted after any prefix's slots) or, without one, the new
-    tokens' [B, T, K, H]."""
+    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask`; kv: this layer's cache (keys
+    [B, K, H, S], values [B, K, S, H], then optionally a shared prefix's keys and values, see `KVCache`) or None.
+    Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
+    counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -110,6 +112,9 @@ class Attention(nnx.Module):
     k = apply_rotary(k, cos, sin)
     scale = self.head_dim**-0.5
     if kv is None:
+      if isinstance(mask, SegmentMask):  # packed rows: blocked attention within segments
+        out = segment_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, scale)
+        return self.o_proj(out.reshape(b, t, -1)), (k, v)
       out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=scale)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
     if hasattr(kv, "attend"):  # a paged cache's view of this layer (jaxcap.sampling.paged_cache.PagedLayer)
@@ -123,54 +128,6 @@ class Attention(nnx.Module):
     v_cache = shard(jax.lax.dynamic_update_slice_in_dim(v_cache, v_new, own_index, axis=2), CACHE_AXES)
     out = cached_attention(q, k_cache, v_cache, mask, scale, prefix=tuple(prefix) or None)
     return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
-
-
-def cached_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, prefix: tuple | None = None
-) -> jax.Array:
-  """GQA attention of q [B, T, N, H] over a cache's keys [B, K, H, S] and values [B, K, S, H] -> [B, T, N, H].
-
-  prefix: optional (keys [P, K, H, S0], values [P, K, S0, H]) shared by B / P consecutive rows each, slots before
-  the rows' own (`KVCache`); mask bool [B, 1, T, S0 + S] then covers both. The math of
-  `jax.nn.dot_product_attention`'s XLA path (float32 scores and softmax, masked scores set to -0.7 x the float32
-  max, probabilities cast back to the inputs' dtype), on the cache's layout; with a prefix, one softmax over the
-  prefix's and the row's own scores, and the output the sum of the two parts' products."""
-  b, t, n, h = q.shape
-  kv_heads = k.shape[1]
-  g = n // kv_heads
-  # batch dims (B, K) leading in both operands and the caches used as they lie (a reshape of an updated cache made
-  # XLA duplicate its in-place update into copies); XLA:CPU has a bf16 x bf16 -> f32 dot only in this form
-  q = q.reshape(b, t, kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, h)
-  v = v.astype(q.dtype)
-  scores = _scores(q, k)
-  if prefix is not None:
-    # the prompt's rows ask its shared keys together: [P, K, (B / P) * T * G, H], one dot per prompt and head
-    pk, pv = prefix
-    p, reps = pk.shape[0], b // pk.shape[0]
-    qp = q.reshape(p, reps, kv_heads, t * g, h).transpose(0, 2, 1, 3, 4).reshape(p, kv_heads, reps * t * g, h)
-    sp = _scores(qp, pk).reshape(p, kv_heads, reps, t * g, -1).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, -1)
-    scores = jnp.concatenate([sp, scores], axis=-1)
-  s = scores.shape[-1]
-  scores = scores.reshape(b, kv_heads, t, g, s) * jnp.float32(scale)
-  scores = jnp.where(mask[:, :, :, None], scores, -0.7 * float(jnp.finfo(jnp.float32).max))
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv_heads, t * g, s)
-  if prefix is None:
-    out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
-  else:
-    s0 = pv.shape[2]
-    pp = probs[..., :s0].reshape(p, reps, kv_heads, t * g, s0).transpose(0, 2, 1, 3, 4)
-    shared = jnp.einsum("pkqs,pksh->pkqh", pp.reshape(p, kv_heads, reps * t * g, s0), pv.astype(v.dtype))
-    shared = shared.reshape(p, kv_heads, reps, t * g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv_heads, t * g, h)
-    out = shared + jnp.einsum("bkqs,bksh->bkqh", probs[..., s0:], v)
-  out = out.reshape(b, kv_heads, t, g, h)
-  return out.transpose(0, 2, 1, 3, 4).reshape(b, t, n, h)
-
-
-def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
-  """q [B, K, Q, H] . keys [B, K, H, S] -> float32 scores [B, K, Q, S]."""
-  k = k.astype(q.dtype)
-  precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
-  return jnp.einsum("bkqh,bkhs->bkqs", q, k, precision=precision, preferred_element_type=jnp.float32)
 
 
 class DecoderLayer(nnx.Module):

@@ -2,9 +2,10 @@
 
 Every packed array is gathered on device from the step's padded arrays: prompts [Np, P] (flattened from the update's
 [M, b, P]), completions [N, C], the step's pixels. The decoder sees each row's sequences as independent segments
-(causal attention within a segment only), each at its own mRoPE positions (the prompt's 3-D ids, then the
-completion's from the prompt's largest id + 1, as the padded pass); the LM head runs only at the K slots that
-predict a completion token. Log-probs come back in the padded layout, so losses and aggregations are unchanged.
+(causal attention within a segment only, in query blocks over a key window holding the longest sequence:
+`rows.window`), each at its own mRoPE positions (the prompt's 3-D ids, then the completion's from the prompt's
+largest id + 1, as the padded pass); the LM head runs only at the K slots that predict a completion token.
+Log-probs come back in the padded layout, so losses and aggregations are unchanged.
 """
 
 from __future__ import annotations
@@ -66,7 +67,14 @@ def packed_logprobs(
     if stack is not None:  # Qwen3-VL's DeepStack additions at the same slots
       deepstack = jnp.where(is_visual, stack.astype(x.dtype)[:, index], 0).astype(x.dtype)
   real = rows.segments > 0
-  hidden, _ = model.decode(x, jnp.where(real[None], positions, 0), real, segments=rows.segments, deepstack=deepstack)
+  hidden, _ = model.decode(
+    x,
+    jnp.where(real[None], positions, 0),
+    real,
+    segments=rows.segments,
+    deepstack=deepstack,
+    segment_window=rows.window,
+  )
   h = hidden.reshape(r * length, -1)[rows.target_index][None]  # [1, K, D]
   targets = ids.reshape(-1)[jnp.minimum(rows.target_index + 1, r * length - 1)][None]
   lp, ent = token_logprobs(model, h, targets, with_entropy=with_entropy, chunk=model.cfg.logprob_chunk)

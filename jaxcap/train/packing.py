@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxcap.buckets import DEFAULT_STEPS, ladder
 from jaxcap.models.families import layout_for, layout_shape_for
+from jaxcap.models.segment_attention import SegmentWindow, segment_window
 from jaxcap.models.vision import VisionLayout, stack_layouts
 
 
@@ -49,7 +50,9 @@ class PackedRows:
     (flat; S * C for padding, dropped).
   seq_index int32 [M, S]: each slot's sequence in the step (0 for padding); seq_valid bool [M, S].
   pixel_index int32 [M, Lpix]: each micro-batch's vision pack from the step's pixels (padding: patch 0);
-    layout: the packs' VisionLayouts [M, ...]. Both None without vision."""
+    layout: the packs' VisionLayouts [M, ...]. Both None without vision.
+  window: static, the decoder's attention window, holding the longest sequence (`jaxcap.models.segment_attention`);
+    None: dense attention over the row."""
 
   source: np.ndarray
   segments: np.ndarray
@@ -60,6 +63,7 @@ class PackedRows:
   seq_valid: np.ndarray
   pixel_index: np.ndarray | None = None
   layout: VisionLayout | None = None
+  window: SegmentWindow | None = dataclasses.field(default=None, metadata=dict(static=True))
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -215,7 +219,10 @@ def pack(
       seq_index[i, slot], seq_valid[i, slot] = n, True
       fill[r] = end
   pixel_index, layout = _vision_packs(packs, m, vision_cfg, steps) if items else (None, None)
-  return PackedRows(source, segments, feature, target_index, target_dest, seq_index, seq_valid, pixel_index, layout)
+  window = segment_window(max(int(prompt_lens[n // g] + comp_lens[n]) for mb in micros for n, _ in mb), row_len)
+  return PackedRows(
+    source, segments, feature, target_index, target_dest, seq_index, seq_valid, pixel_index, layout, window
+  )
 
 
 def _feature_offsets(items_per_prompt, cfg):
