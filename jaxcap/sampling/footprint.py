@@ -1,20 +1,21 @@
 """What a sampling run holds at its peak, estimated from the config before anything is loaded (bytes).
 
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
-OOM killer gives no message). An estimate, not a bound. It counts the params at their dtype and then the larger of
+OOM killer gives no message). An estimate, not a bound. It counts the params at their dtype, 5% of them (the
+allocator's slack), and
 
 - building them (a sampler that owns its weights, `held`): the checkpoint is read, and the decode layout built, one
-  stacked leaf at a time, each briefly held twice: the largest stacked leaf;
+  leaf at a time, each briefly held twice: the largest leaf;
 - running: the decode program's own copies (`decode_layout`: on CPU for few rows, XLA:CPU's float32 copy of one
   layer's bf16 weights, and unless `held` the row-block copy of the decoder kernels and an untied LM head), the KV
   cache, and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
-  over the prompt, float32 logits),
+  over the prompt, float32 logits).
 
-plus 5% of the params (the allocator's slack). On CPU the freed memory of the first stays in the process
-(`host_memory.retain_on_cpu`) and serves the second, so the two do not add up. Measured against `jaxcap.caption`
-at Qwen2.5-VL-3B's full shape (benchmarks/README.md): estimate 8.85 GiB, peak RssAnon 8.96 GiB. The memory
-already in use when it is compared (the runtime, the processor) is not counted: the available figure is read
-after it.
+On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
+in part (a program's temporaries are one block, the freed leaves' holes smaller), so both are counted. Measured
+against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 9.36 GiB, peak RssAnon 8.95
+GiB; its widths with 4 layers and 8 vision blocks, 2.66 GiB against 2.67. The memory already in use when it is
+compared (the runtime, the processor) is not counted: the available figure is read after it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Footprint:
 
   @property
   def total(self) -> int:
-    return self.params + self.params // 20 + max(self.building, self.running)
+    return self.params + self.params // 20 + self.building + self.running
 
   def describe(self, dtype_name: str) -> str:
     g = lambda n: f"{n / GIB:.2f}"
@@ -58,8 +59,8 @@ class Footprint:
       f"running {g(self.running)}: {layout}KV cache {g(self.kv_cache)} for {self.rows} rows x {self.slots} slots, "
       f"activations {g(self.activations)}"
     )
-    then = f"the larger of building them {g(self.building)} and {running}" if self.building else running
-    return f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name} and 5% slack, then {then})"
+    building = f", building them {g(self.building)}" if self.building else ""
+    return f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name} and 5% slack{building}, {running})"
 
 
 @functools.lru_cache(maxsize=4)
@@ -102,8 +103,9 @@ def sampling_footprint(
     kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
     head = sum(int(np.prod(s)) for p, s in sizes if p.startswith("lm_head"))
     layout = (0 if held else kernels + head) * pbytes + kernels // cfg.text.num_hidden_layers * upcast
-  # the checkpoint read, and the decode layout built, one stacked leaf at a time (the largest: an MLP kernel)
-  building = max((int(np.prod(s)) for p, s in sizes if p.startswith("layers.")), default=0) * pbytes if held else 0
+  # the checkpoint read, and the decode layout built, one leaf at a time (the largest: the stacked MLP kernels, or
+  # at few layers the embedding table)
+  building = max(int(np.prod(s)) for _, s in sizes) * pbytes if held else 0
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
