@@ -13,7 +13,7 @@ allocator's slack), and
 
 On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
 in part (a program's temporaries are one block, the freed leaves' holes smaller), so both are counted. Measured
-against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 9.36 GiB, peak RssAnon 8.95
+against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 9.36 GiB, peak RssAnon 8.96
 GiB; its widths with 4 layers and 8 vision blocks, 2.66 GiB against 2.67. The memory already in use when it is
 compared (the runtime, the processor) is not counted: the available figure is read after it.
 """
