@@ -162,9 +162,10 @@ def scan_layers(
   """Runs layers [start, stop) of a `stacked` module in order: carry = body(layer, carry, x_i) for each layer
   (a Module bound to that layer's params) and its slice x_i of `xs` (a pytree with a leading layer axis, or
   None). The layer call is rematerialised per `policy`; `unroll=True` unrolls the loop in the compiled program
-  (same params and results). `per_layer_converts` (the carry an array): each layer's 16-bit weights are tied to
-  the carry (`row_blocks.in_step`), so XLA:CPU converts them to float32 as that layer runs, not the whole stack
-  up front (4 bytes per weight of the stack, live for the whole program). Returns the final carry."""
+  (same params and results). `per_layer_converts` (with `unroll`; the carry an array): each layer reads its slice
+  of the stack with its 16-bit weights tied to the carry (`row_blocks.in_step`), so XLA:CPU converts them to
+  float32 as that layer runs, not the whole stack up front (4 bytes per weight of the stack, live for the whole
+  program). A scan copies its stacks into the loop's state whatever the tie. Returns the final carry."""
   graphdef, params = nnx.split(stack)
   n = jax.tree.leaves(params)[0].shape[0]
   stop = n if stop is None else stop

@@ -149,8 +149,9 @@ class VisionTower(nnx.Module):
 
     window, frames = run(layout.windows), run(layout.frames)
     period, runs = block_schedule(self.cfg.depth, self.cfg.fullatt_block_indexes)
-    # bf16 blocks converted to float32 one at a time (XLA:CPU), not the whole tower up front (layers.scan_layers)
-    kw = dict(policy=self.remat, unroll=self.unroll, per_layer_converts=True)
+    # unrolled, bf16 blocks converted to float32 one at a time (XLA:CPU), not the whole tower up front (a scan's
+    # loop state copies its stacks whatever the tie: layers.scan_layers)
+    kw = dict(policy=self.remat, unroll=self.unroll, per_layer_converts=self.unroll)
     if period and not self.unroll:
       # groups of (period - 1) window blocks + one full-attention block: two scan bodies whatever the depth
       graphdef, params = nnx.split(self.blocks)
