@@ -119,9 +119,21 @@ def profile_load(directory: Path, param_dtype=None, top: int = 15) -> float:
   return seconds
 
 
-def main(argv=None) -> int:
+def preset_config(preset: str, layers: int | None = None, vision_depth: int | None = None):
+  """The preset's config, with `layers` decoder layers and `vision_depth` vision blocks when given (same widths)."""
   import jaxcap.models as M
 
+  cfg = M.PRESETS[preset]()
+  if layers is not None:
+    cfg = cfg.replace(text=cfg.text.__class__(**{**cfg.text.__dict__, "num_hidden_layers": layers}))
+  if vision_depth is not None:
+    full = tuple(i for i in cfg.vision.fullatt_block_indexes if i < vision_depth) or (vision_depth - 1,)
+    vision = {**cfg.vision.__dict__, "depth": vision_depth, "fullatt_block_indexes": full}
+    cfg = cfg.replace(vision=cfg.vision.__class__(**vision))
+  return cfg
+
+
+def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m benchmarks.real_shape_memory")
   ap.add_argument("command", choices=("build", "profile"))
   ap.add_argument("--preset", default="qwen2.5-vl-3b", choices=sorted(SHARDS))
@@ -129,13 +141,7 @@ def main(argv=None) -> int:
   ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the preset's)")
   ap.add_argument("--vision_depth", type=int, default=None, help="vision blocks (default: the preset's)")
   args = ap.parse_args(argv)
-  cfg = M.PRESETS[args.preset]()
-  if args.layers is not None:
-    cfg = cfg.replace(text=cfg.text.__class__(**{**cfg.text.__dict__, "num_hidden_layers": args.layers}))
-  if args.vision_depth is not None:
-    full = tuple(i for i in cfg.vision.fullatt_block_indexes if i < args.vision_depth) or (args.vision_depth - 1,)
-    vision = {**cfg.vision.__dict__, "depth": args.vision_depth, "fullatt_block_indexes": full}
-    cfg = cfg.replace(vision=cfg.vision.__class__(**vision))
+  cfg = preset_config(args.preset, args.layers, args.vision_depth)
   if args.command == "build":
     if not args.out:
       ap.error("build needs --out DIR")

@@ -148,22 +148,44 @@ def stacked(make, n: int, rngs: nnx.Rngs):
 
 
 def scan_layers(
-  stack: nnx.Module, body, carry, xs=None, *, start: int = 0, stop: int | None = None, policy="none", unroll=False
+  stack: nnx.Module,
+  body,
+  carry,
+  xs=None,
+  *,
+  start: int = 0,
+  stop: int | None = None,
+  policy="none",
+  unroll=False,
+  per_layer_converts=False,
 ):
   """Runs layers [start, stop) of a `stacked` module in order: carry = body(layer, carry, x_i) for each layer
   (a Module bound to that layer's params) and its slice x_i of `xs` (a pytree with a leading layer axis, or
   None). The layer call is rematerialised per `policy`; `unroll=True` unrolls the loop in the compiled program
-  (same params and results). Returns the final carry."""
+  (same params and results). `per_layer_converts` (with `unroll`; the carry an array): each layer reads its slice
+  of the stack with its 16-bit weights tied to the carry (`row_blocks.in_step`), so XLA:CPU converts them to
+  float32 as that layer runs, not the whole stack up front (4 bytes per weight of the stack, live for the whole
+  program). A scan copies its stacks into the loop's state whatever the tie. Returns the final carry."""
   graphdef, params = nnx.split(stack)
   n = jax.tree.leaves(params)[0].shape[0]
   stop = n if stop is None else stop
   if stop <= start:
     return carry
-  part = params if (start, stop) == (0, n) else jax.tree.map(lambda a: a[start:stop], params)
 
   @functools.partial(remat, policy=policy)
   def layer_fn(layer_params, carry, x):
+    if per_layer_converts:
+      layer_params = row_blocks.in_step(layer_params, carry)
     return body(nnx.merge(graphdef, layer_params), carry, x)
+
+  if unroll and per_layer_converts:
+    # each layer reads its slice of the stack itself: XLA:CPU fuses that slice into the layer's float32 convert,
+    # where a scan over a sub-range (or a scan's loop state) is a copy of those layers' weights
+    for i in range(start, stop):
+      x = None if xs is None else jax.tree.map(lambda a, i=i: a[i - start], xs)
+      carry = layer_fn(jax.tree.map(lambda a, i=i: a[i], params), carry, x)
+    return carry
+  part = params if (start, stop) == (0, n) else jax.tree.map(lambda a: a[start:stop], params)
 
   def step(carry, args):
     layer_params, x = args

@@ -188,7 +188,8 @@ class Qwen3VisionTower(nnx.Module):
     frames = layout.frames
     rotary = frames.split(cos), frames.split(sin)  # once per tower call, not per block
     body = lambda block, x, _: block(x, *rotary, frames)
-    kw = dict(policy=self.remat, unroll=self.unroll)
+    # unrolled, bf16 blocks converted to float32 one at a time on XLA:CPU, not the whole tower up front
+    kw = dict(policy=self.remat, unroll=self.unroll, per_layer_converts=self.unroll)
     order = list(self.cfg.deepstack_visual_indexes)
     feats, start = [], 0
     for layer in sorted(order):  # the blocks in runs, each ending at a DeepStack block

@@ -52,7 +52,8 @@ def in_step(tree, x: jax.Array):
   """`tree` (a layer's params) read in a step whose activations are `x`: on CPU, each 16-bit float leaf of 2+ dims
   gets an exact zero computed from `x` added to its bits, so XLA:CPU's float32 convert of it depends on the step
   and runs where the layer runs, reusing one buffer, instead of every layer's converts made up front. (An integer
-  add: a bf16 add XLA:CPU would itself upcast, converting the invariant weight first.) Off CPU, as it is."""
+  add: a bf16 add XLA:CPU would itself upcast, converting the invariant weight first.) Differentiable: the
+  identity in each weight. Off CPU, as it is."""
   if not on_cpu():
     return tree
   s = x.reshape(-1)[0].astype(jnp.float32)
@@ -61,9 +62,21 @@ def in_step(tree, x: jax.Array):
   def tie(w):
     if not (jnp.issubdtype(w.dtype, jnp.floating) and jnp.dtype(w.dtype).itemsize == 2 and w.ndim >= 2):
       return w
-    return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(w, jnp.uint16) + zero, w.dtype)
+    return _tied(w, zero)
 
   return jax.tree.map(tie, tree)
+
+
+@jax.custom_jvp
+def _tied(w: jax.Array, zero: jax.Array) -> jax.Array:
+  """w with the integer `zero` added to its bits: w's value, computed after `zero`."""
+  return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(w, jnp.uint16) + zero, w.dtype)
+
+
+@_tied.defjvp
+def _tied_jvp(primals, tangents):
+  # the identity in w (a bit cast has no derivative of its own: w's gradient would be silently zero)
+  return _tied(*primals), tangents[0]
 
 
 def block_count(out: int, rows: int = BLOCK_ROWS) -> int:

@@ -149,21 +149,23 @@ class VisionTower(nnx.Module):
 
     window, frames = run(layout.windows), run(layout.frames)
     period, runs = block_schedule(self.cfg.depth, self.cfg.fullatt_block_indexes)
-    if period:
+    # unrolled, bf16 blocks converted to float32 one at a time (XLA:CPU), not the whole tower up front (a scan's
+    # loop state copies its stacks whatever the tie: layers.scan_layers)
+    kw = dict(policy=self.remat, unroll=self.unroll, per_layer_converts=self.unroll)
+    if period and not self.unroll:
       # groups of (period - 1) window blocks + one full-attention block: two scan bodies whatever the depth
       graphdef, params = nnx.split(self.blocks)
       grouped = jax.tree.map(lambda a: a.reshape(-1, period, *a.shape[1:]), params)
 
       def group(x, group_params):
         g = nnx.merge(graphdef, group_params)
-        x = scan_layers(g, window, x, stop=period - 1, policy=self.remat, unroll=self.unroll)
-        return scan_layers(g, frames, x, start=period - 1, policy=self.remat, unroll=self.unroll), None
+        x = scan_layers(g, window, x, stop=period - 1, **kw)
+        return scan_layers(g, frames, x, start=period - 1, **kw), None
 
       x, _ = jax.lax.scan(group, x, grouped, unroll=self.unroll)
-    else:
-      for start, stop, full in runs:
-        kind = frames if full else window
-        x = scan_layers(self.blocks, kind, x, start=start, stop=stop, policy=self.remat, unroll=self.unroll)
+    else:  # unrolled: runs of the stack itself (a group's slice of it would be one more copy of its weights)
+      for start, stop, full in runs or block_runs(self.cfg.depth, self.cfg.fullatt_block_indexes):
+        x = scan_layers(self.blocks, frames if full else window, x, start=start, stop=stop, **kw)
     return self.merger(x)[layout.reverse_index]
 
 
@@ -176,9 +178,15 @@ def block_schedule(depth: int, fullatt_block_indexes) -> tuple[int, list[tuple[i
     k = full[0] + 1
     if full == list(range(k - 1, depth, k)):
       return k, []
+  return 0, block_runs(depth, full)
+
+
+def block_runs(depth: int, fullatt_block_indexes) -> list[tuple[int, int, bool]]:
+  """The maximal [start, stop) runs of blocks of one kind, as (start, stop, full_attention)."""
+  full = {i for i in fullatt_block_indexes if 0 <= i < depth}
   runs, start = [], 0
   for i in range(1, depth + 1):
     if i == depth or (i in full) != ((i - 1) in full):
       runs.append((start, i, (i - 1) in full))
       start = i
-  return 0, runs
+  return runs

@@ -54,7 +54,7 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   per_leaf = []
   for path, leaf in flat:
     kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
-    take = jax.jit(lambda a, i, k=kernel: row_blocks.from_kernel(a[i]) if k else a[i], static_argnums=1)
+    take = _layer_blocks if kernel else _layer
     per_leaf.append([take(leaf, i) for i in range(n)])
     leaf.delete()
   layers = tuple(
@@ -70,6 +70,11 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   held = jax.tree.map(lambda x: x, state)
   nnx.replace_by_pure_dict(held, params)
   return DecodeWeights(held, layers)
+
+
+# one program per leaf shape, the layer a traced index (a static one compiled a program per layer: 432 at the 3B)
+_layer = jax.jit(lambda stack, i: stack[i])
+_layer_blocks = jax.jit(lambda stack, i: row_blocks.from_kernel(stack[i]))
 
 
 def _as_state(template, pure: dict):

@@ -1,13 +1,21 @@
 """What a sampling run holds at its peak, estimated from the config before anything is loaded (bytes).
 
 Used to fail before loading, with the numbers and the fix, where the machine could not hold the run (the kernel's
-OOM killer gives no message). An estimate, not a bound: it counts the params at their dtype, the decode loop's
-row-block copy of the decoder kernels and LM head where that layout applies (few rows, on CPU:
-`Qwen25VL.layer_params` / `head_params`) unless the weights are held so, XLA:CPU's float32 copies of one layer's
-bf16 weights and of the head, the KV cache, and the
-largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP over the
-prompt, float32 logits), plus 5% of the params. The memory already in use when it is compared (the runtime, the processor) is not counted: the
-available figure is read after it.
+OOM killer gives no message). An estimate, not a bound. It counts the params at their dtype, 5% of them (the
+allocator's slack), and
+
+- building them (a sampler that owns its weights, `held`): the checkpoint is read, and the decode layout built, one
+  leaf at a time, each briefly held twice: the largest leaf;
+- running: the decode program's own copies (`decode_layout`: on CPU for few rows, XLA:CPU's float32 copy of one
+  layer's bf16 weights, and unless `held` the row-block copy of the decoder kernels and an untied LM head), the KV
+  cache, and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
+  over the prompt, float32 logits).
+
+On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
+in part (a program's temporaries are one block, the freed leaves' holes smaller), so both are counted. Measured
+against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 9.36 GiB, peak RssAnon 8.96
+GiB; its widths with 4 layers and 8 vision blocks, 2.66 GiB against 2.67. The memory already in use when it is
+compared (the runtime, the processor) is not counted: the available figure is read after it.
 """
 
 from __future__ import annotations
@@ -34,18 +42,25 @@ class Footprint:
   activations: int
   rows: int
   slots: int
+  building: int = 0
+
+  @property
+  def running(self) -> int:
+    return self.decode_layout + self.kv_cache + self.activations
 
   @property
   def total(self) -> int:
-    return self.params + self.decode_layout + self.kv_cache + self.activations
+    return self.params + self.params // 20 + self.building + self.running
 
   def describe(self, dtype_name: str) -> str:
     g = lambda n: f"{n / GIB:.2f}"
-    layout = f", decode layout {g(self.decode_layout)}" if self.decode_layout else ""
-    return (
-      f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name}{layout}, KV cache {g(self.kv_cache)} for "
-      f"{self.rows} rows x {self.slots} slots, activations {g(self.activations)})"
+    layout = f"decode layout {g(self.decode_layout)}, " if self.decode_layout else ""
+    running = (
+      f"running {g(self.running)}: {layout}KV cache {g(self.kv_cache)} for {self.rows} rows x {self.slots} slots, "
+      f"activations {g(self.activations)}"
     )
+    building = f", building them {g(self.building)}" if self.building else ""
+    return f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name} and 5% slack{building}, {running})"
 
 
 @functools.lru_cache(maxsize=4)
@@ -79,18 +94,18 @@ def sampling_footprint(
   params = sum(int(np.prod(s)) for _, s in sizes) * pbytes
   layout = 0
   if row_blocks.applies(rows):
-    # The decode program's own copies (the compiled program's temporaries at the 3B's widths, 2 and 4 layers, 2
-    # rows): for bf16 params, one layer's float32 convert at a time (XLA:CPU computes bf16 dots in float32;
-    # `row_blocks.in_step`); weights not `held` in the decode layout, each decoder kernel in row blocks (a
-    # transposed copy at the params' dtype, 2.0 bytes per bf16 weight) and an untied head's; a tied head is a
-    # reshape, but bf16 logits read the head as a float32 copy made once for the loop (1.2 GiB at the 3B's
-    # vocabulary). Held, bf16, 3B widths: 1.55 GB at 2 and at 4 layers (not held: 1.86 / 2.17 GB).
+    # The decode program's own copies (its compiled temporaries at the 3B's widths, 2 rows: 0.30 GiB held, at 2
+    # layers and at 36): for bf16 params, one layer's float32 convert at a time (XLA:CPU computes bf16 dots in
+    # float32; `row_blocks.in_step`); weights not `held` in the decode layout, each decoder kernel in row blocks
+    # (a transposed copy at the params' dtype) and an untied head's. A tied head is a reshape, and the embedding
+    # rows a step reads are converted alone (`loop_program`).
     upcast = 4 if pbytes < 4 else 0
     kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
-    head_name = "embed_tokens" if cfg.text.tie_word_embeddings else "lm_head"
-    head = sum(int(np.prod(s)) for p, s in sizes if p.startswith(head_name))
-    copies = 0 if held else kernels + (0 if cfg.text.tie_word_embeddings else head)
-    layout = copies * pbytes + kernels // cfg.text.num_hidden_layers * upcast + head * upcast
+    head = sum(int(np.prod(s)) for p, s in sizes if p.startswith("lm_head"))
+    layout = (0 if held else kernels + head) * pbytes + kernels // cfg.text.num_hidden_layers * upcast
+  # the checkpoint read, and the decode layout built, one leaf at a time (the largest: the stacked MLP kernels, or
+  # at few layers the embedding table)
+  building = max(int(np.prod(s)) for _, s in sizes) * pbytes if held else 0
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
@@ -101,7 +116,7 @@ def sampling_footprint(
   vision = rows * (scores + vision_patches * (4 * v.hidden_size + 2 * v.intermediate_size) * 4)
   decoder = rows * prompt_tokens * (4 * t.hidden_size + 3 * t.intermediate_size) * 4
   logits = 2 * rows * t.vocab_size * 4
-  return Footprint(params, layout, kv, max(vision, decoder) + logits + params // 20, rows, slots)
+  return Footprint(params, layout, kv, max(vision, decoder) + logits, rows, slots, building)
 
 
 class MemoryShortError(RuntimeError):

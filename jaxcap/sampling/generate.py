@@ -19,6 +19,7 @@ from flax import nnx
 from jaxcap.models.qwen25vl import KVCache
 from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
+from jaxcap.sampling.loop_program import LoopProgram
 from jaxcap.sampling.prompts import Prompts
 from jaxcap.sharding import shard
 
@@ -164,5 +165,6 @@ def static_arguments(graphdef, sampling: SamplingConfig, eos_token_id: int, pad_
 
 _STATIC = ("graphdef", "sampling", "stop_ids", "pad_id")
 prefill_jit = jax.jit(prefill, static_argnames=_STATIC + ("num_samples",))
-# The state (cache included) is donated: the loop reuses the prefill's buffers instead of copying them.
-decode_jit = jax.jit(decode, static_argnames=_STATIC, donate_argnames=("state",))
+# The state (cache included) is donated: the loop reuses the prefill's buffers instead of copying them. On CPU
+# without hoisting out of the loop (`loop_program`): no float32 copy of the embedding table for the loop.
+decode_jit = LoopProgram(decode, static_argnames=_STATIC, donate_argnames=("state",))

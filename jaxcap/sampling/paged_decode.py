@@ -23,6 +23,7 @@ from jaxcap.models.qwen25vl import KVCache
 from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
+from jaxcap.sampling.loop_program import LoopProgram
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
 from jaxcap.sampling.paged_slots import TRACE_COUNTS, Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
@@ -205,4 +206,7 @@ def segment(
 _MODEL = ("graphdef", "sampling", "num_samples")
 decode_weights_jit = jax.jit(decode_weights, static_argnames=("graphdef", "rows"))
 prefill_jit = jax.jit(prefill, static_argnames=_MODEL, donate_argnames=("pool", "out"))
-segment_jit = jax.jit(segment, static_argnames=_MODEL + ("stop_ids", "steps"), donate_argnames=("pool", "slots", "out"))
+# on CPU without hoisting out of the loop (`loop_program`): no float32 copy of the embedding table for the loop
+segment_jit = LoopProgram(
+  segment, static_argnames=_MODEL + ("stop_ids", "steps"), donate_argnames=("pool", "slots", "out")
+)
