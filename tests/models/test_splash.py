@@ -140,3 +140,21 @@ def test_dispatch_only_where_it_applies(interpret, monkeypatch):
   assert not calls
   real = np.asarray(segments > 0)
   np.testing.assert_allclose(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_compiles_for_a_tpu_topology():
+  """Where the TPU compiler is installed (`.[plan-tpu]`: libtpu, no chip needed), a mesh of TPU devices picks the
+  kernel (no `INTERPRET`) and it compiles to a Mosaic custom call, forward and backward."""
+  pytest.importorskip("libtpu")
+  from jaxcap.plan.topology import topology_devices
+  from jaxcap.sharding import make_mesh
+
+  devices, _ = topology_devices("tpu:v5e:1x1")
+  segments = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+  q = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
+  loss = lambda q, k, v, segments: jnp.sum(_splash(q, k, v, segments).astype(jnp.float32))
+  with jax.set_mesh(make_mesh(None, devices)):
+    assert splash.applies()
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, segments).compile().as_text()
+  assert hlo.count("tpu_custom_call") == 3  # the forward, dq and dkv kernels
