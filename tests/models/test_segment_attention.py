@@ -15,6 +15,8 @@ from jaxcap.models.segment_attention import (
   segment_window,
 )
 
+import segment_rows
+
 N, K, H = 4, 2, 8  # query heads, key/value heads (GQA groups of 2), head dim
 T = 22  # slots per row: 6 blocks of 4, the last one half past the row
 WINDOW = SegmentWindow(block=4, blocks=3)  # span 9: a query reads 8 slots back
@@ -25,18 +27,11 @@ ROWS = [[3, 9, 5], [9, 9, 2], [1, 1, 1, 7], [6]]
 
 
 def _segments(rows, t=T):
-  seg = np.zeros((len(rows), t), np.int32)
-  for r, lengths in enumerate(rows):
-    ends = np.cumsum(lengths)
-    for i, (start, end) in enumerate(zip(ends - lengths, ends)):
-      seg[r, start:end] = i + 1
-  return jnp.asarray(seg)
+  return segment_rows.segments(rows, t)
 
 
 def _qkv(b, t=T, seed=0):
-  rng = np.random.default_rng(seed)
-  make = lambda heads: jnp.asarray(rng.normal(size=(b, t, heads, H)).astype(np.float32))
-  return make(N), make(K), make(K)
+  return segment_rows.qkv(b, t, N, K, H, seed)
 
 
 def _dense(q, k, v, segments):

@@ -12,6 +12,8 @@ from jaxcap.models import splash
 from jaxcap.models.cache_attention import cached_attention
 from jaxcap.models.segment_attention import dense_segment_mask
 
+import segment_rows
+
 N, K, H = 4, 2, 16  # query heads, key/value heads (GQA groups of 2), head dim
 T = 300  # slots per row: padded to 384 in the kernel, three blocks of 128
 SCALE = H**-0.5
@@ -22,18 +24,11 @@ ROWS = [[100, 60, 90], [40, 230, 5], [1, 1, 3, 7], [300]]
 
 
 def _segments(rows, t=T):
-  seg = np.zeros((len(rows), t), np.int32)
-  for r, lengths in enumerate(rows):
-    ends = np.cumsum(lengths)
-    for i, (start, end) in enumerate(zip(ends - lengths, ends)):
-      seg[r, start:end] = i + 1
-  return jnp.asarray(seg)
+  return segment_rows.segments(rows, t)
 
 
 def _qkv(b, t=T, seed=0):
-  rng = np.random.default_rng(seed)
-  make = lambda heads: jnp.asarray(rng.normal(size=(b, t, heads, H)).astype(np.float32))
-  return make(N), make(K), make(K)
+  return segment_rows.qkv(b, t, N, K, H, seed)
 
 
 def _dense(q, k, v, segments):
