@@ -129,34 +129,59 @@ def load_hf_checkpoint(
   return nnx.merge(graphdef, abstract)
 
 
-def _read(tensor, layout: str, idx: tuple, dtype) -> np.ndarray:
-  """The block `idx` (jaxcap layout) of a lazy safetensors slice, read from disk alone. A slice read is a fresh
-  buffer of its own, so a block already in `dtype` (a bf16 checkpoint held in bf16) is handed on as read, not
-  copied once more."""
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+  """An uninitialised host buffer whose data starts on a 64-byte boundary. XLA:CPU adopts such a buffer as the device
+  array's memory (zero-copy) where numpy's default 16-byte alignment makes it copy, so a leaf read into one is never
+  held twice."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape)) * dtype.itemsize
+  raw = np.empty(nbytes + _ALIGN, np.uint8)
+  start = -raw.ctypes.data % _ALIGN
+  return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+_ALIGN = 64
+
+
+def _read_into(out: np.ndarray, tensor, layout: str, idx: tuple) -> np.ndarray:
+  """Reads the block `idx` (jaxcap layout) of a lazy safetensors slice into `out`, converting its dtype; only the
+  block's own read buffer is held beside `out`."""
   if layout == "conv":  # small; read whole
-    return from_hf_layout(tensor[:], layout)[idx].astype(dtype, copy=False)
-  if layout == "t":
-    return np.asarray(tensor[idx[1], idx[0]]).T.astype(dtype, copy=False)
-  return np.asarray(tensor[idx]).astype(dtype, copy=False)
+    out[...] = from_hf_layout(tensor[:], layout)[idx]
+  elif layout == "t":
+    out[...] = np.asarray(tensor[idx[1], idx[0]]).T
+  else:
+    out[...] = np.asarray(tensor[idx])
+  return out
 
 
 def _full(idx, ndim: int) -> tuple:
   return tuple(idx) + (slice(None),) * (ndim - len(idx))
 
 
+def _block_shape(idx: tuple, shape) -> tuple:
+  return tuple(len(range(n)[i]) for i, n in zip(idx, shape))
+
+
 def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
   """A device array holding `tensor` (lazy safetensors slice) in jaxcap layout, each shard read separately."""
-  return jax.make_array_from_callback(
-    tuple(shape), sharding, lambda idx: _read(tensor, layout, _full(idx, len(shape)), dtype)
-  )
-
-
-def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:
-  """A stacked [L, ...] device array from L per-layer tensors; each device reads only its block of each layer."""
 
   def read(idx):
     idx = _full(idx, len(shape))
-    layers = range(len(tensors))[idx[0]]
-    return np.stack([_read(tensors[i], layout, idx[1:], dtype) for i in layers])
+    return _read_into(_aligned_empty(_block_shape(idx, shape), dtype), tensor, layout, idx)
+
+  return jax.make_array_from_callback(tuple(shape), sharding, read)
+
+
+def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:
+  """A stacked [L, ...] device array from L per-layer tensors; each device reads only its block of each layer,
+  layer by layer into one aligned buffer (peak: the block plus one layer's read)."""
+
+  def read(idx):
+    idx = _full(idx, len(shape))
+    out = _aligned_empty(_block_shape(idx, shape), dtype)
+    for row, layer in enumerate(range(len(tensors))[idx[0]]):
+      _read_into(out[row], tensors[layer], layout, idx[1:])
+    return out
 
   return jax.make_array_from_callback(tuple(shape), sharding, read)

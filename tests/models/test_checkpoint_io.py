@@ -95,6 +95,38 @@ def test_bf16_forward_close_to_f32(checkpoint):
   assert np.abs(np.asarray(bf16) - np.asarray(f32)).max() < 0.05 * np.abs(np.asarray(f32)).max()
 
 
+@pytest.mark.parametrize("layout", ["t", "plain"])
+def test_stacked_leaf_is_read_once_into_the_device_array(tmp_path, layout):
+  """A stacked [L, ...] leaf is read layer by layer into one 64-byte-aligned host buffer that XLA:CPU adopts as the
+  array (no copy): after the load the traced host memory holds the leaf once, and the transient beside it is one
+  layer's read, never a second stacked copy."""
+  import tracemalloc
+
+  from safetensors import safe_open
+
+  from jaxcap.checkpoint.hf_load import _place_stacked
+
+  layers, rows, cols = 6, 256, 512  # 0.5 MiB a layer in f32
+  rng = np.random.default_rng(0)
+  stored = {f"l{i}": rng.standard_normal((rows, cols), np.float32) for i in range(layers)}
+  save_file(stored, tmp_path / "w.safetensors")
+  shape = (layers, cols, rows) if layout == "t" else (layers, rows, cols)
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  with safe_open(tmp_path / "w.safetensors", "numpy") as f:
+    tensors = [f.get_slice(f"l{i}") for i in range(layers)]
+    tracemalloc.start()  # numpy reports its data buffers; XLA's own allocations are not traced
+    try:
+      leaf = _place_stacked(tensors, layout, shape, np.float32, sharding)
+      held, peak = tracemalloc.get_traced_memory()
+    finally:
+      tracemalloc.stop()
+  want = np.stack([w.T if layout == "t" else w for w in stored.values()])
+  np.testing.assert_array_equal(np.asarray(leaf), want)
+  layer = rows * cols * 4
+  assert leaf.nbytes <= held < leaf.nbytes + layer  # the device array is the buffer the layers were read into
+  assert peak - held <= layer + 2**16  # one layer's read beside it
+
+
 def test_not_a_checkpoint_directory(tmp_path):
   with pytest.raises(CheckpointError, match="config.json"):
     load_hf_checkpoint(tmp_path)
