@@ -140,7 +140,8 @@ def annotate(args: argparse.Namespace) -> int:
   bar.update(len(errors))
   n_errors = len(errors)
   with jax.set_mesh(mesh):
-    model = load_hf_checkpoint(args.checkpoint, mesh=mesh, param_dtype=param_dtype)
+    # the decoder's layers are read straight into the decode layout: the stack is never held
+    model = load_hf_checkpoint(args.checkpoint, mesh=mesh, param_dtype=param_dtype, layers_apart=True)
     if args.engine == "paged":
       from jaxcap.sampling.engine import EngineConfig, PagedSampler
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from safetensors import safe_open
 
 from jaxcap.checkpoint.hf_layout import alt_names, from_hf_layout, hf_name, hf_shape, layer_names, path_name
@@ -76,13 +76,21 @@ def read_config(directory: str | os.PathLike, **overrides) -> Qwen25VLConfig:
 
 
 def load_hf_checkpoint(
-  directory: str | os.PathLike, *, mesh: Mesh | None = None, dtype=None, param_dtype=None, **config_overrides
+  directory: str | os.PathLike,
+  *,
+  mesh: Mesh | None = None,
+  dtype=None,
+  param_dtype=None,
+  layers_apart: bool = False,
+  **config_overrides,
 ) -> Qwen25VL:
   """Builds the family's model (`Qwen25VL`, `Qwen3VL`) from a local HF checkpoint directory.
 
   Params are stored as `param_dtype` (default: the checkpoint's own, `checkpoint_dtype`; training passes its float32
   masters) and sharded per `jaxcap.sharding` rules over `mesh` (default: the first local device). `dtype` is the
-  compute dtype (default: `param_dtype`).
+  compute dtype (default: `param_dtype`). `layers_apart`: the decoder stack's leaves are left unread, as
+  `LayerReader`s, for a sampler that owns its weights (`hold_for_decoding` reads them a layer at a time into the
+  decode layout, so the stack is never held); such a model is only for that.
   """
   directory = Path(directory)
   param_dtype = param_dtype or checkpoint_dtype(directory)
@@ -115,6 +123,8 @@ def load_hf_checkpoint(
       tensors.append(tensor)
     if len(tensors) < len(names):
       return None
+    if stacked and layers_apart and path_name(path).startswith("layers.") and _layer_axis_whole(sharding):
+      return LayerReader(tensors, layout, leaf.shape, param_dtype, sharding)
     if stacked:
       return _place_stacked(tensors, layout, leaf.shape, param_dtype, sharding)
     return _place(tensors[0], layout, leaf.shape, param_dtype, sharding)
@@ -144,15 +154,26 @@ _ALIGN = 64
 
 
 def _read_into(out: np.ndarray, tensor, layout: str, idx: tuple) -> np.ndarray:
-  """Reads the block `idx` (jaxcap layout) of a lazy safetensors slice into `out`, converting its dtype; only the
-  block's own read buffer is held beside `out`."""
+  """Reads the block `idx` (jaxcap layout) of a lazy safetensors slice into `out`, converting its dtype, in runs of
+  the stored tensor's first axis of about `_CHUNK` bytes: only one run's read buffer is held beside `out`."""
   if layout == "conv":  # small; read whole
     out[...] = from_hf_layout(tensor[:], layout)[idx]
-  elif layout == "t":
-    out[...] = np.asarray(tensor[idx[1], idx[0]]).T
-  else:
-    out[...] = np.asarray(tensor[idx])
+    return out
+  if out.size == 0:
+    return out
+  axis = 1 if layout == "t" else 0  # the stored first axis in jaxcap's layout
+  stored = range(tensor.get_shape()[0])[idx[axis]]
+  step = max(1, _CHUNK // max(1, out.nbytes // len(stored)))
+  for start in range(0, len(stored), step):
+    run = slice(stored[start], stored[min(start + step, len(stored)) - 1] + 1)
+    if layout == "t":
+      out[:, start : start + step] = np.asarray(tensor[run, idx[0]]).T
+    else:
+      out[start : start + step] = np.asarray(tensor[(run,) + tuple(idx[1:])])
   return out
+
+
+_CHUNK = 64 * 2**20
 
 
 def _full(idx, ndim: int) -> tuple:
@@ -171,6 +192,31 @@ def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
     return _read_into(_aligned_empty(_block_shape(idx, shape), dtype), tensor, layout, idx)
 
   return jax.make_array_from_callback(tuple(shape), sharding, read)
+
+
+class LayerReader:
+  """A stacked [L, ...] decoder leaf left on disk (`load_hf_checkpoint(layers_apart=True)`): `layer(i)` reads
+  layer i into a device array of its own, the leaf's sharding less the layer axis."""
+
+  def __init__(self, tensors: list, layout: str, shape, dtype, sharding):
+    self.tensors, self.layout, self.shape, self.dtype = tensors, layout, tuple(shape), np.dtype(dtype)
+    if isinstance(sharding, NamedSharding):
+      sharding = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
+    self.sharding = sharding
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  def layer(self, i: int) -> jax.Array:
+    return _place(self.tensors[i], self.layout, self.shape[1:], self.dtype, self.sharding)
+
+  def delete(self) -> None:  # as a jax.Array's: nothing is held
+    pass
+
+
+def _layer_axis_whole(sharding) -> bool:
+  return not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None
 
 
 def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:

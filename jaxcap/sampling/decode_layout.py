@@ -43,8 +43,10 @@ def unpack(weights) -> tuple[Any, tuple | None]:
 
 def hold_for_decoding(state, cfg) -> DecodeWeights:
   """A model's nnx `state` (of config `cfg`) as `DecodeWeights`, built leaf by leaf: each stacked leaf is deleted
-  once its layers' copies exist, so the peak is the weights plus one stacked leaf. Row blocks where they apply to
-  a decode of few rows (`row_blocks.applies(1)`: CPU, one device). `state`'s arrays are consumed."""
+  once its layers' copies exist, so the peak is the weights plus one stacked leaf; a leaf still on disk (a
+  `LayerReader`, `load_hf_checkpoint(layers_apart=True)`) is read a layer at a time, so the peak is the weights
+  plus one layer. Row blocks where they apply to a decode of few rows (`row_blocks.applies(1)`: CPU, one device).
+  `state`'s arrays are consumed."""
   n = cfg.text.num_hidden_layers
   treedef_state = state["layers"]
   # LoRA's layers compute x W through qwix, which needs W as laid out when it made the adapters ([in, out])
@@ -54,8 +56,10 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   per_leaf = []
   for path, leaf in flat:
     kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
-    take = _layer_blocks if kernel else _layer
-    per_leaf.append([take(leaf, i) for i in range(n)])
+    if isinstance(leaf, jax.Array):
+      per_leaf.append([(_layer_blocks if kernel else _layer)(leaf, i) for i in range(n)])
+    else:  # a LayerReader: each layer read from disk and laid out alone
+      per_leaf.append([_blocks(leaf.layer(i)) if kernel else leaf.layer(i) for i in range(n)])
     leaf.delete()
   layers = tuple(
     _as_state(treedef_state, jax.tree_util.tree_unflatten(treedef, [leaves[i] for leaves in per_leaf]))
@@ -75,6 +79,7 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
 # one program per leaf shape, the layer a traced index (a static one compiled a program per layer: 432 at the 3B)
 _layer = jax.jit(lambda stack, i: stack[i])
 _layer_blocks = jax.jit(lambda stack, i: row_blocks.from_kernel(stack[i]))
+_blocks = jax.jit(row_blocks.from_kernel)
 
 
 def _as_state(template, pure: dict):

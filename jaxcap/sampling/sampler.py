@@ -84,8 +84,10 @@ class Sampler:
     from jaxcap.processing import Processor
 
     processor = Processor.from_pretrained(directory)
-    model = load_hf_checkpoint(directory, mesh=mesh, param_dtype=checkpoint_dtype(directory, param_dtype))
-    return cls(model, processor=processor, **({"owns_weights": True} | kw))
+    owns = kw.pop("owns_weights", True)
+    dtype = checkpoint_dtype(directory, param_dtype)
+    model = load_hf_checkpoint(directory, mesh=mesh, param_dtype=dtype, layers_apart=owns)
+    return cls(model, processor=processor, owns_weights=owns, **kw)
 
   def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]]) -> SamplerBatch:
     """Host side only (numpy): a left-padded `ModelInputs` or chat conversations (needs a processor), padded to

@@ -127,6 +127,25 @@ def test_stacked_leaf_is_read_once_into_the_device_array(tmp_path, layout):
   assert peak - held <= layer + 2**16  # one layer's read beside it
 
 
+def test_layers_apart_reads_each_decoder_layer_into_the_decode_layout(checkpoint, monkeypatch):
+  """An owning sampler over `load_hf_checkpoint(layers_apart=True)` holds exactly the weights one over the eagerly
+  loaded model holds, and no decoder stack was ever read whole (only the vision tower's stacks are)."""
+  from jaxcap.checkpoint import hf_load
+  from jaxcap.sampling import Sampler
+
+  src, _ = checkpoint
+  read_whole = []
+  place_stacked = hf_load._place_stacked
+  monkeypatch.setattr(hf_load, "_place_stacked", lambda t, *a: read_whole.append(len(t)) or place_stacked(t, *a))
+  eager = Sampler(load_hf_checkpoint(src), owns_weights=True).params
+  eager_reads, read_whole[:] = len(read_whole), []
+  lazy = Sampler(load_hf_checkpoint(src, layers_apart=True), owns_weights=True).params
+  decoder_leaves = len(jax.tree.leaves(eager.layers[0]))
+  assert decoder_leaves > 0 and len(read_whole) == eager_reads - decoder_leaves
+  assert jax.tree.structure(lazy) == jax.tree.structure(eager)
+  jax.tree.map(np.testing.assert_array_equal, lazy, eager)
+
+
 def test_not_a_checkpoint_directory(tmp_path):
   with pytest.raises(CheckpointError, match="config.json"):
     load_hf_checkpoint(tmp_path)
