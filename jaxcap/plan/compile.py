@@ -143,7 +143,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
       )
     ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g)
     stop_ids = (int(cfg.eos_token_id),)
-    lowerings = engine_programs(config, graphdef, programs.sampling(), g, stop_ids)
+    lowerings = engine_programs(config, cfg, graphdef, programs.sampling(), g, stop_ids, devices[0].platform)
     for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
       if old in names:
         compile_one(name, lowerings[name], getattr(ins, name.removeprefix("paged_")), state_bytes - params_bytes)

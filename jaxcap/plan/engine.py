@@ -4,8 +4,10 @@ every slot, reading each slot's filled pages only).
 
 The engine runs on one device (`jaxcap.sampling.engine.PagedSampler`), so its programs are planned on the
 target's first device with the whole model there. The pool is what a call needs at once with `rollout.pages=0`:
-every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`) plus one step's prompts
-(`page_budget.pool_pages`).
+every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`: a prompt one token short of
+its pages, whose last page each sample copies) plus one step's prompts (`page_budget.pool_pages`). The segment's
+decode attention is `rollout.attention`'s for the target's platform (`paged_attention.choose`: on TPU, JAX's Pallas
+paged-attention kernel for a bfloat16 cache).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.models import row_blocks
+from jaxcap.sampling import paged_attention
 from jaxcap.sampling.page_budget import own_pages, pool_pages
 from jaxcap.sampling.paged_cache import PagePool
 from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
@@ -53,7 +56,8 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
       pad(prompts.input_ids, 1), pad(prompts.attention_mask, 1), pad(prompts.positions, 2), prompts.rope_deltas,
       prompts.vision,
     )  # fmt: skip
-  pages = pool_pages([np.full(rows, t_pages)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
+  worst = t_pages * z - (z > 1)  # prompt tokens: t_pages pages, the last partly filled (copied by each sample)
+  pages = pool_pages([np.full(rows, worst)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
   t_cfg = cfg.text
   dtype = jnp.dtype(cfg.dtype)
   page_shape = jax.ShapeDtypeStruct((t_cfg.num_key_value_heads, pages, z, t_cfg.head_dim), dtype)
@@ -63,8 +67,8 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   out = Outputs(i32(out_rows, new), *(jax.ShapeDtypeStruct((out_rows, new), jnp.float32),) * 2, i32(out_rows))
   r = engine.slots
-  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 6)
-  read = t_pages + own_pages(new, z)
+  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
+  read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
   weights = jax.eval_shape(
     lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
   )
@@ -78,11 +82,16 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   )
 
 
-def engine_programs(config, graphdef, sampling, num_samples: int, stop_ids: tuple[int, ...]) -> dict:
-  """name -> the lowering function of each engine program, with the run's static arguments."""
+def engine_programs(
+  config, cfg, graphdef, sampling, num_samples: int, stop_ids: tuple[int, ...], platform: str
+) -> dict:
+  """name -> the lowering function of each engine program, with the run's static arguments (the segment's
+  attention chosen for `platform`, the target devices')."""
   model = dict(graphdef=graphdef, sampling=sampling, num_samples=num_samples)
-  steps = rollout_engine(config).segment_steps
+  engine = rollout_engine(config)
+  attention = paged_attention.choose(engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size)
+  segment = dict(stop_ids=stop_ids, steps=engine.segment_steps, attention=attention)
   return {
     "paged_prefill": lambda *args: prefill_jit.lower(*args, **model),
-    "segment": lambda *args: segment_jit.lower(*args, **model, stop_ids=stop_ids, steps=steps),
+    "segment": lambda *args: segment_jit.lower(*args, **model, **segment),
   }
