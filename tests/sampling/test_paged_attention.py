@@ -1,0 +1,153 @@
+"""The paged engine's decode attention (jaxcap.sampling.paged_attention): JAX's Pallas paged-attention kernels, TPU
+and GPU, run in Pallas interpret mode on CPU, equal the jnp reference on random pools, page tables and lengths (GQA,
+pages shared by rows); the choice per backend; prompts left-aligned in their pages and each sample's copy of a
+partly filled last page (jaxcap.sampling.paged_cache); and the engine's greedy rollouts through a kernel equal to
+the static sampler's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcap.sampling import Sampler, SamplingConfig, paged_attention
+from jaxcap.sampling.engine import EngineConfig, PagedSampler
+from jaxcap.sampling.paged_attention import DecodeAttention, choose
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, copy_pages, write_prompt_pages
+from sampling_fixtures import PADDED_BATCH, tiny_checkpoint
+
+H, Z, PAGES = 16, 4, 24  # head dim, tokens per page, pages in the pool
+
+
+def _case(n_heads, kv_heads, dtype, seed=0):
+  """Rows 0 and 1 share their first two pages (a prompt's, read by two samples) and then read pages of their own;
+  lengths: a partly filled last page, one position, every position of the table, a page boundary."""
+  rng = np.random.default_rng(seed)
+  # values a bfloat16 holds exactly: the TPU kernel reads K / V as bfloat16, so the two sum the same numbers
+  normal = lambda *shape: np.asarray(jnp.asarray(rng.normal(size=shape), jnp.bfloat16).astype(jnp.float32))
+  k_pages, v_pages = normal(kv_heads, PAGES, Z, H), normal(kv_heads, PAGES, Z, H)
+  own = rng.permutation(np.arange(3, PAGES))
+  table = np.stack([[1, 2, *own[0:4]], [1, 2, *own[4:8]], own[8:14], own[14:20]]).astype(np.int32)  # [4, 6]
+  lengths = np.asarray([11, 1, 6 * Z, 2 * Z], np.int32)
+  q = normal(len(table), n_heads, H)
+  return tuple(jnp.asarray(x, dtype) for x in (q, k_pages, v_pages)) + (jnp.asarray(lengths), jnp.asarray(table))
+
+
+def _contiguous(q, k_pages, v_pages, lengths, table, scale):
+  """Attention written out per row and head in float64 over the positions the table's pages hold in order."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k_pages, v_pages))
+  groups = q.shape[1] // k.shape[0]
+  out = np.zeros(q.shape)
+  for r, (pages, length) in enumerate(zip(np.asarray(table), np.asarray(lengths))):
+    for n in range(q.shape[1]):
+      keys = k[n // groups, pages].reshape(-1, H)[:length]
+      values = v[n // groups, pages].reshape(-1, H)[:length]
+      p = np.exp(keys @ q[r, n] * scale - (keys @ q[r, n] * scale).max())
+      out[r, n] = p @ values / p.sum()
+  return out
+
+
+@pytest.mark.parametrize("n_heads,kv_heads", [(8, 2), (14, 2), (16, 2)], ids=["groups4", "groups7", "groups8"])
+def test_reference_equals_attention_over_the_rows_pages(n_heads, kv_heads):
+  args = _case(n_heads, kv_heads, jnp.float32)
+  got = paged_attention.paged_attention(*args, 0.3)
+  np.testing.assert_allclose(np.asarray(got), _contiguous(*args, 0.3), atol=2e-6, rtol=0)
+
+
+# 7 query heads a key/value head: Qwen2.5-VL-7B (28 / 4); 8: the 3B (16 / 2), the TPU kernel's other layout of q
+@pytest.mark.parametrize("n_heads,kv_heads", [(8, 2), (14, 2), (16, 2)], ids=["groups4", "groups7", "groups8"])
+@pytest.mark.parametrize("kernel", ["tpu", "gpu"])
+def test_kernels_equal_the_reference(kernel, n_heads, kv_heads):
+  args = _case(n_heads, kv_heads, jnp.float32)
+  want = paged_attention.paged_attention(*args, 0.3)
+  got = jax.jit(DecodeAttention(kernel, interpret=True), static_argnums=5)(*args, 0.3)
+  assert got.shape == want.shape and got.dtype == want.dtype
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=2e-6)
+
+
+def test_tpu_kernel_in_bfloat16():
+  """The TPU kernel's dtype on TPU: within bfloat16 rounding of the reference (which casts probabilities to
+  bfloat16 before the values, the kernel keeps them in float32)."""
+  args = _case(16, 2, jnp.bfloat16, seed=1)
+  want = np.asarray(paged_attention.paged_attention(*args, 0.3), np.float32)
+  got = jax.jit(DecodeAttention("tpu", interpret=True), static_argnums=5)(*args, 0.3)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2, rtol=2e-2)
+
+
+def test_choice_per_backend(monkeypatch):
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  assert choose("auto", "cpu", cache_dtype=bf16, page_size=16) == DecodeAttention("reference")
+  assert choose("auto", "tpu", cache_dtype=bf16, page_size=16) == DecodeAttention("tpu")
+  assert choose("auto", "tpu", cache_dtype=f32, page_size=16) == DecodeAttention("reference")  # bf16 reads
+  assert choose("pallas", "tpu", cache_dtype=f32, page_size=16) == DecodeAttention("tpu")
+  assert choose("auto", "gpu", cache_dtype=f32, page_size=16) == DecodeAttention("gpu")
+  assert choose("auto", "gpu", cache_dtype=f32, page_size=12) == DecodeAttention("reference")
+  assert choose("reference", "tpu", cache_dtype=bf16, page_size=16) == DecodeAttention("reference")
+  with pytest.raises(ValueError, match="not for cpu; use rollout.attention='auto'"):
+    choose("pallas", "cpu", cache_dtype=f32, page_size=16)
+  with pytest.raises(ValueError, match="power of two >= 16 tokens, not rollout.page_size=8"):
+    choose("pallas", "gpu", cache_dtype=f32, page_size=8)
+  with pytest.raises(ValueError, match="rollout.attention='flash': use one of auto, reference, pallas"):
+    choose("flash", "cpu", cache_dtype=f32, page_size=16)
+  with pytest.raises(ValueError, match="rollout.attention='flash'; use one of"):
+    EngineConfig(attention="flash")
+  monkeypatch.setattr(paged_attention, "INTERPRET", "tpu")
+  assert choose("pallas", "cpu", cache_dtype=f32, page_size=4) == DecodeAttention("tpu", interpret=True)
+
+
+def test_prompts_are_left_aligned_and_a_partly_filled_page_is_copied():
+  """Left-padded prefill caches (prompts of 5 and 8 tokens in 8 columns, pages of 4): each prompt's tokens at
+  positions 0 .. real - 1 of its pages; the copy of the 5-token prompt's second page holds its fifth token."""
+  kv, h, t = 2, 3, 8
+  real = np.asarray([5, 8], np.int32)
+  k = np.zeros((2, kv, h, t), np.float32)  # [B, K, H, T]: column c of row b holds c - pad + 1, 0 on padding
+  for b, n in enumerate(real):
+    k[b, :, :, t - n :] = np.arange(1, n + 1)
+  v = k.transpose(0, 1, 3, 2).copy()  # [B, K, T, H]
+  pool = PagePool.zeros(1, 8, 4, kv, h, jnp.float32)
+  page_ids = np.asarray([[3, 5], [6, 2]], np.int32)
+  pool = write_prompt_pages(pool, [jnp.asarray(k)], [jnp.asarray(v)], jnp.asarray(page_ids), jnp.asarray(real))
+  pool = copy_pages(pool, jnp.asarray([5, 0], jnp.int32), jnp.asarray([7, 8], jnp.int32))  # 8 >= P: no copy
+  for layer in (pool.k[0], pool.v[0]):
+    pages = np.asarray(layer)[0, :, :, 0]  # [P, Z], head 0, dim 0
+    np.testing.assert_array_equal(pages[[3, 5]].reshape(-1)[:5], np.arange(1, 6))
+    np.testing.assert_array_equal(pages[[6, 2]].reshape(-1), np.arange(1, 9))
+    np.testing.assert_array_equal(pages[7][:1], [5])  # the copy of page 5 (its first position: token 5)
+    np.testing.assert_array_equal(pages[[1, 4]], 0)  # untouched
+  assert NULL_PAGE == 0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  return tiny_checkpoint(tmp_path_factory.mktemp("paged_kernel"), 0)
+
+
+# TPU interpret mode simulates the chip's DMAs and semaphores: ~20 s here, the GPU kernel's interpreter ~2 s
+@pytest.mark.parametrize("kernel", [pytest.param("tpu", marks=pytest.mark.slow), "gpu"])
+def test_greedy_rollouts_through_a_kernel_equal_the_static_sampler(models, monkeypatch, kernel):
+  """The engine's decode segments through a Pallas kernel (interpret mode): prompts with and without a partly
+  filled last page (pages of 4 tokens), samples refilled mid-rollout, the same greedy tokens as the static sampler."""
+  _, model, proc = models
+  monkeypatch.setattr(paged_attention, "INTERPRET", kernel)
+  calls = []
+  monkeypatch.setattr(
+    paged_attention, f"_{kernel}_kernel", _counting(getattr(paged_attention, f"_{kernel}_kernel"), calls)
+  )
+  sampling = SamplingConfig(temperature=0, max_new_tokens=6)
+  static = Sampler(model, processor=proc, sampling=sampling)(PADDED_BATCH, jax.random.key(0), num_samples=2)
+  page_size = 4 if kernel == "tpu" else 16  # the GPU kernel's smallest pages
+  engine = EngineConfig(slots=3, page_size=page_size, segment_steps=3, attention="pallas")
+  got = PagedSampler(model, processor=proc, sampling=sampling, engine=engine)(
+    PADDED_BATCH, jax.random.key(0), num_samples=2
+  )
+  assert calls  # traced through the kernel
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(static.tokens))
+  np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(static.lengths))
+
+
+def _counting(fn, calls):
+  def run(*args, **kw):
+    calls.append(1)
+    return fn(*args, **kw)
+
+  return run
