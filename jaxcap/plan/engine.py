@@ -89,7 +89,9 @@ def engine_programs(
   attention chosen for `platform`, the target devices')."""
   model = dict(graphdef=graphdef, sampling=sampling, num_samples=num_samples)
   engine = rollout_engine(config)
-  attention = paged_attention.choose(engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size)
+  attention = paged_attention.choose(
+    engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size, head_dim=cfg.text.head_dim
+  )
   segment = dict(stop_ids=stop_ids, steps=engine.segment_steps, attention=attention)
   return {
     "paged_prefill": lambda *args: prefill_jit.lower(*args, **model),

@@ -8,12 +8,13 @@ table int32 [R, n], scale) -> [R, N, H]:
   length, so a step reads the live bucket's n * Z positions per row;
 - the Pallas paged-attention kernels that ship with JAX, reading only the filled pages of each row (block by block:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
-  (TPU; its K / V reads are bfloat16, so a float32 cache is rounded) and `jax.experimental.pallas.ops.gpu.
+  (TPU; head dims a multiple of 128, the lane width; its K / V reads are bfloat16, so a float32 cache is rounded)
+  and `jax.experimental.pallas.ops.gpu.
   paged_attention` (GPU, Triton; page_size a power of two >= 16). Neither applies the softmax scale: the queries
   are scaled first, in float32.
 
-`choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches)
-and GPU (page sizes it takes), the reference elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in
+`choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches,
+head dims it takes) and GPU (page sizes it takes), the reference elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in
 Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
 
 Every row needs lengths >= 1 (the kernels leave a row of length 0 unwritten). Shapes: R rows, N query heads, K
@@ -105,9 +106,9 @@ class DecodeAttention:
     return run(scaled, k_pages, v_pages, lengths, table, interpret=self.interpret)
 
 
-def choose(setting: str, platform: str, *, cache_dtype, page_size: int) -> DecodeAttention:
+def choose(setting: str, platform: str, *, cache_dtype, page_size: int, head_dim: int) -> DecodeAttention:
   """The decode attention for `rollout.attention` = setting on `platform` ('cpu', 'tpu', 'gpu'; `INTERPRET`
-  stands in for it) with a cache of `cache_dtype` and pages of `page_size` tokens."""
+  stands in for it) with a cache of `cache_dtype`, pages of `page_size` tokens and heads of `head_dim`."""
   if setting not in ATTENTION_CHOICES:
     raise ValueError(f"rollout.attention={setting!r}: use one of {', '.join(ATTENTION_CHOICES)}")
   kernel = INTERPRET or platform
@@ -118,13 +119,14 @@ def choose(setting: str, platform: str, *, cache_dtype, page_size: int) -> Decod
         "use rollout.attention='auto' (the jnp reference there) or 'reference'"
       )
     return DecodeAttention()
-  gpu_pages_fit = page_size >= 16 and page_size & (page_size - 1) == 0
-  if kernel == "gpu" and not gpu_pages_fit:
+  refusal = None
+  if kernel == "gpu" and not (page_size >= 16 and page_size & (page_size - 1) == 0):
+    refusal = f"on GPU the Triton kernel takes pages of a power of two >= 16 tokens, not rollout.page_size={page_size}"
+  if kernel == "tpu" and not INTERPRET and head_dim % 128:
+    refusal = f"on TPU the Mosaic kernel takes head dims that are a multiple of 128, not the model's {head_dim}"
+  if refusal:
     if setting == "pallas":
-      raise ValueError(
-        f"rollout.attention='pallas' on GPU: the Triton kernel takes pages of a power of two >= 16 tokens, not "
-        f"rollout.page_size={page_size}; change rollout.page_size or use rollout.attention='auto'"
-      )
+      raise ValueError(f"rollout.attention='pallas': {refusal}; use rollout.attention='auto' (the jnp reference)")
     return DecodeAttention()
   if setting == "auto" and kernel == "tpu" and jnp.dtype(cache_dtype) != jnp.bfloat16:
     return DecodeAttention()  # the TPU kernel reads K / V as bfloat16: a float32 cache keeps the reference

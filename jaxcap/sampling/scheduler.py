@@ -93,7 +93,9 @@ def generate(
   total_pages = pool_pages(chunk_real, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
   own = lambda prompt: int(own_pages(n_new, z, prompts[prompt].real % z))  # a queued sample's own pages
   chunk_own = [int(own_pages(n_new, z, r % z).max(initial=0)) for r in chunk_real]  # its prompts' most
-  attention = paged_attention.choose(engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z)
+  attention = paged_attention.choose(
+    engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z, head_dim=cfg.text.head_dim
+  )
 
   text = cfg.text
   pool = PagePool.zeros(text.num_hidden_layers, total_pages, z, text.num_key_value_heads, text.head_dim, cfg.dtype)

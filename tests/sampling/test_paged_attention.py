@@ -76,23 +76,29 @@ def test_tpu_kernel_in_bfloat16():
 
 def test_choice_per_backend(monkeypatch):
   f32, bf16 = jnp.float32, jnp.bfloat16
-  assert choose("auto", "cpu", cache_dtype=bf16, page_size=16) == DecodeAttention("reference")
-  assert choose("auto", "tpu", cache_dtype=bf16, page_size=16) == DecodeAttention("tpu")
-  assert choose("auto", "tpu", cache_dtype=f32, page_size=16) == DecodeAttention("reference")  # bf16 reads
-  assert choose("pallas", "tpu", cache_dtype=f32, page_size=16) == DecodeAttention("tpu")
-  assert choose("auto", "gpu", cache_dtype=f32, page_size=16) == DecodeAttention("gpu")
-  assert choose("auto", "gpu", cache_dtype=f32, page_size=12) == DecodeAttention("reference")
-  assert choose("reference", "tpu", cache_dtype=bf16, page_size=16) == DecodeAttention("reference")
+  pick = lambda setting, platform, dtype=bf16, z=16, h=128: choose(
+    setting, platform, cache_dtype=dtype, page_size=z, head_dim=h
+  )
+  assert pick("auto", "cpu") == DecodeAttention("reference")
+  assert pick("auto", "tpu") == DecodeAttention("tpu")
+  assert pick("auto", "tpu", f32) == DecodeAttention("reference")  # the kernel reads K / V as bfloat16
+  assert pick("pallas", "tpu", f32) == DecodeAttention("tpu")
+  assert pick("auto", "tpu", h=64) == DecodeAttention("reference")
+  assert pick("auto", "gpu", f32) == DecodeAttention("gpu")
+  assert pick("auto", "gpu", z=12) == DecodeAttention("reference")
+  assert pick("reference", "tpu") == DecodeAttention("reference")
   with pytest.raises(ValueError, match="not for cpu; use rollout.attention='auto'"):
-    choose("pallas", "cpu", cache_dtype=f32, page_size=16)
-  with pytest.raises(ValueError, match="power of two >= 16 tokens, not rollout.page_size=8"):
-    choose("pallas", "gpu", cache_dtype=f32, page_size=8)
+    pick("pallas", "cpu")
+  with pytest.raises(ValueError, match="power of two >= 16 tokens, not rollout.page_size=8; use"):
+    pick("pallas", "gpu", z=8)
+  with pytest.raises(ValueError, match="multiple of 128, not the model's 64; use rollout.attention='auto'"):
+    pick("pallas", "tpu", h=64)
   with pytest.raises(ValueError, match="rollout.attention='flash': use one of auto, reference, pallas"):
-    choose("flash", "cpu", cache_dtype=f32, page_size=16)
+    pick("flash", "cpu")
   with pytest.raises(ValueError, match="rollout.attention='flash'; use one of"):
     EngineConfig(attention="flash")
-  monkeypatch.setattr(paged_attention, "INTERPRET", "tpu")
-  assert choose("pallas", "cpu", cache_dtype=f32, page_size=4) == DecodeAttention("tpu", interpret=True)
+  monkeypatch.setattr(paged_attention, "INTERPRET", "tpu")  # tests: any head dim, in interpret mode
+  assert pick("pallas", "cpu", f32, z=4, h=16) == DecodeAttention("tpu", interpret=True)
 
 
 def test_prompts_are_left_aligned_and_a_partly_filled_page_is_copied():
@@ -151,3 +157,51 @@ def _counting(fn, calls):
     return fn(*args, **kw)
 
   return run
+
+
+def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch):
+  """Where the TPU compiler is importable (libtpu, no chip needed): `jaxcap.plan` of the paged engine on a TPU
+  target lowers the decode segment with the Pallas kernel (a Mosaic custom call) for a bfloat16 model of
+  head dim 128, and without it for rollout.attention='reference'."""
+  pytest.importorskip("libtpu")
+  import dataclasses
+
+  from jaxcap.models.qwen25vl_presets import tiny
+  from jaxcap.plan import engine as plan_engine
+  from jaxcap.plan import plan
+  from jaxcap.plan.topology import topology_devices
+  from jaxcap.train.config import base_config
+
+  c = base_config()
+  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full"))
+  c.rl.update(dict(batch_size=2, num_samples=2, micro_batches=1))
+  c.sampling.max_new_tokens = 40
+  c.data.image_size = 56
+  c.mesh.shape.fsdp = 1
+  c.rollout.update(dict(engine="paged", slots=4, page_size=16))
+  base = tiny(dtype=jnp.bfloat16, remat="full")
+  text = dataclasses.replace(
+    base.text, hidden_size=512, num_attention_heads=4, num_key_value_heads=2, mrope_section=(16, 24, 24)
+  )
+  cfg = dataclasses.replace(base, text=text)  # head dim 128, the kernel's lane width (Qwen2.5-VL's)
+  devices, _ = topology_devices("tpu:v5e:1x1")
+  lowered = []
+  segment = plan_engine.segment_jit
+
+  class Recording:
+    def lower(self, *args, **kw):
+      lowered.append(segment.lower(*args, **kw))
+      return lowered[-1]
+
+  monkeypatch.setattr(plan_engine, "segment_jit", Recording())
+  # not into the persistent cache: a TPU executable cannot be read back on a CPU host (a warning, then a recompile)
+  cached = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+  try:
+    for setting in ("auto", "reference"):
+      c.rollout.attention = setting
+      plan(c, cfg, devices, 16.0, ("decode",), text=8)
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", cached)
+  kernel, reference = (x.as_text().count("tpu_custom_call") for x in lowered)
+  assert kernel > 0 and reference == 0  # (the layers' calls may share one outlined function)
