@@ -10,7 +10,7 @@ table int32 [R, n], scale) -> [R, N, H]:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
   (TPU; head dims a multiple of 128, the lane width; its K / V reads are bfloat16, so a float32 cache is rounded)
   and `jax.experimental.pallas.ops.gpu.
-  paged_attention` (GPU, Triton; page_size a power of two >= 16). Neither applies the softmax scale: the queries
+  paged_attention` (GPU, Triton; page_size a power of two >= 16, head dims a power of two). Neither applies the softmax scale: the queries
   are scaled first, in float32.
 
 `choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches,
@@ -120,8 +120,11 @@ def choose(setting: str, platform: str, *, cache_dtype, page_size: int, head_dim
       )
     return DecodeAttention()
   refusal = None
-  if kernel == "gpu" and not (page_size >= 16 and page_size & (page_size - 1) == 0):
+  power_of_two = lambda x: x & (x - 1) == 0
+  if kernel == "gpu" and not (page_size >= 16 and power_of_two(page_size)):
     refusal = f"on GPU the Triton kernel takes pages of a power of two >= 16 tokens, not rollout.page_size={page_size}"
+  if kernel == "gpu" and not power_of_two(head_dim):
+    refusal = f"on GPU the Triton kernel takes head dims that are a power of two, not the model's {head_dim}"
   if kernel == "tpu" and not INTERPRET and head_dim % 128:
     refusal = f"on TPU the Mosaic kernel takes head dims that are a multiple of 128, not the model's {head_dim}"
   if refusal:

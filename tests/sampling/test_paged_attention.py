@@ -86,11 +86,14 @@ def test_choice_per_backend(monkeypatch):
   assert pick("auto", "tpu", h=64) == DecodeAttention("reference")
   assert pick("auto", "gpu", f32) == DecodeAttention("gpu")
   assert pick("auto", "gpu", z=12) == DecodeAttention("reference")
+  assert pick("auto", "gpu", h=80) == DecodeAttention("reference")
   assert pick("reference", "tpu") == DecodeAttention("reference")
   with pytest.raises(ValueError, match="not for cpu; use rollout.attention='auto'"):
     pick("pallas", "cpu")
   with pytest.raises(ValueError, match="power of two >= 16 tokens, not rollout.page_size=8; use"):
     pick("pallas", "gpu", z=8)
+  with pytest.raises(ValueError, match="head dims that are a power of two, not the model's 80"):
+    pick("pallas", "gpu", h=80)
   with pytest.raises(ValueError, match="multiple of 128, not the model's 64; use rollout.attention='auto'"):
     pick("pallas", "tpu", h=64)
   with pytest.raises(ValueError, match="rollout.attention='flash': use one of auto, reference, pallas"):
@@ -121,6 +124,19 @@ def test_prompts_are_left_aligned_and_a_partly_filled_page_is_copied():
     np.testing.assert_array_equal(pages[7][:1], [5])  # the copy of page 5 (its first position: token 5)
     np.testing.assert_array_equal(pages[[1, 4]], 0)  # untouched
   assert NULL_PAGE == 0
+
+
+@pytest.mark.parametrize("width", [1, 6, 12])
+def test_the_gpu_kernel_lowers_for_cuda(width):
+  """No GPU needed: the Triton lowering (its power-of-two block shapes) of Qwen2.5-VL-3B's decode attention at
+  page buckets of 1, 6 and 12 pages of 16 tokens."""
+  rows, pages = 8, 64
+  shape = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
+  pool = shape(2, pages, 16, 128)
+  args = (shape(rows, 16, 128), pool, pool, shape(rows, dtype=jnp.int32), shape(rows, width, dtype=jnp.int32))
+  run = jax.jit(lambda *a: DecodeAttention("gpu")(*a, 128**-0.5))
+  text = run.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
 
 
 @pytest.fixture(scope="module")
