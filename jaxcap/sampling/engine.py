@@ -1,6 +1,7 @@
 """The paged rollout engine's entry points: `EngineConfig` (the `rollout` block's slots, page size, segment length,
-pool size and decode attention) and `PagedSampler`, a `Sampler` whose calls run the host scheduler (`jaxcap.sampling.scheduler`:
-decode slots refilled as samples finish, a paged KV cache whose prompt pages a prompt's G samples share).
+pool size and decode attention) and `PagedSampler`, a `Sampler` whose calls run the host scheduler
+(`jaxcap.sampling.scheduler`: decode slots refilled as samples finish, a paged KV cache whose prompt pages a
+prompt's G samples share).
 """
 
 from __future__ import annotations

@@ -9,13 +9,12 @@ table int32 [R, n], scale) -> [R, N, H]:
 - the Pallas paged-attention kernels that ship with JAX, reading only the filled pages of each row (block by block:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
   (TPU; head dims a multiple of 128, the lane width; its K / V reads are bfloat16, so a float32 cache is rounded)
-  and `jax.experimental.pallas.ops.gpu.
-  paged_attention` (GPU, Triton; page_size a power of two >= 16, head dims a power of two). Neither applies the softmax scale: the queries
-  are scaled first, in float32.
+  and `jax.experimental.pallas.ops.gpu.paged_attention` (GPU, Triton; page_size a power of two >= 16, head dims a
+  power of two). Neither applies the softmax scale: the queries are scaled first, in float32.
 
 `choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches,
-head dims it takes) and GPU (page sizes it takes), the reference elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in
-Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
+head dims it takes) and GPU (page sizes and head dims it takes), the reference elsewhere; 'reference' and 'pallas'
+force one. Tests run a kernel in Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
 
 Every row needs lengths >= 1 (the kernels leave a row of length 0 unwritten). Shapes: R rows, N query heads, K
 key/value heads (N / K query heads per group, Qwen2.5-VL's GQA), H head dim, P pages in the pool, Z tokens per

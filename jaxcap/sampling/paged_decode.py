@@ -72,8 +72,9 @@ def prefill(
   num_samples,
 ):
   """Runs B prompts (left-padded, T a multiple of the page size) once, writes their keys and values into the
-  pages `page_ids` int32 [B, T / Z] names (left-aligned: `write_prompt_pages`), and samples token 0 of each of their G samples into output rows
-  (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar) first prompts."""
+  pages `page_ids` int32 [B, T / Z] names (left-aligned: `write_prompt_pages`), and samples token 0 of each of
+  their G samples into output rows (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar)
+  first prompts."""
   TRACE_COUNTS["prefill"] += 1
   params, layers = unpack(params)
   model = nnx.merge(graphdef, params)

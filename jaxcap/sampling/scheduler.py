@@ -152,7 +152,8 @@ def generate(
     if pending and not queue and not (host.row >= 0).any():
       raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
         f"chunk {pending[0]} needs {int(chunk_pages[pending[0]].sum())} pages for its prompts plus "
-        f"{chunk_own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages or use smaller chunks"
+        f"{chunk_own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
+        "or use smaller chunks"
       )
     admitted = np.zeros((7, rows), np.int64)
     admitted[0], admitted[6] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
