@@ -32,18 +32,29 @@ from jaxcap.train.programs import rollout_engine
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
   """The engine's sizes: `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
-  every layer's keys and values), `read_pages` pages a slot reads at its longest."""
+  every layer's keys and values), `read_pages` pages a slot reads at its longest; `attention` the segment's
+  ('reference', or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes` the keys and values a decode step
+  reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out)."""
 
   slots: int
   page_size: int
   pages: int
   pool_bytes: int
   read_pages: int
+  attention: str
+  read_bytes: int
 
 
-def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int) -> SimpleNamespace:
+def _attention(config, cfg, platform: str) -> paged_attention.DecodeAttention:
+  engine = rollout_engine(config)
+  return paged_attention.choose(
+    engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size, head_dim=cfg.text.head_dim
+  )
+
+
+def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int, platform: str) -> SimpleNamespace:
   """The abstract arguments of the engine's `prefill` and `segment` for one RL step's prompts `prompts` (the
-  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`)."""
+  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`) on `platform`'s devices."""
   engine = rollout_engine(config)
   z, new = engine.page_size, int(config.sampling.max_new_tokens)
   rows, t = prompts.input_ids.shape
@@ -74,10 +85,11 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   )
   key = jax.eval_shape(lambda: jax.random.key(0))
   pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
+  read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot
   return SimpleNamespace(
     prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key),
     segment=(params, *weights, pool, slots, out, i32(r, read), key, i32()),
-    plan=EnginePlan(r, z, pages, pool_bytes, read),
+    plan=EnginePlan(r, z, pages, pool_bytes, read, _attention(config, cfg, platform).kernel, read_bytes),
     steps=engine.segment_steps,
   )
 
@@ -88,11 +100,8 @@ def engine_programs(
   """name -> the lowering function of each engine program, with the run's static arguments (the segment's
   attention chosen for `platform`, the target devices')."""
   model = dict(graphdef=graphdef, sampling=sampling, num_samples=num_samples)
-  engine = rollout_engine(config)
-  attention = paged_attention.choose(
-    engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size, head_dim=cfg.text.head_dim
-  )
-  segment = dict(stop_ids=stop_ids, steps=engine.segment_steps, attention=attention)
+  steps = rollout_engine(config).segment_steps
+  segment = dict(stop_ids=stop_ids, steps=steps, attention=_attention(config, cfg, platform))
   return {
     "paged_prefill": lambda *args: prefill_jit.lower(*args, **model),
     "segment": lambda *args: segment_jit.lower(*args, **model, **segment),

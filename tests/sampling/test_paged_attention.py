@@ -184,7 +184,7 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
 
   from jaxcap.models.qwen25vl_presets import tiny
   from jaxcap.plan import engine as plan_engine
-  from jaxcap.plan import plan
+  from jaxcap.plan import format_plan, plan
   from jaxcap.plan.topology import topology_devices
   from jaxcap.train.config import base_config
 
@@ -214,10 +214,17 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
   cached = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
   try:
+    results = []
     for setting in ("auto", "reference"):
       c.rollout.attention = setting
-      plan(c, cfg, devices, 16.0, ("decode",), text=8)
+      results.append(plan(c, cfg, devices, 16.0, ("decode",), text=8))
   finally:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", cached)
   kernel, reference = (x.as_text().count("tpu_custom_call") for x in lowered)
   assert kernel > 0 and reference == 0  # (the layers' calls may share one outlined function)
+  assert [r["engine"]["attention"] for r in results] == ["tpu", "reference"]
+  e = results[0]["engine"]
+  # every slot at its longest: read_pages pages of 16 tokens x 2 heads x 128 (bfloat16), keys and values, 2 layers
+  assert e["read_bytes"] == 4 * e["read_pages"] * 16 * 2 * 128 * 2 * 2 * text.num_hidden_layers
+  assert "JAX's Pallas paged-attention kernel (tpu)" in format_plan(results[0])
+  assert "Pallas" not in format_plan(results[1])
