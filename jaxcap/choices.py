@@ -12,6 +12,8 @@ RESUME_CHANGES = ("refuse", "allow")  # resume_changes
 MASTER_UPDATES = ("exact", "stochastic_rounding")  # *.optim.master_update: how updates land on bf16 masters
 NONFINITE_ACTIONS = ("stop", "skip")  # train.on_nonfinite: what a non-finite or diverged step does to the run
 ROLLOUT_ENGINES = ("static", "paged")  # rollout.engine: the static-batch sampler or the paged engine
+# rollout.attention: the paged engine's decode attention, per backend / the jnp reference / JAX's Pallas kernel
+ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 # model.lora.targets: the decoder's attention and MLP projections (sharding rules' names); with model.lora.vision the
 # vision tower's / merger's too
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -123,13 +123,15 @@ def test_the_paged_engine_is_planned_with_its_pool():
   res = plan(c, cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)
   assert [p["name"] for p in res["programs"]] == ["paged_prefill", "segment"]
   assert all(p["arguments"] > 0 and p["bytes_accessed"] > 0 for p in res["programs"])
-  # prompts of 16 tokens = 2 pages of 8; a sample's own pages: ceil((16 - 1) / 8) = 2; 4 prompts in the step
+  # prompts of up to 16 tokens = 2 pages of 8, at worst 15 (the second page partly filled: 7 tokens, copied by each
+  # sample); a sample's own pages: ceil((7 + 16 - 1) / 8) = 3, it reads 1 + 3; 4 prompts in the step
   e = res["engine"]
   assert (e["slots"], e["page_size"], e["read_pages"]) == (4, 8, 4)
-  assert e["pages"] == 1 + 4 * (2 + 2) + 4 * 2  # the null page, every slot at its worst, one step's prompts
+  assert e["attention"] == "reference"  # a CPU target: the jnp reference (rollout.attention=auto)
+  assert e["pages"] == 1 + 4 * (2 + 3) + 4 * 2  # the null page, every slot at its worst, one step's prompts
   t = cfg.text
   assert e["pool_bytes"] == 2 * t.num_hidden_layers * t.num_key_value_heads * e["pages"] * 8 * t.head_dim * 2
-  assert "paged engine: 4 slots, a pool of 25 pages x 8 tokens" in format_plan(res)
+  assert "paged engine: 4 slots, a pool of 29 pages x 8 tokens" in format_plan(res)
   c.mesh.shape.fsdp = 2
   with pytest.raises(SystemExit, match="runs on one device"):
     plan(c, cfg, jax.devices()[:2], 80.0, ("decode",), text=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.choices import MASTER_UPDATES, NONFINITE_ACTIONS, ROLLOUT_ENGINES, SCHEDULES
+from jaxcap.choices import MASTER_UPDATES, NONFINITE_ACTIONS, ROLLOUT_ATTENTION, ROLLOUT_ENGINES, SCHEDULES
 from jaxcap.config.fields import ALLOWED, ALTERS, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
 from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection
@@ -230,6 +230,12 @@ class Rollout(Block):
   page_size: int = field(16, "tokens per KV-cache page", ge=1)
   segment_steps: int = field(32, "most decode steps between two refills of the slots", ge=1)
   pages: int = field(0, "pages in the KV-cache pool", ge=0, hint="0 = as many as a call can use at once")
+  attention: str = field(
+    "auto",
+    "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, the jnp "
+    "reference on CPU), 'reference' or 'pallas'",
+    choices=ROLLOUT_ATTENTION,
+  )
 
   def check(self, run, at):
     if self.engine == "paged" and (run.distributed.coordinator_address or run.distributed.num_processes > 1):

@@ -141,9 +141,9 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
         f"rollout.engine='paged' runs on one device; plan it on one (--topology=cpu:1 or tpu:<chip>:1x1, "
         f"mesh.shape of 1) or with rollout.engine=static for {len(devices)} devices"
       )
-    ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g)
+    ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform)
     stop_ids = (int(cfg.eos_token_id),)
-    lowerings = engine_programs(config, graphdef, programs.sampling(), g, stop_ids)
+    lowerings = engine_programs(config, cfg, graphdef, programs.sampling(), g, stop_ids, devices[0].platform)
     for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
       if old in names:
         compile_one(name, lowerings[name], getattr(ins, name.removeprefix("paged_")), state_bytes - params_bytes)

@@ -4,8 +4,10 @@ every slot, reading each slot's filled pages only).
 
 The engine runs on one device (`jaxcap.sampling.engine.PagedSampler`), so its programs are planned on the
 target's first device with the whole model there. The pool is what a call needs at once with `rollout.pages=0`:
-every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`) plus one step's prompts
-(`page_budget.pool_pages`).
+every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`: a prompt one token short of
+its pages, whose last page each sample copies) plus one step's prompts (`page_budget.pool_pages`). The segment's
+decode attention is `rollout.attention`'s for the target's platform (`paged_attention.choose`: on TPU, JAX's Pallas
+paged-attention kernel for a bfloat16 cache).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.models import row_blocks
+from jaxcap.sampling import paged_attention
 from jaxcap.sampling.page_budget import own_pages, pool_pages
 from jaxcap.sampling.paged_cache import PagePool
 from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
@@ -29,18 +32,29 @@ from jaxcap.train.programs import rollout_engine
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
   """The engine's sizes: `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
-  every layer's keys and values), `read_pages` pages a slot reads at its longest."""
+  every layer's keys and values), `read_pages` pages a slot reads at its longest; `attention` the segment's
+  ('reference', or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes` the keys and values a decode step
+  reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out)."""
 
   slots: int
   page_size: int
   pages: int
   pool_bytes: int
   read_pages: int
+  attention: str
+  read_bytes: int
 
 
-def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int) -> SimpleNamespace:
+def _attention(config, cfg, platform: str) -> paged_attention.DecodeAttention:
+  engine = rollout_engine(config)
+  return paged_attention.choose(
+    engine.attention, platform, cache_dtype=cfg.dtype, page_size=engine.page_size, head_dim=cfg.text.head_dim
+  )
+
+
+def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int, platform: str) -> SimpleNamespace:
   """The abstract arguments of the engine's `prefill` and `segment` for one RL step's prompts `prompts` (the
-  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`)."""
+  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`) on `platform`'s devices."""
   engine = rollout_engine(config)
   z, new = engine.page_size, int(config.sampling.max_new_tokens)
   rows, t = prompts.input_ids.shape
@@ -53,7 +67,8 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
       pad(prompts.input_ids, 1), pad(prompts.attention_mask, 1), pad(prompts.positions, 2), prompts.rope_deltas,
       prompts.vision,
     )  # fmt: skip
-  pages = pool_pages([np.full(rows, t_pages)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
+  worst = t_pages * z - (z > 1)  # prompt tokens: t_pages pages, the last partly filled (copied by each sample)
+  pages = pool_pages([np.full(rows, worst)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
   t_cfg = cfg.text
   dtype = jnp.dtype(cfg.dtype)
   page_shape = jax.ShapeDtypeStruct((t_cfg.num_key_value_heads, pages, z, t_cfg.head_dim), dtype)
@@ -63,26 +78,31 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   out = Outputs(i32(out_rows, new), *(jax.ShapeDtypeStruct((out_rows, new), jnp.float32),) * 2, i32(out_rows))
   r = engine.slots
-  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 6)
-  read = t_pages + own_pages(new, z)
+  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
+  read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
   weights = jax.eval_shape(
     lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
   )
   key = jax.eval_shape(lambda: jax.random.key(0))
   pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
+  read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot
   return SimpleNamespace(
     prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key),
     segment=(params, *weights, pool, slots, out, i32(r, read), key, i32()),
-    plan=EnginePlan(r, z, pages, pool_bytes, read),
+    plan=EnginePlan(r, z, pages, pool_bytes, read, _attention(config, cfg, platform).kernel, read_bytes),
     steps=engine.segment_steps,
   )
 
 
-def engine_programs(config, graphdef, sampling, num_samples: int, stop_ids: tuple[int, ...]) -> dict:
-  """name -> the lowering function of each engine program, with the run's static arguments."""
+def engine_programs(
+  config, cfg, graphdef, sampling, num_samples: int, stop_ids: tuple[int, ...], platform: str
+) -> dict:
+  """name -> the lowering function of each engine program, with the run's static arguments (the segment's
+  attention chosen for `platform`, the target devices')."""
   model = dict(graphdef=graphdef, sampling=sampling, num_samples=num_samples)
   steps = rollout_engine(config).segment_steps
+  segment = dict(stop_ids=stop_ids, steps=steps, attention=_attention(config, cfg, platform))
   return {
     "paged_prefill": lambda *args: prefill_jit.lower(*args, **model),
-    "segment": lambda *args: segment_jit.lower(*args, **model, stop_ids=stop_ids, steps=steps),
+    "segment": lambda *args: segment_jit.lower(*args, **model, **segment),
   }

@@ -82,6 +82,11 @@ def format_plan(result: dict) -> str:
       f"paged engine: {e['slots']} slots, a pool of {e['pages']} pages x {e['page_size']} tokens "
       f"({e['pool_bytes'] / GIB:.2f} GiB), a slot reads at most {e['read_pages']} pages"
     )
+    if e.get("attention", "reference") != "reference":  # XLA cannot see into a Pallas kernel's page reads
+      lines.append(
+        f"decode attention: JAX's Pallas paged-attention kernel ({e['attention']}), reading each slot's filled "
+        f"pages only, at most {e['read_bytes'] / GIB:.2f} GiB of keys and values per decode step (not in XLA's count)"
+      )
   verdict = "fits" if result["fits"] else "does NOT fit"
   lines += ["", f"peak {result['peak_gib']:.2f} GiB per device of {result['hbm_gib']:.0f} GiB: {verdict}"]
   lines += [f"  - {a}" for a in result["advice"]]

@@ -1,6 +1,7 @@
-"""The paged rollout engine's entry points: `EngineConfig` (the `rollout` block's slots, page size, segment length
-and pool size) and `PagedSampler`, a `Sampler` whose calls run the host scheduler (`jaxcap.sampling.scheduler`:
-decode slots refilled as samples finish, a paged KV cache whose prompt pages a prompt's G samples share).
+"""The paged rollout engine's entry points: `EngineConfig` (the `rollout` block's slots, page size, segment length,
+pool size and decode attention) and `PagedSampler`, a `Sampler` whose calls run the host scheduler
+(`jaxcap.sampling.scheduler`: decode slots refilled as samples finish, a paged KV cache whose prompt pages a
+prompt's G samples share).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.sampling.paged_attention import ATTENTION_CHOICES
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import Rollouts, SampledArrays
 from jaxcap.sampling.sampler import Sampler
@@ -21,12 +23,15 @@ from jaxcap.sampling.scheduler import generate
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
   """slots: decode slots (the largest row bucket); page_size: tokens per page; segment_steps: the most decode
-  steps between two visits of the host; pages: the pool's pages (0 = as many as a call can use at once)."""
+  steps between two visits of the host; pages: the pool's pages (0 = as many as a call can use at once);
+  attention: the decode attention, 'auto' (JAX's Pallas paged-attention kernel on TPU and GPU, the jnp reference
+  on CPU), 'reference' or 'pallas' (`jaxcap.sampling.paged_attention.choose`)."""
 
   slots: int = 64
   page_size: int = 16
   segment_steps: int = 32
   pages: int = 0
+  attention: str = "auto"
 
   def __post_init__(self):
     for name in ("slots", "page_size", "segment_steps"):
@@ -34,6 +39,8 @@ class EngineConfig:
         raise ValueError(f"rollout.{name}={getattr(self, name)}; it must be at least 1")
     if self.pages < 0:
       raise ValueError(f"rollout.pages={self.pages}; use 0 (as many as a call needs) or a positive count")
+    if self.attention not in ATTENTION_CHOICES:
+      raise ValueError(f"rollout.attention={self.attention!r}; use one of {', '.join(ATTENTION_CHOICES)}")
 
 
 class PagedSampler(Sampler):

@@ -1,14 +1,16 @@
 """The paged engine's host-side page accounting: the free list, each queued prompt's pages, the pool's size and the
 errors a budget too small for a prompt raises. The pool itself (device arrays) is `jaxcap.sampling.paged_cache`.
 
-Pages are allocated whole at admission (a sample's own pages for its worst case, ceil((N - 1) / Z)), so a call
-never runs out of pages mid-run: a sample waits in the queue until its pages are free.
+A prompt of `real` tokens fills ceil(real / Z) pages, left-aligned (`jaxcap.sampling.paged_cache`): floor(real / Z)
+full pages its samples share, and a partly filled last one (tail = real % Z tokens) of which each sample gets its
+own copy. A sample's own pages are allocated whole at admission for its worst case, ceil((tail + N - 1) / Z) (its
+generated tokens but the last, after the tail), so a call never runs out of pages mid-run: a sample waits in the
+queue until its pages are free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import numpy as np
@@ -18,13 +20,21 @@ from jaxcap.sampling.paged_cache import NULL_PAGE
 
 @dataclasses.dataclass
 class PromptPages:
-  """A prefilled prompt: its pages (shared by reference by its G samples), `start` its left padding in the first
-  page, `position` the mRoPE position of its last token, `remaining` samples not yet finished."""
+  """A prefilled prompt of `real` tokens in `pages` (left-aligned), `position` the mRoPE position of its last
+  token, `remaining` samples not yet finished."""
 
   pages: list[int]
-  start: int
+  real: int
   position: int
   remaining: int
+
+  def shared(self, z: int) -> list[int]:
+    """The full pages its G samples read by reference."""
+    return self.pages[: self.real // z]
+
+  def tail(self, z: int) -> int | None:
+    """Its partly filled last page, which each sample copies (None when the prompt fills its pages)."""
+    return self.pages[-1] if self.real % z else None
 
 
 class PageAllocator:
@@ -40,24 +50,30 @@ class PageAllocator:
     self.free.extend(pages)
 
 
-def prompt_pages(attention_mask: np.ndarray, rows: int, z: int) -> np.ndarray:
-  """Pages of `z` tokens each real prompt fills: ceil(real tokens / z), int [rows] (attention_mask [B, T])."""
-  real = np.asarray(attention_mask)[:rows].sum(-1)
+def prompt_tokens(attention_mask: np.ndarray, rows: int) -> np.ndarray:
+  """Each real prompt's tokens, int [rows] (attention_mask [B, T])."""
+  return np.asarray(attention_mask)[:rows].sum(-1).astype(np.int64)
+
+
+def prompt_pages(real, z: int):
+  """Pages of `z` tokens a prompt of `real` tokens fills: ceil(real / z) (int or int array)."""
   return -(-real // z)
 
 
-def own_pages(max_new_tokens: int, z: int) -> int:
-  """A sample's own pages: its generated tokens but the last (which is emitted, never fed back)."""
-  return math.ceil((max_new_tokens - 1) / z)
+def own_pages(max_new_tokens: int, z: int, tail=0):
+  """A sample's own pages: its copy of its prompt's last page (`tail` tokens filled, 0 = none) and its generated
+  tokens but the last (which is emitted, never fed back): ceil((tail + max_new_tokens - 1) / z)."""
+  return -(-(tail + max_new_tokens - 1) // z)
 
 
-def pool_pages(chunk_pages: Sequence[np.ndarray], *, slots: int, pages: int, z: int, max_new_tokens: int) -> int:
-  """The pool's page count: `pages` (rollout.pages) checked against every prompt, or, with 0, enough for every slot
-  at its worst (its prompt's pages and its own) plus one chunk's prompts at once."""
-  own = own_pages(max_new_tokens, z)
+def pool_pages(chunk_real: Sequence[np.ndarray], *, slots: int, pages: int, z: int, max_new_tokens: int) -> int:
+  """The pool's page count for chunks of prompts of chunk_real[c] int [rows] tokens: `pages` (rollout.pages)
+  checked against every prompt, or, with 0, enough for every slot at its worst (its prompt's pages and its own)
+  plus one chunk's prompts at once."""
   if pages:
-    for c, pp in enumerate(chunk_pages):
-      for b, p in enumerate(pp):
+    for c, real in enumerate(chunk_real):
+      for b, t in enumerate(real):
+        p, own = int(prompt_pages(t, z)), int(own_pages(max_new_tokens, z, t % z))
         if p + own > pages - 1:
           raise ValueError(
             f"prompt {b} of chunk {c} needs {p} pages of {z} tokens plus {own} for its "
@@ -65,6 +81,8 @@ def pool_pages(chunk_pages: Sequence[np.ndarray], *, slots: int, pages: int, z: 
             f"rollout.pages (or rollout.page_size), or lower sampling.max_new_tokens"
           )
     return pages
-  most = max((int(p.max()) for p in chunk_pages if p.size), default=0)
-  biggest_chunk = max((int(p.sum()) for p in chunk_pages), default=0)
-  return 1 + slots * (own + most) + biggest_chunk
+  worst = max(
+    (int((prompt_pages(r, z) + own_pages(max_new_tokens, z, r % z)).max()) for r in chunk_real if r.size), default=0
+  )
+  biggest_chunk = max((int(prompt_pages(r, z).sum()) for r in chunk_real), default=0)
+  return 1 + slots * worst + biggest_chunk

@@ -24,6 +24,7 @@ from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.loop_program import LoopProgram
+from jaxcap.sampling.paged_attention import DecodeAttention
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
 from jaxcap.sampling.paged_slots import TRACE_COUNTS, Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
@@ -71,8 +72,9 @@ def prefill(
   num_samples,
 ):
   """Runs B prompts (left-padded, T a multiple of the page size) once, writes their keys and values into the
-  pages `page_ids` int32 [B, T / Z] names, and samples token 0 of each of their G samples into output rows
-  (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar) first prompts."""
+  pages `page_ids` int32 [B, T / Z] names (left-aligned: `write_prompt_pages`), and samples token 0 of each of
+  their G samples into output rows (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar)
+  first prompts."""
   TRACE_COUNTS["prefill"] += 1
   params, layers = unpack(params)
   model = nnx.merge(graphdef, params)
@@ -83,7 +85,7 @@ def prefill(
   hidden, cache = model.decode(
     x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
   )
-  pool = write_prompt_pages(pool, cache.k, cache.v, page_ids)
+  pool = write_prompt_pages(pool, cache.k, cache.v, page_ids, jnp.sum(mask, -1, dtype=jnp.int32))
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
   zero = jnp.zeros((b * g,), jnp.int32)
@@ -135,11 +137,13 @@ def segment(
   stop_ids,
   num_samples,
   steps,
+  attention: DecodeAttention = DecodeAttention(),
 ):
   """Up to `steps` decode steps of every live slot, returning early once at most `stop_live` (int32 scalar) slots
   are live. layers / head: `decode_weights(params, rows=R)`. table int32 [R, n]: each slot's pages (`NULL_PAGE`
-  past its own); a step attends over the n * Z positions they hold, masked to the slot's [start, length].
-  Returns the pool, slots and outputs, and the steps run (int32 scalar)."""
+  past its own); a step attends over positions [0, length] of them (the new token's included) through
+  `attention` (`paged_attention.choose`: the jnp reference over the n * Z positions, or a Pallas kernel reading
+  the filled pages only). Returns the pool, slots and outputs, and the steps run (int32 scalar)."""
   TRACE_COUNTS["segment"] += 1
   params, _ = unpack(params)
   dtype = nnx.merge(graphdef, params).cfg.dtype
@@ -151,7 +155,6 @@ def segment(
   head = model.head_params(rows) if head is None else head
   layer_graph = nnx.graphdef(model.layers)
   z = pool.page_size
-  columns = jnp.arange(table.shape[1] * z, dtype=jnp.int32)
   out_rows = out.lengths.shape[0]
 
   def keep_going(carry):
@@ -173,13 +176,12 @@ def segment(
     page = jnp.take_along_axis(table, (s.length // z)[:, None], axis=1)[:, 0]
     write_page = jnp.where(live, page, NULL_PAGE)
     offset = s.length % z
-    visible = (columns[None, :] >= s.start[:, None]) & (columns[None, :] <= s.length[:, None])
     x = model.embed(s.token[:, None])
     ks, vs = [], []
     for li, p in enumerate(layers):
       x, p = jax.lax.optimization_barrier((x, p))  # as `Qwen25VL.decode`: no hoisted all-gathers
       p = row_blocks.in_step(p, x)
-      view = PagedLayer(pool.k[li], pool.v[li], table, visible, write_page, offset)
+      view = PagedLayer(pool.k[li], pool.v[li], table, s.length + 1, write_page, offset, attention)
       x, view = nnx.merge(layer_graph, p)(x, cos, sin, None, view, None)
       ks.append(view.k)
       vs.append(view.v)
@@ -193,7 +195,6 @@ def segment(
       token=jnp.where(live, token, s.token),
       emitted=emitted,
       limit=s.limit,
-      start=s.start,
       length=s.length + live,
       position=jnp.where(live, position, s.position),
     )
@@ -208,5 +209,5 @@ decode_weights_jit = jax.jit(decode_weights, static_argnames=("graphdef", "rows"
 prefill_jit = jax.jit(prefill, static_argnames=_MODEL, donate_argnames=("pool", "out"))
 # on CPU without hoisting out of the loop (`loop_program`): no float32 copy of the embedding table for the loop
 segment_jit = LoopProgram(
-  segment, static_argnames=_MODEL + ("stop_ids", "steps"), donate_argnames=("pool", "slots", "out")
+  segment, static_argnames=_MODEL + ("stop_ids", "steps", "attention"), donate_argnames=("pool", "slots", "out")
 )

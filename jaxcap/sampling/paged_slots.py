@@ -1,5 +1,6 @@
 """The paged engine's decode slots and what a rollout returns: `Outputs` (in output-row order), `Slots` (the R
-slots' device state), and the programs that admit samples into slots and compact slots into a smaller row bucket.
+slots' device state), and the programs that admit samples into slots (copying their prompt's partly filled last
+page, `paged_cache.copy_pages`) and compact slots into a smaller row bucket.
 The host scheduler (`jaxcap.sampling.scheduler`) decides what each does; the decode programs are
 `jaxcap.sampling.paged_decode`.
 """
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcap.sampling.distribution import is_stop
+from jaxcap.sampling.paged_cache import PagePool, copy_pages
 
 # How many times each of the engine's programs has been traced (= compiled) in this process.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -40,28 +42,29 @@ class Outputs:
 class Slots:
   """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); done bool [R] (True when
   empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
-  many tokens it may emit; start int32 [R]: its first visible cache position (the prompt's left padding in its
-  first page comes before it); length int32 [R]: positions in its pages (the next token is written at `length`);
-  position int32 [R]: the mRoPE position of its last token."""
+  many tokens it may emit; length int32 [R]: positions in its pages, all visible (the next token is written at
+  `length`); position int32 [R]: the mRoPE position of its last token."""
 
   row: jax.Array
   done: jax.Array
   token: jax.Array
   emitted: jax.Array
   limit: jax.Array
-  start: jax.Array
   length: jax.Array
   position: jax.Array
 
   @classmethod
   def empty(cls, slots: int, out_rows: int) -> "Slots":
-    zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(6)]
+    zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(5)]
     return cls(jnp.full((slots,), out_rows, jnp.int32), jnp.ones((slots,), bool), *zeros)
 
 
-def admit(slots: Slots, out: Outputs, index, row, limit, start, length, position, *, stop_ids):
-  """Places samples in slots: index int32 [A] (R = none), the rest int32 [A] per `Slots`. Each starts from its
-  token 0, already sampled by the prefill."""
+def admit(
+  slots: Slots, out: Outputs, pool: PagePool, index, row, limit, length, position, copy_from, copy_to, *, stop_ids
+):
+  """Places samples in slots: index int32 [A] (R = none), row / limit / length / position int32 [A] per `Slots`.
+  Each starts from its token 0, already sampled by the prefill. copy_from / copy_to int32 [A]: the page each copies
+  into its first own page (copy_to = P: none). -> (slots, pool)."""
   TRACE_COUNTS["admit"] += 1
   token = out.tokens[jnp.minimum(row, out.tokens.shape[0] - 1), 0]
   done = is_stop(token, stop_ids) | (limit <= 1)
@@ -72,10 +75,9 @@ def admit(slots: Slots, out: Outputs, index, row, limit, start, length, position
     set_(slots.token, token),
     set_(slots.emitted, jnp.ones_like(row)),
     set_(slots.limit, limit),
-    set_(slots.start, start),
     set_(slots.length, length),
     set_(slots.position, position),
-  )
+  ), copy_pages(pool, copy_from, copy_to)
 
 
 def compact(slots: Slots, index, *, out_rows):
@@ -86,5 +88,5 @@ def compact(slots: Slots, index, *, out_rows):
   return dataclasses.replace(taken, row=jnp.where(keep, taken.row, out_rows), done=jnp.where(keep, taken.done, True))
 
 
-admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots",))
+admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots", "pool"))
 compact_jit = jax.jit(compact, static_argnames=("out_rows",))

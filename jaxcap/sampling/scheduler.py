@@ -3,14 +3,16 @@
 A call queues every sample (G per prompt, prompt-major) and loops:
 
 1. prefill: when the queue cannot fill the free slots, the next chunk of prompts (a bucketed `SamplerBatch`) is
-   run once and its keys and values written into pages (each prompt right-aligned in ceil(real / Z) pages);
-2. admit: queued samples take free slots, each with pages of its own for its max_new_tokens; their page tables
-   start with their prompt's pages (shared by reference by the prompt's G samples);
+   run once and its keys and values written into pages (each prompt left-aligned in ceil(real / Z) pages);
+2. admit: queued samples take free slots, each with pages of its own for its max_new_tokens, the first a copy of
+   its prompt's partly filled last page (when it has one); their page tables start with their prompt's full pages
+   (shared by reference by the prompt's G samples);
 3. compact: when the queue has run dry, live slots move into the smallest row bucket that holds them (the ladder
    of `jaxcap.buckets` at 2 sizes per octave: 32, 24, 16, 12, ...), so a long tail decodes at its own size;
 4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the
    pages any live slot can fill in the segment, up the same ladder), returning early once enough slots have
-   finished to refill (1/8 of them) or, draining, to compact into the next smaller row bucket;
+   finished to refill (1/8 of them) or, draining, to compact into the next smaller row bucket; its attention is
+   `rollout.attention`'s for this backend (`paged_attention.choose`);
 5. finished samples free their pages (a prompt's when its last sample finishes); with `on_group`, each prompt whose
    G samples are all done is handed over then (its tokens copied to the host), e.g. to be judged while the
    others decode (streaming judging).
@@ -31,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.buckets import ladder
+from jaxcap.sampling import paged_attention, paged_slots
 from jaxcap.sampling import paged_decode as programs
-from jaxcap.sampling import paged_slots
 from jaxcap.sampling.distribution import SamplingConfig
-from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages
-from jaxcap.sampling.paged_cache import PagePool
+from jaxcap.sampling.host_slots import HostSlots
+from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages, prompt_tokens
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import SampledArrays
@@ -55,40 +58,6 @@ def smaller_bucket(rows: int) -> int:
   while b > 0 and ladder(b, 1, BUCKET_STEPS) >= rows:
     b -= 1
   return b
-
-
-class HostSlots:
-  """The host's mirror of the decode slots: row int [R] (output row, -1 = free), pages (each slot's own page ids),
-  table int32 [R, n] (its page table), base int [R] (positions in its prompt's pages), emitted int [R]."""
-
-  def __init__(self, rows: int):
-    self.row = np.full(rows, -1, np.int64)
-    self.pages: list[list[int]] = [[] for _ in range(rows)]
-    self.table = np.zeros((rows, 0), np.int32)
-    self.base = np.zeros(rows, np.int64)
-    self.emitted = np.zeros(rows, np.int64)
-
-  def place(self, i: int, row: int, prompt: PromptPages, pages: list[int], page_size: int) -> None:
-    """Slot `i` starts output row `row` (its token 0 emitted by the prefill) with its own `pages`."""
-    self.row[i], self.pages[i] = row, pages
-    table = prompt.pages + pages
-    if len(table) > self.table.shape[1]:
-      self.table = np.pad(self.table, ((0, 0), (0, len(table) - self.table.shape[1])))
-    self.table[i] = 0
-    self.table[i, : len(table)] = table
-    self.base[i], self.emitted[i] = len(prompt.pages) * page_size, 1
-
-  def take(self, index: np.ndarray) -> None:
-    """Keeps the slots `index` int [R'] names (-1 = an empty slot), in that order."""
-    keep = (index >= 0).reshape(-1, 1)
-    pick = lambda a, fill: np.where(keep.reshape(-1, *([1] * (a.ndim - 1))), a[np.maximum(index, 0)], fill)
-    self.row, self.table = pick(self.row, -1), pick(self.table, 0)
-    self.base, self.emitted = pick(self.base, 0), pick(self.emitted, 0)
-    self.pages = [self.pages[k] if k >= 0 else [] for k in index]
-
-  def reach(self, steps: int) -> int:
-    """Cache positions the live slots can fill within `steps` more steps (their longest)."""
-    return int(np.where(self.row >= 0, self.base + self.emitted - 1 + steps, 0).max())
 
 
 def generate(
@@ -119,9 +88,14 @@ def generate(
   stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
   offsets = np.cumsum([0] + [c.block for c in chunks])
   out_rows = int(offsets[-1]) * g
-  own = own_pages(n_new, z)
-  chunk_pages = [prompt_pages(c.prompts.attention_mask, c.rows, z) for c in chunks]
-  total_pages = pool_pages(chunk_pages, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
+  chunk_real = [prompt_tokens(c.prompts.attention_mask, c.rows) for c in chunks]
+  chunk_pages = [prompt_pages(r, z) for r in chunk_real]
+  total_pages = pool_pages(chunk_real, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
+  own = lambda prompt: int(own_pages(n_new, z, prompts[prompt].real % z))  # a queued sample's own pages
+  chunk_own = [int(own_pages(n_new, z, r % z).max(initial=0)) for r in chunk_real]  # its prompts' most
+  attention = paged_attention.choose(
+    engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z, head_dim=cfg.text.head_dim
+  )
 
   text = cfg.text
   pool = PagePool.zeros(text.num_hidden_layers, total_pages, z, text.num_key_value_heads, text.head_dim, cfg.dtype)
@@ -151,9 +125,9 @@ def generate(
     deltas = np.asarray(padded.rope_deltas)
     for b in range(chunk.rows):
       pages = alloc.take(int(chunk_pages[c][b]))
-      page_ids[b, blocks - len(pages) :] = pages
+      page_ids[b, : len(pages)] = pages
       prompt = int(offsets[c]) + b
-      prompts[prompt] = PromptPages(pages, len(pages) * z - int(real[b]), int(real[b] + deltas[b]) - 1, g)
+      prompts[prompt] = PromptPages(pages, int(real[b]), int(real[b] + deltas[b]) - 1, g)
       queue.extend((prompt, s) for s in range(g))
     placed = jax.tree.map(jnp.asarray, padded)
     pool, out = programs.prefill_jit(
@@ -169,7 +143,7 @@ def generate(
     )
 
   def can_prefill() -> bool:
-    return bool(pending) and len(alloc.free) >= int(chunk_pages[pending[0]].sum()) + own
+    return bool(pending) and len(alloc.free) >= int(chunk_pages[pending[0]].sum()) + chunk_own[pending[0]]
 
   while True:
     free = [i for i in range(rows) if host.row[i] < 0]
@@ -177,27 +151,31 @@ def generate(
       prefill_next()
     if pending and not queue and not (host.row >= 0).any():
       raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
-        f"chunk {pending[0]} needs {int(chunk_pages[pending[0]].sum())} pages for its prompts plus {own} "
-        f"for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages or use smaller chunks"
+        f"chunk {pending[0]} needs {int(chunk_pages[pending[0]].sum())} pages for its prompts plus "
+        f"{chunk_own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
+        "or use smaller chunks"
       )
-    admitted = np.zeros((6, rows), np.int64)
-    admitted[0] = rows  # slot index rows = no one
+    admitted = np.zeros((7, rows), np.int64)
+    admitted[0], admitted[6] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
     j = 0
-    while queue and free and len(alloc.free) >= own:
+    while queue and free and len(alloc.free) >= own(queue[0][0]):
       prompt, s = queue.popleft()
       i, row, p = free.pop(0), prompt * g + s, prompts[prompt]
-      host.place(i, row, p, alloc.take(own), z)
-      admitted[:, j] = (i, row, limits[row], p.start, host.base[i], p.position)
+      pages = alloc.take(own(prompt))
+      tail = host.place(i, row, p, pages, z)  # copied into its first own page
+      copy = (NULL_PAGE, total_pages) if tail is None else (tail, pages[0])
+      admitted[:, j] = (i, row, limits[row], host.base[i], p.position, *copy)
       j += 1
     if j:
-      slots = paged_slots.admit_jit(slots, out, *(jnp.asarray(x, jnp.int32) for x in admitted), stop_ids=stop_ids)
+      admit = (jnp.asarray(x, jnp.int32) for x in admitted)
+      slots, pool = paged_slots.admit_jit(slots, out, pool, *admit, stop_ids=stop_ids)
     live = int((host.row >= 0).sum())
     if live == 0 and not queue and not pending:
       break
     if live == 0:
       raise ValueError(
-        f"no sample fits: {len(alloc.free)} free pages of rollout.pages={total_pages}, {own} needed for one "
-        f"sample's max_new_tokens={n_new}; raise rollout.pages or lower sampling.max_new_tokens"
+        f"no sample fits: {len(alloc.free)} free pages of rollout.pages={total_pages}, {own(queue[0][0])} needed "
+        f"for one sample's max_new_tokens={n_new}; raise rollout.pages or lower sampling.max_new_tokens"
       )
     draining = not queue and not pending
     if draining and row_bucket(live, engine.slots) < rows:
@@ -225,6 +203,7 @@ def generate(
       jnp.int32(stop_live),
       stop_ids=stop_ids,
       steps=engine.segment_steps,
+      attention=attention,
       **model_static,
     )
     done, emitted, steps = jax.device_get((slots.done, slots.emitted, steps))

@@ -71,7 +71,9 @@ def rollout_engine(config: ml_collections.ConfigDict):
   r = config.rollout
   if r.engine == "static":
     return None
-  return EngineConfig(slots=r.slots, page_size=r.page_size, segment_steps=r.segment_steps, pages=r.pages)
+  return EngineConfig(
+    slots=r.slots, page_size=r.page_size, segment_steps=r.segment_steps, pages=r.pages, attention=r.attention
+  )
 
 
 def build_sampler(config: ml_collections.ConfigDict, model, processor, sampling, bucket_steps):

@@ -9,7 +9,7 @@ import pytest
 from jaxcap.models.qwen25vl import cached_attention
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
-from jaxcap.sampling.paged_cache import paged_attention
+from jaxcap.sampling.paged_attention import paged_attention
 from jaxcap.sampling.paged_decode import _draw, sample_uniforms
 from jaxcap.sampling.paged_slots import TRACE_COUNTS
 from sampling_fixtures import PADDED_BATCH, hf_greedy, image, tiny_checkpoint, user
@@ -153,11 +153,11 @@ def test_paged_attention_equals_cached_attention():
   pool_k = rng.randn(kv_heads, 20, z, h).astype(np.float32)
   pool_v = rng.randn(kv_heads, 20, z, h).astype(np.float32)
   table = np.stack([rng.permutation(np.arange(1, 20))[:n] for _ in range(r)]).astype(np.int32)
-  start, length = np.asarray([1, 0, 3]), np.asarray([17, 9, 20])
-  visible = (np.arange(n * z) >= start[:, None]) & (np.arange(n * z) < length[:, None])
+  length = np.asarray([17, 1, 20])
+  visible = np.arange(n * z) < length[:, None]  # a prefix of each row's pages
   q = rng.randn(r, n_heads, h).astype(np.float32)
   got = paged_attention(
-    jnp.asarray(q), jnp.asarray(pool_k), jnp.asarray(pool_v), jnp.asarray(table), jnp.asarray(visible), 0.3
+    jnp.asarray(q), jnp.asarray(pool_k), jnp.asarray(pool_v), jnp.asarray(length, jnp.int32), jnp.asarray(table), 0.3
   )
   keys = pool_k[:, table].reshape(kv_heads, r, n * z, h).transpose(1, 2, 0, 3)  # [R, S, K, H]
   values = pool_v[:, table].reshape(kv_heads, r, n * z, h).transpose(1, 2, 0, 3)

@@ -44,7 +44,7 @@ KEYS = {
   "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
   "logging": ["mlflow_uri", "project", "rollout_groups", "rollout_max_chars", "rollouts_every", "trackers"],
   "rl.optim": OPTIM,
-  "rollout": ["engine", "page_size", "pages", "segment_steps", "slots"],
+  "rollout": ["attention", "engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
   "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batch_tokens", "micro_batches"]

@@ -17,8 +17,8 @@ from processes import launch, tiny_run
 def test_static_is_the_default_and_paged_builds_the_engine():
   c = base_config()
   assert c.rollout.engine == "static" and rollout_engine(c) is None
-  c.rollout.update(dict(engine="paged", slots=8, page_size=4, segment_steps=5, pages=100))
-  assert rollout_engine(c) == EngineConfig(slots=8, page_size=4, segment_steps=5, pages=100)
+  c.rollout.update(dict(engine="paged", slots=8, page_size=4, segment_steps=5, pages=100, attention="reference"))
+  assert rollout_engine(c) == EngineConfig(slots=8, page_size=4, segment_steps=5, pages=100, attention="reference")
   declared = {f.name: f for f in Rollout.__dataclass_fields__.values()}
   assert declared["engine"].metadata["choices"] is ROLLOUT_ENGINES
 
@@ -30,6 +30,7 @@ def test_static_is_the_default_and_paged_builds_the_engine():
     ("slots", 0, "rollout.slots=0: must be >= 1"),
     ("page_size", 0, "rollout.page_size=0: must be >= 1"),
     ("pages", -1, "rollout.pages=-1: must be >= 0"),
+    ("attention", "flash", "rollout.attention='flash': use auto, reference or pallas"),
   ],
 )
 def test_bad_rollout_values_are_named(key, value, message):
