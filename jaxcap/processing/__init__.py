@@ -1,6 +1,8 @@
 """Inputs for the students (Qwen2.5-VL, Qwen3-VL): image/video preprocessing, chat prompts, tokenizers."""
 
-from jaxcap.processing.prompt import ModelInputs, Processor, pad_batch, render_chat
+from jaxcap.processing.chat import render_chat
+from jaxcap.processing.model_inputs import ModelInputs, pad_batch
+from jaxcap.processing.prompt import Processor
 from jaxcap.processing.qwen3_video import Qwen3VideoPreprocessConfig
 from jaxcap.processing.tokenizer import word_tokenizer
 from jaxcap.processing.video import VideoClip, VideoPreprocessConfig, is_video_file, smart_nframes
