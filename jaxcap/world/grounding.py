@@ -9,7 +9,8 @@ from typing import Sequence
 
 from jaxcap.world import vocabulary as V
 from jaxcap.world.captions import reference_units
-from jaxcap.world.language import CaptionFacts, Claim, parse_caption, unique_claims
+from jaxcap.world.claims import Claim, unique_claims
+from jaxcap.world.language import CaptionFacts, parse_caption
 from jaxcap.world.language_rating import linguistic_score
 from jaxcap.world.questions import STILL_OPTION, QuestionQuery
 from jaxcap.world.scene import Scene

@@ -15,12 +15,8 @@ import re
 import threading
 from typing import Mapping, Sequence
 
-from jaxcap.world.language import (
-  CaptionFacts,
-  claim_text,
-  parse_caption,
-  unique_claims,
-)
+from jaxcap.world.claims import claim_text, unique_claims
+from jaxcap.world.language import CaptionFacts, parse_caption
 from jaxcap.world.questions import parse_question
 from jaxcap.world.scene import Scene, as_scenes
 from jaxcap.world.grounding import (
