@@ -2,7 +2,8 @@
 default, one-line doc, validation and resume policy.
 
   fields     the machinery: `field()`, `Block`, the resume policies ALLOWED / ALTERS / SHAPE
-  training   optim, sampling, vision_warmup, sft, rl (loss, length_mask, overlong, rollout_correction)
+  training   optim, vision_warmup, sft, rl (loss, length_mask, overlong, rollout_correction), train
+  sampling   sampling, rollout
   model      model (student), world, data
   judging    judge, rubrics
   run        eval, checkpoint, export, mesh, distributed, and `Run`, the whole tree (with the reward block)

@@ -12,7 +12,8 @@ from jaxcap.choices import RESUME_CHANGES
 from jaxcap.config.fields import ALLOWED, Block, field
 from jaxcap.config.judging import Judge, Rubrics
 from jaxcap.config.model import Data, Model, World
-from jaxcap.config.training import Rl, Rollout, Sampling, Sft, Train, VisionWarmup
+from jaxcap.config.sampling import Rollout, Sampling
+from jaxcap.config.training import Rl, Sft, Train, VisionWarmup
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import MESH_AXES
 

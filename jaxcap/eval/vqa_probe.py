@@ -67,7 +67,7 @@ def probe_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _system(value: str):
-  from jaxcap.processing.prompt import DEFAULT_SYSTEM
+  from jaxcap.processing.chat import DEFAULT_SYSTEM
 
   return {"default": DEFAULT_SYSTEM, "none": None}.get(value, value)
 

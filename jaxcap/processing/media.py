@@ -7,7 +7,7 @@ import os
 
 from jaxcap.data.records import is_video_file
 from jaxcap.processing.video_frames import read_video
-from jaxcap.processing.vision import load_image
+from jaxcap.processing.image_decoding import load_image
 
 
 def decode_problem(path: str) -> str | None:

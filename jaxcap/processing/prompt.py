@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,56 +11,22 @@ import numpy as np
 
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.families import family_of_config, layout_for
-from jaxcap.models.vision import VisionLayout
-from jaxcap.processing.chat import (  # noqa: F401 -- re-exported: the template's names live in chat
+from jaxcap.processing.chat import (
   CONTROL_TOKENS,
-  DEFAULT_SYSTEM,
-  IM_END,
-  IM_START,
   IMAGE_PAD,
   PROMPT_SETTINGS,
   TEMPLATE_DEFAULT,
   VIDEO_PAD,
-  VISION_END,
-  VISION_START,
   chat_pieces,
   image_pieces,
   read_prompt_settings,
-  render_chat,
 )
+from jaxcap.processing.model_inputs import ModelInputs, pad_batch
 from jaxcap.processing.rules import PROCESSOR_RULES
 from jaxcap.processing.tokenizer import encode_text, text_only_tokenizer
 from jaxcap.processing.video import VideoPreprocessConfig
 from jaxcap.processing.video_frames import load_video, preprocess_video
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image
-
-
-@dataclasses.dataclass
-class ModelInputs:
-  """A host-side (numpy) batch, ready for `Qwen25VL`.
-
-  input_ids int32 [B, T]; attention_mask bool [B, T]; positions int32 [3, B, T]; rope_deltas int32 [B];
-  pixel_values float32 [L, patch_dim] (all images then all videos) or None; grid_thw int [N, 3] in the same
-  order; layout: `vision_layout(grid_thw)`; image_grid_thw / video_grid_thw / second_per_grid_ts as the HF
-  processor returns them.
-  """
-
-  input_ids: np.ndarray
-  attention_mask: np.ndarray
-  positions: np.ndarray
-  rope_deltas: np.ndarray
-  pixel_values: np.ndarray | None = None
-  grid_thw: np.ndarray | None = None
-  layout: VisionLayout | None = None
-  image_grid_thw: np.ndarray | None = None
-  video_grid_thw: np.ndarray | None = None
-  second_per_grid_ts: np.ndarray | None = None
-
-  def vision(self):
-    """The `VisionInput` for the model, or None for text-only batches."""
-    from jaxcap.models.qwen25vl import VisionInput
-
-    return None if self.pixel_values is None else VisionInput(self.pixel_values, self.layout)
 
 
 class Processor:
@@ -241,20 +206,3 @@ class Processor:
 def _expand(piece: tuple[str, bool], expansions) -> list[tuple[str, bool]]:
   """A vision placeholder piece -> the next image / video's pieces; any other piece unchanged."""
   return next(expansions) if piece[1] and piece[0] in (IMAGE_PAD, VIDEO_PAD) else [piece]
-
-
-def pad_batch(
-  seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left", multiple: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-  """Pads token lists to a common length (rounded up to `multiple`): ids int32 [B, T], mask bool [B, T]."""
-  if side not in ("left", "right"):
-    raise ValueError(f"padding_side={side!r}; use 'left' or 'right'")
-  length = max(len(s) for s in seqs)
-  length = -(-length // multiple) * multiple
-  ids = np.full((len(seqs), length), pad_id, np.int32)
-  mask = np.zeros((len(seqs), length), bool)
-  for i, s in enumerate(seqs):
-    sl = slice(length - len(s), length) if side == "left" else slice(0, len(s))
-    ids[i, sl] = s
-    mask[i, sl] = True
-  return ids, mask

@@ -31,8 +31,8 @@ import numpy as np
 from PIL import Image
 
 from jaxcap.data.records import VIDEO_SUFFIXES, is_video_file  # noqa: F401 -- re-exported
+from jaxcap.processing.image_decoding import DEFAULT_MAX_IMAGE_PIXELS
 from jaxcap.processing.vision import (
-  DEFAULT_MAX_IMAGE_PIXELS,
   OPENAI_CLIP_MEAN,
   OPENAI_CLIP_STD,
   VisionPreprocessConfig,

@@ -15,7 +15,8 @@ from jaxcap.processing.video import (
   VideoClip,
   VideoPreprocessConfig,
 )
-from jaxcap.processing.vision import _array_to_rgb, load_image, patchify
+from jaxcap.processing.image_decoding import array_to_rgb, load_image
+from jaxcap.processing.vision import patchify
 
 
 # --- decoding ---------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def load_video(
     kw = dict(fps=fps, min_frames=min_frames, max_frames=max_frames, nframes=nframes, resize=resize, record=record)
     return read_video(source, cfg, **kw)
   if isinstance(source, np.ndarray) and source.ndim == 4:
-    frames = [_array_to_rgb(f) for f in source]
+    frames = [array_to_rgb(f) for f in source]
   elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
     frames = [np.asarray(load_image(f, cfg.max_image_pixels, record)) for f in source]
   else:

@@ -1,15 +1,9 @@
 """Image preprocessing equal to transformers' `Qwen2VLImageProcessorPil` (numpy + Pillow), configured from a
-checkpoint's `preprocessor_config.json`.
+checkpoint's `preprocessor_config.json`; images are loaded as transformers loads them
+(`jaxcap.processing.image_decoding`).
 
 Output layout: patches float32 [grid_t * grid_h * grid_w, C * temporal_patch * patch^2] ordered by
 (t, h-block, w-block, merge-row, merge-col), and grid_thw int [3] counted in patches.
-
-Loading follows transformers too: a file gets its EXIF orientation applied (`image_utils.load_image`), and
-transparency (RGBA / LA / PA, or a palette / RGB image with a `transparency` entry) is composited on white
-(`image_transforms.convert_to_rgb`); grayscale, CMYK, palette and 16-bit images go through Pillow's
-`convert("RGB")`, as there (16-bit values above 255 saturate, they are not rescaled). One deliberate
-difference: transformers' `load_image` of a *path* converts straight to RGB, dropping alpha; here a file with
-transparency is composited on white like an image passed to the image processor (and like qwen-vl-utils).
 """
 
 from __future__ import annotations
@@ -22,16 +16,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
+
+from jaxcap.processing.image_decoding import DEFAULT_MAX_IMAGE_PIXELS, load_image
 
 # OpenAI CLIP statistics, the Qwen2-VL processors' defaults.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGE_MEAN = np.array(OPENAI_CLIP_MEAN, np.float32)
 IMAGE_STD = np.array(OPENAI_CLIP_STD, np.float32)
-
-# Pillow's own default `Image.MAX_IMAGE_PIXELS` (1024**3 // 4 // 3, ~9459 x 9459): decoding more costs GBs.
-DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 
 IMAGE_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG = "processor_config.json"  # transformers v5 nests {"image_processor": ..., "video_processor": ...}
@@ -172,91 +165,6 @@ def smart_resize(
     h_bar = math.ceil(height * beta / factor) * factor
     w_bar = math.ceil(width * beta / factor) * factor
   return h_bar, w_bar
-
-
-def _too_large(path, detail: str, record: str | None) -> ValueError:
-  who = f"record {record!r}: " if record is not None else ""
-  return ValueError(
-    f"{who}image {os.fspath(path)} is too large to decode ({detail}); downscale the file (e.g. "
-    "`convert IN -resize 8192x8192\\> OUT`), drop it from the data, or raise the limit "
-    "(VisionPreprocessConfig.max_image_pixels; above twice Pillow's default also PIL.Image.MAX_IMAGE_PIXELS)."
-  )
-
-
-def _open(path, max_image_pixels: int | None, record: str | None) -> Image.Image:
-  """Opens (header only) a file, enforcing the pixel limit before anything is decoded."""
-  try:
-    image = Image.open(path)
-  except Image.DecompressionBombError as e:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
-    raise _too_large(path, f"Pillow's decompression-bomb guard: {e}".rstrip("."), record) from None
-  except (OSError, ValueError, SyntaxError) as e:
-    who = f"record {record!r}: " if record is not None else ""
-    raise ValueError(f"{who}cannot read image {os.fspath(path)!r}: {e}") from e
-  if max_image_pixels is not None and image.width * image.height > max_image_pixels:
-    image.close()
-    detail = f"{image.width}x{image.height} = {image.width * image.height:,} pixels, above {max_image_pixels:,}"
-    raise _too_large(path, detail, record)
-  return image
-
-
-def read_image_size(
-  path: str | os.PathLike, max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS, record: str | None = None
-) -> tuple[int, int]:
-  """(height, width) of an image file as `load_image` returns it (EXIF rotation applied), from the header only."""
-  with _open(path, max_image_pixels, record) as image:
-    width, height = image.size
-    orientation = image.getexif().get(0x0112, 1)  # ExifTags.Base.Orientation
-  return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
-
-
-def convert_to_rgb(image: Image.Image) -> Image.Image:
-  """RGB, transparency composited on white (transformers' `image_transforms.convert_to_rgb`)."""
-  if "A" in image.getbands() or image.info.get("transparency") is not None:
-    image = image.convert("RGBA")
-    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, image).convert("RGB")
-  return image if image.mode == "RGB" else image.convert("RGB")
-
-
-def _array_to_rgb(array: np.ndarray) -> np.ndarray:
-  """uint8 [H, W], [H, W, 1|3|4] -> uint8 [H, W, 3], alpha composited on white as transformers does for arrays."""
-  if array.dtype != np.uint8:
-    raise ValueError(f"image array of dtype {array.dtype}; pass uint8 [H, W, 3] (0..255), or a PIL image.")
-  if array.ndim == 2:
-    array = array[..., None]
-  if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
-    raise ValueError(f"image array of shape {array.shape}; pass uint8 [H, W, 3] (channels last).")
-  if array.shape[-1] == 1:
-    return np.repeat(array, 3, axis=-1)
-  if array.shape[-1] == 4:
-    alpha = array[..., 3:4] / 255
-    return np.round(alpha * array[..., :3] + (1 - alpha) * 255).astype(np.uint8)
-  return array
-
-
-def load_image(
-  source: str | os.PathLike | Image.Image | np.ndarray,
-  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-  record: str | None = None,
-) -> Image.Image:
-  """An RGB PIL image, fully decoded, from a path (EXIF orientation applied), a PIL image or a uint8 array.
-
-  A file that cannot be read, or larger than `max_image_pixels`, raises ValueError naming it (and `record`)."""
-  if isinstance(source, Image.Image):
-    return convert_to_rgb(source)
-  if isinstance(source, np.ndarray):
-    return Image.fromarray(_array_to_rgb(source))
-  if not isinstance(source, (str, os.PathLike)):
-    raise ValueError(f"cannot load an image from a {type(source).__name__}; pass a path, a PIL image or an array.")
-  image = _open(source, max_image_pixels, record)
-  try:
-    with image:
-      image = convert_to_rgb(ImageOps.exif_transpose(image))
-      image.load()
-  except (OSError, ValueError, SyntaxError) as e:
-    who = f"record {record!r}: " if record is not None else ""
-    raise ValueError(f"{who}cannot read image {os.fspath(source)!r}: {e}") from e
-  return image
 
 
 def normalize(x: np.ndarray, cfg) -> np.ndarray:

@@ -16,7 +16,7 @@ from jaxcap.buckets import DEFAULT_STEPS, batch_bucket, ladder
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.families import layout_for, layout_shape_for
-from jaxcap.processing.prompt import ModelInputs
+from jaxcap.processing.model_inputs import ModelInputs
 
 
 @jax.tree_util.register_dataclass

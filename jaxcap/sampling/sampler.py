@@ -15,7 +15,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models import row_blocks
 from jaxcap.models.families import family_of_config
 from jaxcap.models.qwen25vl import Qwen25VL
-from jaxcap.processing.prompt import ModelInputs
+from jaxcap.processing.model_inputs import ModelInputs
 from jaxcap.sampling.decode_layout import hold_for_decoding
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.generate import decode_jit, prefill_jit, static_arguments

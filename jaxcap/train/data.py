@@ -16,7 +16,7 @@ from jaxcap.data.manifest import ManifestError
 from jaxcap.data.records import ImageRecord, is_video_file
 from jaxcap.processing.video import VideoClip, VideoPreprocessConfig
 from jaxcap.processing.video_frames import read_video
-from jaxcap.processing.vision import DEFAULT_MAX_IMAGE_PIXELS, load_image
+from jaxcap.processing.image_decoding import DEFAULT_MAX_IMAGE_PIXELS, load_image
 
 
 def record_loader(

@@ -159,3 +159,38 @@ def _gather_fn(sharding):
     return stacked.reshape(-1, stacked.shape[-1])[index]
 
   return jax.jit(fn, out_shardings=sharding)
+
+
+def filtered_step(update, step_fn: Callable, state, batch, step: int, key: jax.Array):
+  """`RLUpdate`'s step with dynamic sampling (`update.group_filter`; `update.draw`, the phase's loader, bound by
+  `RLPhase.attach`): judged rounds until every slot holds a kept group or the budget is spent (round r >= 1 samples
+  from fold_in(key, r)); the log-probs are those of the assembled batch. Returns (state, PendingMetrics) as the
+  unfiltered step."""
+  g, m = update.num_samples, update.micro_batches
+
+  def judged(r: int, host_batch) -> Round:
+    rnd = update.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r), step)
+    rnd.rewards = update.judge(rnd, step)
+    return rnd
+
+  def more(r: int) -> Round:
+    if update.draw is None:
+      raise RuntimeError("rl.filter_groups_max_extra > 0 needs the loader: bind it with RLPhase.attach")
+    return judged(r, update.draw())
+
+  fill, rounds, filter_metrics = update.group_filter.fill(judged(0, batch), more)
+  first = rounds[0]
+  if not fill.moved_anywhere:
+    assembled, placed, arrays = first.batch, first.placed, (first.tokens, first.cmask, first.behaviour)
+    lengths = first.rollouts.host_lengths
+  else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
+    assembled = update.prepare([rounds[r].batch.records[i] for r, i in fill.source])
+    placed = update.sampler.place(assembled.prompts)
+    index = update.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
+    arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
+    lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
+  prompts, layout, packing = update.inputs(assembled, placed, lengths, arrays[0])
+  logprobs = update.logprobs(state, prompts, layout, *arrays)
+  rollout = (*arrays, *assembled_rewards(fill, rounds, g))
+  extra = {**packing, **filter_metrics}
+  return update._update(step_fn, state, prompts, layout, rollout, logprobs, first, extra, step)

@@ -24,7 +24,7 @@ def record_patches(
   applied; a video file: the frames its sampling takes; a frame list: its frames). Unreadable files count 0 here;
   reading them fails by name later."""
   from jaxcap.processing.video_frames import video_file_grid
-  from jaxcap.processing.vision import read_image_size
+  from jaxcap.processing.image_decoding import read_image_size
 
   def one(record: ImageRecord) -> int:
     try:

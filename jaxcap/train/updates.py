@@ -29,7 +29,7 @@ from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.refill import GroupFilter, Round, assembled_rewards, gather_index, gather_rows
+from jaxcap.train.refill import GroupFilter, Round, filtered_step
 from jaxcap.train.reward_metrics import reward_metrics
 from jaxcap.train.off_policy import off_policy_step
 from jaxcap.train.packed_batch import packed_inputs
@@ -92,7 +92,7 @@ class RLUpdate:
     if self.off_policy_steps:
       return off_policy_step(self, step_fn, state, batch, step, key)
     if self.group_filter is not None:
-      return self._filtered(step_fn, state, batch, step, key)
+      return filtered_step(self, step_fn, state, batch, step, key)
     first = self.rollout(state, batch, key, step)
     # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
     # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
@@ -168,38 +168,6 @@ class RLUpdate:
     elif self.reference_is_base:  # the frozen base itself: B = 0 in every adapter, no second copy of the model
       ref = self.logprob_fn(lora.adapters_off(state.params), prompts, layout, tokens)
     return old, ref, mismatch
-
-  def _filtered(self, step_fn: Callable, state, batch: HostBatch, step: int, key: jax.Array):
-    """The step with dynamic sampling: judged rounds until every slot holds a kept group or the budget is spent
-    (round r >= 1 samples from fold_in(key, r)); the log-probs are those of the assembled batch."""
-    g, m = self.num_samples, self.micro_batches
-
-    def judged(r: int, host_batch: HostBatch) -> Round:
-      rnd = self.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r), step)
-      rnd.rewards = self.judge(rnd, step)
-      return rnd
-
-    def more(r: int) -> Round:
-      if self.draw is None:
-        raise RuntimeError("rl.filter_groups_max_extra > 0 needs the loader: bind it with RLPhase.attach")
-      return judged(r, self.draw())
-
-    fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
-    first = rounds[0]
-    if not fill.moved_anywhere:
-      assembled, placed, arrays = first.batch, first.placed, (first.tokens, first.cmask, first.behaviour)
-      lengths = first.rollouts.host_lengths
-    else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
-      assembled = self.prepare([rounds[r].batch.records[i] for r, i in fill.source])
-      placed = self.sampler.place(assembled.prompts)
-      index = self.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
-      arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
-      lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
-    prompts, layout, packing = self.inputs(assembled, placed, lengths, arrays[0])
-    logprobs = self.logprobs(state, prompts, layout, *arrays)
-    rollout = (*arrays, *assembled_rewards(fill, rounds, g))
-    extra = {**packing, **filter_metrics}
-    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, extra, step)
 
   def _update(self, step_fn, state, prompts, layout, rollout, logprobs, first: Round, extra: dict, step: int):
     """The update from (tokens, mask, sampler log-probs, reward values [B*G, R], valid [B*G, R]); the reward

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxcap.world import vocabulary as V
-from jaxcap.world.language import claim_text, parse_caption, unique_claims
+from jaxcap.world.claims import claim_text, unique_claims
+from jaxcap.world.language import parse_caption
 from jaxcap.world.scene import Scene, SceneObject
 
 # name -> what goes wrong in that teacher's captions; the RubiCap committee.

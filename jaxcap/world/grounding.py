@@ -5,14 +5,18 @@ from what a caption states, a guess from the question alone, and overall caption
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Sequence
 
 from jaxcap.world import vocabulary as V
 from jaxcap.world.captions import reference_units
-from jaxcap.world.language import CaptionFacts, Claim, parse_caption, unique_claims
+from jaxcap.world.claims import Claim, unique_claims
+from jaxcap.world.language import CaptionFacts, parse_caption
 from jaxcap.world.language_rating import linguistic_score
-from jaxcap.world.questions import STILL_OPTION, QuestionQuery
+from jaxcap.world.questions import STILL_OPTION, QuestionQuery, parse_question
 from jaxcap.world.scene import Scene
+
+_CANNOT_ANSWER_RE = re.compile(r"\bcan\s*not answer\b|\bcannot answer\b|\bnot answerable\b", re.I)
 
 
 def unit_hash(*parts: object) -> float:
@@ -129,6 +133,25 @@ def uninformed_choice(question: str, options: Sequence[str]) -> int:
   if echoed:
     return echoed[0]
   return min(range(len(options)), key=lambda i: unit_hash("guess", question, options[i].strip().lower()))
+
+
+def chosen_option(caption: str, question: str, options: Sequence[str]) -> int:
+  """The option (index) a reader picks from what `caption` states: the answer it settles, else a "cannot answer"
+  option if offered, else `uninformed_choice`."""
+  facts = CaptionFacts.from_caption(caption)
+  query = parse_question(question)
+  answer = None
+  if query is not None and query.kind == "temporal_order":
+    answer = first_to_appear(options, facts)
+  elif query is not None:
+    answer = answer_from_facts(query, facts)
+  lowered = [o.strip().lower() for o in options]
+  if answer is not None and answer.lower() in lowered:
+    return lowered.index(answer.lower())
+  abstain = [i for i, o in enumerate(options) if _CANNOT_ANSWER_RE.search(o)]
+  if abstain:
+    return abstain[0]
+  return uninformed_choice(question, options)
 
 
 # ---- overall quality -------------------------------------------------------------------------------------

@@ -11,28 +11,15 @@ order and no letter is favoured). Failures can be injected with `failure_rate` f
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from typing import Mapping, Sequence
 
-from jaxcap.world.language import (
-  CaptionFacts,
-  claim_text,
-  parse_caption,
-  unique_claims,
-)
-from jaxcap.world.questions import parse_question
+from jaxcap.world.claims import claim_text, unique_claims
+from jaxcap.world.language import parse_caption
 from jaxcap.world.scene import Scene, as_scenes
-from jaxcap.world.grounding import (
-  answer_from_facts,
-  caption_quality,
-  claim_holds,
-  first_to_appear,
-  specific_claims,
-  uninformed_choice,
-  unit_hash,
-)
+from jaxcap.world.grounding import caption_quality, chosen_option, claim_holds, specific_claims, unit_hash
 from jaxcap.world.language_rating import language_ratings, linguistic_score
+from jaxcap.world.rubric_criteria import check_criterion, written_criteria
 from jaxcap.judges.factory import JUDGE_KINDS
 from jaxcap.judges.protocol import (
   CaptionRequest,
@@ -53,14 +40,8 @@ from jaxcap.judges.protocol import (
   PairwiseVerdict,
   WrittenCriteria,
 )
-from jaxcap.data.records import Criterion
 
 LETTERS = "ABCDEFGHI"
-_CANNOT_ANSWER_RE = re.compile(r"\bcan\s*not answer\b|\bcannot answer\b|\bnot answerable\b", re.I)
-# Criterion texts written by this judge's rubric writer; parsed back when checking.
-STATES_PREFIX = "The caption states: "
-DENIES_PREFIX = "The caption does not claim: "
-NO_META_CRITERION = "The caption contains no meta-commentary or other statements without visual content."
 
 
 class RuleBasedJudge:
@@ -106,24 +87,8 @@ class RuleBasedJudge:
       if not 2 <= len(r.options) <= len(LETTERS):
         out.append(MultipleChoiceReply(failed=True, error=f"{len(r.options)} options; need 2..9"))
         continue
-      out.append(MultipleChoiceReply(reply=LETTERS[self._choose(r)]))
+      out.append(MultipleChoiceReply(reply=LETTERS[chosen_option(r.caption, r.question, r.options)]))
     return out
-
-  def _choose(self, r: MultipleChoiceRequest) -> int:
-    facts = CaptionFacts.from_caption(r.caption)
-    query = parse_question(r.question)
-    answer = None
-    if query is not None and query.kind == "temporal_order":
-      answer = first_to_appear(r.options, facts)
-    elif query is not None:
-      answer = answer_from_facts(query, facts)
-    options = [o.strip().lower() for o in r.options]
-    if answer is not None and answer.lower() in options:
-      return options.index(answer.lower())
-    abstain = [i for i, o in enumerate(r.options) if _CANNOT_ANSWER_RE.search(o)]
-    if abstain:
-      return abstain[0]
-    return uninformed_choice(r.question, r.options)
 
   # -- RubiCap ------------------------------------------------------------------------------------------
 
@@ -133,24 +98,8 @@ class RuleBasedJudge:
       if self._injected_failure("criterion", r):
         out.append(CriterionVerdict(failed=True, error="injected failure"))
         continue
-      out.append(self._check(r))
+      out.append(check_criterion(r.caption, r.criterion))
     return out
-
-  def _check(self, r: CriterionRequest) -> CriterionVerdict:
-    claims = parse_caption(r.caption)
-    keys = {c.key for c in claims}
-    text = r.criterion.strip()
-    if text == NO_META_CRITERION:
-      return CriterionVerdict(passed=bool(claims) and not any(c.kind == "meta" for c in claims))
-    negated = text.startswith(DENIES_PREFIX)
-    body = (
-      text[len(DENIES_PREFIX if negated else STATES_PREFIX) :] if (negated or text.startswith(STATES_PREFIX)) else text
-    )
-    wanted = specific_claims(body)
-    if not wanted:
-      return CriterionVerdict(failed=True, error=f"criterion states no checkable fact: {text!r}")
-    stated = all(w.key in keys for w in wanted)
-    return CriterionVerdict(passed=not stated if negated else stated)
 
   def write_criteria(self, requests: Sequence[CriteriaWritingRequest]) -> list[WrittenCriteria]:
     out = []
@@ -158,16 +107,7 @@ class RuleBasedJudge:
       if self._injected_failure("write_criteria", r):
         out.append(WrittenCriteria(failed=True, error="injected failure"))
         continue
-      criteria = []
-      for unit in r.missing:
-        # Missing objects and imprecise attributes are "important"; a missing backdrop is "minor".
-        kinds = {c.kind for c in specific_claims(unit)}
-        criteria.append(Criterion(STATES_PREFIX + unit, "minor" if kinds == {"background"} else "important"))
-      for claim in r.incorrect:
-        criteria.append(Criterion(DENIES_PREFIX + claim, "critical"))  # hallucination / misidentification
-      if r.unpointable:
-        criteria.append(Criterion(NO_META_CRITERION, "minor"))
-      out.append(WrittenCriteria(criteria=tuple(criteria)))
+      out.append(WrittenCriteria(criteria=written_criteria(r.missing, r.incorrect, r.unpointable)))
     return out
 
   # -- BalCapRL -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The world's caption language: atomic claims, their canonical sentences, and a deterministic parser.
+"""The world's caption language read back: a deterministic parser from captions to claims (`jaxcap.world.claims`).
 
 A caption is split into sentences; each sentence into entity mentions ("large red circle"); the text
 between one mention and the next carries that entity's attributes (position, label, motion, ...) or, when
@@ -14,72 +14,7 @@ import functools
 import re
 
 from jaxcap.world import vocabulary as V
-
-CLAIM_KINDS = (
-  "exists",
-  "size",
-  "position",
-  "label",
-  "relation",
-  "overlap",
-  "count",
-  "background",
-  "motion",
-  "appear",
-  "meta",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-  """One atomic statement. `subject`/`other` are canonical object names ("red circle")."""
-
-  kind: str
-  subject: str | None = None
-  value: str | None = None
-  other: str | None = None
-  text: str = dataclasses.field(default="", compare=False)
-
-  @property
-  def key(self) -> tuple:
-    """Identity up to paraphrase: "A right of B" == "B left of A"; overlaps are unordered."""
-    if self.kind == "relation" and self.value in ("right of", "below"):
-      flipped = {"right of": "left of", "below": "above"}[self.value]
-      return ("relation", self.other, flipped, self.subject)
-    if self.kind == "overlap":
-      a, b = sorted((self.subject, self.other))
-      return ("overlap", a, None, b)
-    if self.kind == "meta":
-      return ("meta", None, _squash(self.text), None)
-    return (self.kind, self.subject, self.value, self.other)
-
-
-def claim_text(claim: Claim) -> str:
-  """The canonical sentence for a claim; parse_caption(claim_text(c)) recovers c (plus its `exists`)."""
-  s, v, o = claim.subject, claim.value, claim.other
-  if claim.kind == "exists":
-    return f"There is a {s}."
-  if claim.kind == "size":
-    return f"The {s} is {v}."
-  if claim.kind == "position":
-    return f"The {s} is {V.position_phrase(v)}."
-  if claim.kind == "label":
-    return f'The {s} is labelled "{v}".'
-  if claim.kind == "relation":
-    return f"The {s} is {v} the {o}."
-  if claim.kind == "overlap":
-    return f"The {s} overlaps the {o}."
-  if claim.kind == "count":
-    return f"There {'is' if v == '1' else 'are'} {v} object{'' if v == '1' else 's'}."
-  if claim.kind == "background":
-    return f"The background is {v}."
-  if claim.kind == "motion":
-    return f"The {s} stays still." if v == "still" else f"The {s} moves {v}."
-  if claim.kind == "appear":
-    return f"The {s} appears in frame {int(v) + 1}."
-  if claim.kind == "meta":
-    return claim.text
-  raise ValueError(f"Unknown claim kind {claim.kind!r}; expected one of {CLAIM_KINDS}.")
+from jaxcap.world.claims import Claim
 
 
 def _alternatives(words) -> str:
@@ -124,10 +59,6 @@ _PRONOUN_RE = re.compile(r"^\s*it\b", re.I)
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?;])\s+|\n+")
 
 
-def _squash(text: str) -> str:
-  return " ".join(text.lower().split())
-
-
 def split_sentences(caption: str) -> list[str]:
   """Non-empty sentences of a caption, trailing punctuation kept."""
   caption = caption.replace("\u201c", '"').replace("\u201d", '"')
@@ -153,16 +84,6 @@ def _parse_cached(caption: str) -> tuple[Claim, ...]:
     named = [c.subject for c in parsed if c.kind == "exists"]
     last_subject = named[-1] if named else last_subject
   return tuple(claims)
-
-
-def unique_claims(claims: list[Claim]) -> list[Claim]:
-  """First occurrence of each claim key, order kept."""
-  seen, out = set(), []
-  for c in claims:
-    if c.key not in seen:
-      seen.add(c.key)
-      out.append(c)
-  return out
 
 
 def parse_sentence(sentence: str) -> list[Claim]:

@@ -105,7 +105,7 @@ def test_decompression_bomb_names_its_record(tmp_path, monkeypatch):
     check_record_media(
       {"train": [ImageRecord("bomb", image=str(tmp_path / "huge.png"))]}, decode=decode_problem, progress=False
     )
-  line = str(e.value).splitlines()[1]  # the reason's wording is the image loader's (jaxcap.processing.vision)
+  line = str(e.value).splitlines()[1]  # the reason's wording is the image loader's (jaxcap.processing.image_decoding)
   assert line.startswith(f"  train record 'bomb': {tmp_path / 'huge.png'}: ") and "decompression bomb" in line, line
 
 

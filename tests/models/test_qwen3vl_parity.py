@@ -369,7 +369,7 @@ def test_remat_unrolled_and_bf16_variants(models):
 def _model_inputs(cfg: Qwen3VLConfig, c: dict):
   """A case as the left-padded `ModelInputs` batch a processor would give (images then videos in one pack)."""
   from jaxcap.models.families import layout_for
-  from jaxcap.processing.prompt import ModelInputs
+  from jaxcap.processing.model_inputs import ModelInputs
 
   positions, deltas = qwen3vl_rope_index(cfg, c["ids"], c["mask"], c["image_grid"], c["video_grid"])
   grids = [g for g in (c["image_grid"], c["video_grid"]) if g is not None]

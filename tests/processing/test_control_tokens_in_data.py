@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 import jaxcap.models as M
 from jaxcap.data.records import ImageRecord, MultipleChoiceQuestion
 from jaxcap.processing import Processor
-from jaxcap.processing.prompt import IMAGE_PAD, render_chat
+from jaxcap.processing.chat import IMAGE_PAD, render_chat
 from jaxcap.processing.tokenizer import SPECIAL_TOKENS, word_tokenizer
 from jaxcap.processing.vqa import vqa_prompt
 from jaxcap.train import data as data_lib

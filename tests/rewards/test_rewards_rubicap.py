@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxcap.judges.protocol import CriterionVerdict
-from jaxcap.world.judge import DENIES_PREFIX, NO_META_CRITERION, STATES_PREFIX
+from jaxcap.world.rubric_criteria import DENIES_PREFIX, NO_META_CRITERION, STATES_PREFIX
 from jaxcap.data.records import Criterion, ImageRecord, Rubric
 from jaxcap.rewards.rubicap import RubiCapConfig, RubiCapReward
 from jaxcap.rewards.rubric import RubricJob, RubricStore, synthesize_rubrics

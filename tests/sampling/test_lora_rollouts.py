@@ -12,7 +12,7 @@ import jaxcap.models as M
 from jaxcap.models import lora
 from jaxcap.models.families import FAMILIES, layout_for
 from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
-from jaxcap.processing.prompt import ModelInputs
+from jaxcap.processing.model_inputs import ModelInputs
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.train.logprobs import completion_logprobs

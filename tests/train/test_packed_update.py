@@ -21,7 +21,8 @@ from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
 from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
-from jaxcap.train.packing import VisionItem, assign, fill_rows, pack
+from jaxcap.train.packing import VisionItem, pack
+from jaxcap.train.row_assignment import assign, fill_rows
 from jaxcap.train.state import init_train_state
 from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 

@@ -7,7 +7,7 @@ import pytest
 
 from jaxcap.choices import ROLLOUT_ENGINES
 from jaxcap.config import schema
-from jaxcap.config.training import Rollout
+from jaxcap.config.sampling import Rollout
 from jaxcap.sampling.engine import EngineConfig
 from jaxcap.train.config import base_config
 from jaxcap.train.programs import rollout_engine

@@ -1,4 +1,5 @@
-from jaxcap.world.language import CLAIM_KINDS, CaptionFacts, Claim, claim_text, parse_caption
+from jaxcap.world.claims import CLAIM_KINDS, Claim, claim_text
+from jaxcap.world.language import CaptionFacts, parse_caption
 
 
 def keys(caption):

@@ -1,0 +1,47 @@
+"""How RL draws its captions: the sampling block (temperature, top-p / top-k, the longest caption) and the rollout
+engine's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxcap.choices import ROLLOUT_ATTENTION, ROLLOUT_ENGINES
+from jaxcap.config.fields import ALLOWED, ALTERS, Block, field
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling(Block):
+  """How RL draws captions (jaxcap.sampling.SamplingConfig)."""
+
+  temperature: float = field(1.0, "logits are divided by it", ge=0, hint="0 = greedy")
+  top_p: float = field(1.0, "nucleus: the smallest most-likely set of this mass", gt=0, le=1)
+  top_k: int = field(0, "keep the k most likely tokens", ge=0, hint="0 = off")
+  max_new_tokens: int = field(48, "the longest caption, in tokens", ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout(Block):
+  """Which engine generates the RL rollouts (jaxcap.sampling.engine for 'paged'). The engine changes which random
+  numbers a sample draws; slots, pages and segments change only the time (and float rounding) of a rollout."""
+
+  RESUME = ALLOWED
+  engine: str = field(
+    "static",
+    "'static': one batch to the longest caption; 'paged': decode slots refilled as samples finish",
+    choices=ROLLOUT_ENGINES,
+    resume=ALTERS,
+  )
+  slots: int = field(64, "decode slots of the paged engine (rows decoded at once)", ge=1)
+  page_size: int = field(16, "tokens per KV-cache page", ge=1)
+  segment_steps: int = field(32, "most decode steps between two refills of the slots", ge=1)
+  pages: int = field(0, "pages in the KV-cache pool", ge=0, hint="0 = as many as a call can use at once")
+  attention: str = field(
+    "auto",
+    "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, the jnp "
+    "reference on CPU), 'reference' or 'pallas'",
+    choices=ROLLOUT_ATTENTION,
+  )
+
+  def check(self, run, at):
+    if self.engine == "paged" and (run.distributed.coordinator_address or run.distributed.num_processes > 1):
+      yield f"{at}engine=paged runs on one process for now; use {at}engine=static for multi-host runs"

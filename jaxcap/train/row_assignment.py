@@ -1,0 +1,85 @@
+"""Which micro-batch and row each of a step's packed sequences takes (host side, pure Python over lengths), for
+`jaxcap.train.packing`.
+
+A step's sequences are N = Np * G: sequence n is completion n of prompt n // G. Each prompt's G sequences go to one
+micro-batch where they fit (first-fit decreasing over prompts by tokens, so each micro-batch embeds its prompts'
+images once); within a micro-batch, sequences go to rows by first-fit decreasing. Rows are `row_len` tokens (a
+`jaxcap.buckets.ladder` size from the longest sequence's up to the budget: the one computing the fewest slots).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from jaxcap.buckets import DEFAULT_STEPS, ladder
+
+
+def fill_rows(lengths: Sequence[int], row_len: int, rows: int, free: list[int] | None = None) -> list[int] | None:
+  """First-fit of `lengths` (in the given order) into `rows` rows of `row_len` with `free` slots each (default all):
+  each length's row, or None if one does not fit. Updates `free` in place only on success."""
+  free_now = list(free) if free is not None else [row_len] * rows
+  where = []
+  for n in lengths:
+    r = next((i for i, f in enumerate(free_now) if f >= n), None)
+    if r is None:
+      return None
+    free_now[r] -= n
+    where.append(r)
+  if free is not None:
+    free[:] = free_now
+  return where
+
+
+def assign(
+  prompt_lens: Sequence[int], completion_lens: Sequence[int], group: int, budget: int, steps: int = DEFAULT_STEPS
+):
+  """Sequences -> micro-batches and rows. prompt_lens [Np], completion_lens [N = Np * group] (tokens).
+  Returns (row_len, rows per micro-batch, micro-batches: lists of (sequence, row) in row-fill order).
+
+  The row length is the ladder size, from the longest sequence's up to the budget, whose packing computes the
+  fewest token slots (micro-batches x rows used x row length, each count up the ladder as
+  `jaxcap.train.packing.pack` compiles them; ties: the shorter rows, whose attention is cheaper): rows as long as
+  the longest sequence hold one sequence each when every sequence is a little over half of it."""
+  seq_lens = [int(prompt_lens[n // group]) + int(completion_lens[n]) for n in range(len(completion_lens))]
+  longest = max(seq_lens, default=1)
+  if longest > budget:
+    raise ValueError(
+      f"a sequence of {longest} tokens does not fit rl.micro_batch_tokens={budget}; raise it to at least {longest}"
+    )
+  best = None
+  row_len = min(ladder(longest, 8, steps), budget)
+  while True:
+    rows = max(1, budget // row_len)
+    micros = _assign_rows(seq_lens, len(prompt_lens), group, row_len, rows)
+    used = ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps)
+    slots = ladder(len(micros), 1, steps) * used * row_len
+    if best is None or slots < best[0]:
+      best = (slots, row_len, rows, micros)
+    if row_len >= budget:
+      break
+    row_len = min(ladder(row_len + 1, 8, steps), budget)
+  return best[1:]
+
+
+def _assign_rows(seq_lens: list[int], num_prompts: int, group: int, row_len: int, rows: int):
+  """First-fit decreasing of each prompt's group of sequences into micro-batches of `rows` rows of `row_len`."""
+  order = lambda seqs: sorted(seqs, key=lambda n: -seq_lens[n])
+  groups = sorted(range(num_prompts), key=lambda p: -sum(seq_lens[p * group : (p + 1) * group]))
+  micros: list[tuple[list[int], list[tuple[int, int]]]] = []  # (free per row, [(seq, row)])
+  for p in groups:
+    seqs = order(range(p * group, (p + 1) * group))
+    for free, placed in micros:
+      where = fill_rows([seq_lens[n] for n in seqs], row_len, rows, free)
+      if where is not None:
+        placed.extend(zip(seqs, where))
+        break
+    else:  # a fresh micro-batch, split over several if the group does not fit one
+      while seqs:
+        free, placed = [row_len] * rows, []
+        rest = []
+        for n in seqs:
+          where = fill_rows([seq_lens[n]], row_len, rows, free)
+          (rest.append(n) if where is None else placed.append((n, where[0])))
+        micros.append((free, placed))
+        seqs = rest
+  return [placed for _, placed in micros]
