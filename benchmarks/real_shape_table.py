@@ -100,6 +100,7 @@ def jaxcap_child(directory: Path, paths: list[Path]) -> None:
   from flax import nnx
 
   from jaxcap.checkpoint import load_hf_checkpoint
+  from jaxcap.models.unrolled import unrolled_on_cpu
   from jaxcap.processing import Processor
 
   t = Timeline()
@@ -110,6 +111,7 @@ def jaxcap_child(directory: Path, paths: list[Path]) -> None:
   t.done("load", params_gib=round(sum(x.nbytes for x in jax.tree.leaves(state)) / GIB, 2))
   batch = Processor.from_pretrained(directory)(conversations(paths[:1]))
   args = (jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision())
+  graphdef = unrolled_on_cpu(graphdef, state)  # as jaxcap's inference paths run a 16-bit model on CPU
   forward = jax.jit(lambda state, *a: nnx.merge(graphdef, state)(*a)[0][:, -1])
   jax.block_until_ready(forward(state, *args))
   t.done("forward (compile + run)", tokens=int(batch.input_ids.shape[1]))

@@ -26,6 +26,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.eval.metrics import RatioMetric
 from jaxcap.models.families import layout_for, layout_shape_for
+from jaxcap.models.unrolled import unrolled_on_cpu
 from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, vqa_prompt
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
 from jaxcap.sampling.placement import SamplerBatch, place_batch
@@ -91,6 +92,9 @@ def vqa_answers(
   answers = [[option_answer(q, min(k, len(q.options) - 1)) for k in range(k_max)] for _, q in items]
   encoded = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for row in answers for a in row]
   answer_length = -(-(max(encoded) + 1) // 8) * 8  # + the end of the turn; a multiple of 8: few programs
+  floats = [x.dtype.itemsize for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+  if min(floats, default=4) < 4:  # a bf16 checkpoint: on CPU its stacks held once, not again in float32
+    graphdef = unrolled_on_cpu(graphdef, params)
   fn = _option_scores_fn(graphdef)
   media = _MediaCache(processor, image_size)
   length, shape, logits = 0, None, []

@@ -153,7 +153,10 @@ class Qwen25VL(nnx.Module):
     x = shard(x, ("batch", None, None))
     if cache is None:
       body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]
-      kw = dict(policy=self.cfg.remat, unroll=not self.cfg.scan_layers)
+      unroll = not self.cfg.scan_layers
+      # unrolled 16-bit layers each convert their own weights as they run (a float32 copy of one layer, not the stack)
+      narrow = jnp.dtype(self.cfg.param_dtype).itemsize < 4
+      kw = dict(policy=self.cfg.remat, unroll=unroll, per_layer_converts=unroll and narrow)
       n = 0 if deepstack is None else deepstack.shape[0]
       if n:  # the first n layers in a scan of their own, each adding its DeepStack slice to its output
         add = lambda layer, x, extra: shard(body(layer, x, None) + shard(extra, DEEPSTACK_AXES[1:]), ACT_AXES)

@@ -15,6 +15,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models import row_blocks
 from jaxcap.models.families import family_of_config
 from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.models.unrolled import unrolled_on_cpu
 from jaxcap.processing.model_inputs import ModelInputs
 from jaxcap.sampling.decode_layout import hold_for_decoding
 from jaxcap.sampling.distribution import SamplingConfig
@@ -52,15 +53,9 @@ class Sampler:
   ):
     self.cfg = model.cfg
     self.graphdef, self.params = nnx.split(model)
-    if self.cfg.scan_layers and row_blocks.on_cpu():
-      # On XLA:CPU the vision tower runs unrolled: a scan copies its stacked weights into the loop's state (16-bit
-      # ones as float32: 2.35 GiB at Qwen2.5-VL-3B's) where unrolled blocks read slices of them as they are, each
-      # converted as its block runs. The graph of a second module over the same arrays (nothing copied; adapters
-      # and all), with the tower's flag set.
+    if self.cfg.scan_layers and row_blocks.on_cpu():  # stacks held once, at their dtype: `unrolled_on_cpu`
+      self.graphdef = unrolled_on_cpu(self.graphdef, self.params)
       self.cfg = self.cfg.replace(scan_layers=False)
-      view = nnx.merge(self.graphdef, self.params)
-      view.cfg, view.visual.unroll = self.cfg, True
-      self.graphdef = nnx.graphdef(view)
     if owns_weights:  # inference only: one copy of the weights, laid out as the decode loop reads them
       self.params = hold_for_decoding(self.params, self.cfg)
     if self.cfg.remat != "none":
