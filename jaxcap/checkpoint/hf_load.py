@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 
 import jax
-import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 
-from jaxcap.checkpoint.hf_layout import alt_names, from_hf_layout, hf_name, hf_shape, layer_names, path_name
+from jaxcap.checkpoint.hf_layout import alt_names, hf_name, hf_shape, layer_names, path_name
 from jaxcap.checkpoint.precision import checkpoint_dtype
+from jaxcap.checkpoint.tensor_read import LayerReader, layer_axis_whole, place, place_stacked
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.families import family_of_model_type
 from jaxcap.models.qwen25vl import Qwen25VL
@@ -88,9 +88,9 @@ def load_hf_checkpoint(
 
   Params are stored as `param_dtype` (default: the checkpoint's own, `checkpoint_dtype`; training passes its float32
   masters) and sharded per `jaxcap.sharding` rules over `mesh` (default: the first local device). `dtype` is the
-  compute dtype (default: `param_dtype`). `layers_apart`: the decoder stack's leaves are left unread, as
-  `LayerReader`s, for a sampler that owns its weights (`hold_for_decoding` reads them a layer at a time into the
-  decode layout, so the stack is never held); such a model is only for that.
+  compute dtype (default: `param_dtype`). `layers_apart`: the decoder stack's leaves (and an untied LM head)
+  are left unread, as `LayerReader`s, for a sampler that owns its weights (`hold_for_decoding` reads them a layer at
+  a time straight into the decode layout, so the stack is never held); such a model is only for that.
   """
   directory = Path(directory)
   param_dtype = param_dtype or checkpoint_dtype(directory)
@@ -123,11 +123,13 @@ def load_hf_checkpoint(
       tensors.append(tensor)
     if len(tensors) < len(names):
       return None
-    if stacked and layers_apart and path_name(path).startswith("layers.") and _layer_axis_whole(sharding):
+    if layers_apart and stacked and path_name(path).startswith("layers.") and layer_axis_whole(sharding):
       return LayerReader(tensors, layout, leaf.shape, param_dtype, sharding)
+    if layers_apart and path_name(path) == "lm_head.kernel":  # an untied head: laid out for decoding as it is read
+      return LayerReader(tensors, layout, leaf.shape, param_dtype, sharding, stacked=False)
     if stacked:
-      return _place_stacked(tensors, layout, leaf.shape, param_dtype, sharding)
-    return _place(tensors[0], layout, leaf.shape, param_dtype, sharding)
+      return place_stacked(tensors, layout, leaf.shape, param_dtype, sharding)
+    return place(tensors[0], layout, leaf.shape, param_dtype, sharding)
 
   arrays = jax.tree_util.tree_map_with_path(load_one, pure, shardings)
   if missing:
@@ -137,97 +139,3 @@ def load_hf_checkpoint(
     )
   nnx.replace_by_pure_dict(abstract, arrays)
   return nnx.merge(graphdef, abstract)
-
-
-def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
-  """An uninitialised host buffer whose data starts on a 64-byte boundary. XLA:CPU adopts such a buffer as the device
-  array's memory (zero-copy) where numpy's default 16-byte alignment makes it copy, so a leaf read into one is never
-  held twice."""
-  dtype = np.dtype(dtype)
-  nbytes = int(np.prod(shape)) * dtype.itemsize
-  raw = np.empty(nbytes + _ALIGN, np.uint8)
-  start = -raw.ctypes.data % _ALIGN
-  return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-_ALIGN = 64
-
-
-def _read_into(out: np.ndarray, tensor, layout: str, idx: tuple) -> np.ndarray:
-  """Reads the block `idx` (jaxcap layout) of a lazy safetensors slice into `out`, converting its dtype, in runs of
-  the stored tensor's first axis of about `_CHUNK` bytes: only one run's read buffer is held beside `out`."""
-  if layout == "conv":  # small; read whole
-    out[...] = from_hf_layout(tensor[:], layout)[idx]
-    return out
-  if out.size == 0:
-    return out
-  axis = 1 if layout == "t" else 0  # the stored first axis in jaxcap's layout
-  stored = range(tensor.get_shape()[0])[idx[axis]]
-  step = max(1, _CHUNK // max(1, out.nbytes // len(stored)))
-  for start in range(0, len(stored), step):
-    run = slice(stored[start], stored[min(start + step, len(stored)) - 1] + 1)
-    if layout == "t":
-      out[:, start : start + step] = np.asarray(tensor[run, idx[0]]).T
-    else:
-      out[start : start + step] = np.asarray(tensor[(run,) + tuple(idx[1:])])
-  return out
-
-
-_CHUNK = 64 * 2**20
-
-
-def _full(idx, ndim: int) -> tuple:
-  return tuple(idx) + (slice(None),) * (ndim - len(idx))
-
-
-def _block_shape(idx: tuple, shape) -> tuple:
-  return tuple(len(range(n)[i]) for i, n in zip(idx, shape))
-
-
-def _place(tensor, layout: str, shape, dtype, sharding) -> jax.Array:
-  """A device array holding `tensor` (lazy safetensors slice) in jaxcap layout, each shard read separately."""
-
-  def read(idx):
-    idx = _full(idx, len(shape))
-    return _read_into(_aligned_empty(_block_shape(idx, shape), dtype), tensor, layout, idx)
-
-  return jax.make_array_from_callback(tuple(shape), sharding, read)
-
-
-class LayerReader:
-  """A stacked [L, ...] decoder leaf left on disk (`load_hf_checkpoint(layers_apart=True)`): `layer(i)` reads
-  layer i into a device array of its own, the leaf's sharding less the layer axis."""
-
-  def __init__(self, tensors: list, layout: str, shape, dtype, sharding):
-    self.tensors, self.layout, self.shape, self.dtype = tensors, layout, tuple(shape), np.dtype(dtype)
-    if isinstance(sharding, NamedSharding):
-      sharding = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
-    self.sharding = sharding
-
-  @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  def layer(self, i: int) -> jax.Array:
-    return _place(self.tensors[i], self.layout, self.shape[1:], self.dtype, self.sharding)
-
-  def delete(self) -> None:  # as a jax.Array's: nothing is held
-    pass
-
-
-def _layer_axis_whole(sharding) -> bool:
-  return not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None
-
-
-def _place_stacked(tensors: list, layout: str, shape, dtype, sharding) -> jax.Array:
-  """A stacked [L, ...] device array from L per-layer tensors; each device reads only its block of each layer,
-  layer by layer into one aligned buffer (peak: the block plus one layer's read)."""
-
-  def read(idx):
-    idx = _full(idx, len(shape))
-    out = _aligned_empty(_block_shape(idx, shape), dtype)
-    for row, layer in enumerate(range(len(tensors))[idx[0]]):
-      _read_into(out[row], tensors[layer], layout, idx[1:])
-    return out
-
-  return jax.make_array_from_callback(tuple(shape), sharding, read)

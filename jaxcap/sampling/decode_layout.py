@@ -58,8 +58,8 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
     kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
     if isinstance(leaf, jax.Array):
       per_leaf.append([(_layer_blocks if kernel else _layer)(leaf, i) for i in range(n)])
-    else:  # a LayerReader: each layer read from disk and laid out alone
-      per_leaf.append([_blocks(leaf.layer(i)) if kernel else leaf.layer(i) for i in range(n)])
+    else:  # a LayerReader: each layer read from disk straight into its layout
+      per_leaf.append([leaf.blocks(i) if kernel else leaf.layer(i) for i in range(n)])
     leaf.delete()
   layers = tuple(
     _as_state(treedef_state, jax.tree_util.tree_unflatten(treedef, [leaves[i] for leaves in per_leaf]))
@@ -67,8 +67,10 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   )
   params = nnx.to_pure_dict(state)
   params["layers"] = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), stack)
-  if row_blocks.applies(1) and not cfg.text.tie_word_embeddings:
-    head = params["lm_head"]["kernel"]
+  head = None if cfg.text.tie_word_embeddings else params["lm_head"]["kernel"]
+  if head is not None and not isinstance(head, jax.Array):  # a LayerReader
+    params["lm_head"]["kernel"] = head.blocks(0) if row_blocks.applies(1) else head.layer(0)
+  elif head is not None and row_blocks.applies(1):
     params["lm_head"]["kernel"] = jax.jit(row_blocks.from_kernel)(head)
     head.delete()
   held = jax.tree.map(lambda x: x, state)
@@ -79,7 +81,6 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
 # one program per leaf shape, the layer a traced index (a static one compiled a program per layer: 432 at the 3B)
 _layer = jax.jit(lambda stack, i: stack[i])
 _layer_blocks = jax.jit(lambda stack, i: row_blocks.from_kernel(stack[i]))
-_blocks = jax.jit(row_blocks.from_kernel)
 
 
 def _as_state(template, pure: dict):

@@ -5,7 +5,7 @@ OOM killer gives no message). An estimate, not a bound. It counts the params at 
 allocator's slack), and
 
 - building them (a sampler that owns its weights, `held`): the checkpoint is read straight into the decode layout,
-  a decoder layer at a time: one layer's largest leaf, or an untied LM head's row-block copy;
+  each leaf into its final buffer through a read buffer of 64 MiB;
 - running: the decode program's own copies (`decode_layout`: on CPU for few rows, XLA:CPU's float32 copy of one
   layer's bf16 weights, and unless `held` the row-block copy of the decoder kernels and an untied LM head), the KV
   cache, and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
@@ -103,15 +103,10 @@ def sampling_footprint(
     kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
     head = sum(int(np.prod(s)) for p, s in sizes if p.startswith("lm_head"))
     layout = (0 if held else kernels + head) * pbytes + kernels // cfg.text.num_hidden_layers * upcast
-  # the checkpoint read straight into the decode layout (`load_hf_checkpoint(layers_apart=True)`): each leaf read
-  # in runs of 64 MiB, each decoder layer's kernel laid out in row blocks beside its read (the largest: one layer's
-  # MLP kernel), an untied LM head's row blocks beside the head
-  building = 0
-  if held:
-    layer = max(int(np.prod(s[1:])) for p, s in sizes if p.startswith("layers."))
-    untied = row_blocks.applies(rows) and not cfg.text.tie_word_embeddings
-    head = sum(int(np.prod(s)) for p, s in sizes if p.startswith("lm_head")) if untied else 0
-    building = max(layer * pbytes, head * pbytes, 64 * 2**20)
+  # the checkpoint read straight into the decode layout (`load_hf_checkpoint(layers_apart=True)`): every leaf read
+  # into its final buffer in runs of the stored tensor (a 64 MiB read buffer beside it), decoder kernels and an
+  # untied head as row blocks of the stored layout
+  building = 64 * 2**20 if held else 0
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes

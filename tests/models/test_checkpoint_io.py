@@ -104,7 +104,7 @@ def test_stacked_leaf_is_read_once_into_the_device_array(tmp_path, layout):
 
   from safetensors import safe_open
 
-  from jaxcap.checkpoint.hf_load import _place_stacked
+  from jaxcap.checkpoint.tensor_read import place_stacked
 
   layers, rows, cols = 6, 256, 512  # 0.5 MiB a layer in f32
   rng = np.random.default_rng(0)
@@ -116,7 +116,7 @@ def test_stacked_leaf_is_read_once_into_the_device_array(tmp_path, layout):
     tensors = [f.get_slice(f"l{i}") for i in range(layers)]
     tracemalloc.start()  # numpy reports its data buffers; XLA's own allocations are not traced
     try:
-      leaf = _place_stacked(tensors, layout, shape, np.float32, sharding)
+      leaf = place_stacked(tensors, layout, shape, np.float32, sharding)
       held, peak = tracemalloc.get_traced_memory()
     finally:
       tracemalloc.stop()
@@ -135,8 +135,8 @@ def test_layers_apart_reads_each_decoder_layer_into_the_decode_layout(checkpoint
 
   src, _ = checkpoint
   read_whole = []
-  place_stacked = hf_load._place_stacked
-  monkeypatch.setattr(hf_load, "_place_stacked", lambda t, *a: read_whole.append(len(t)) or place_stacked(t, *a))
+  place_stacked = hf_load.place_stacked
+  monkeypatch.setattr(hf_load, "place_stacked", lambda t, *a: read_whole.append(len(t)) or place_stacked(t, *a))
   eager = Sampler(load_hf_checkpoint(src), owns_weights=True).params
   eager_reads, read_whole[:] = len(read_whole), []
   lazy = Sampler(load_hf_checkpoint(src, layers_apart=True), owns_weights=True).params
