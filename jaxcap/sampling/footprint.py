@@ -5,7 +5,7 @@ OOM killer gives no message). An estimate, not a bound. It counts the params at 
 allocator's slack), and
 
 - building them (a sampler that owns its weights, `held`): the checkpoint is read straight into the decode layout,
-  each leaf into its final buffer through a read buffer of 64 MiB;
+  each leaf into its final buffer through a read buffer of 64 MiB, then the compiler's heap (0.5 GiB);
 - running: the decode program's own copies (`decode_layout`: on CPU for few rows, XLA:CPU's float32 copy of one
   layer's bf16 weights, and unless `held` the row-block copy of the decoder kernels and an untied LM head), the KV
   cache, and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
@@ -13,8 +13,8 @@ allocator's slack), and
 
 On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
 in part (a program's temporaries are one block, the freed leaves' holes smaller), so both are counted. Measured
-against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 9.36 GiB, peak RssAnon 8.96
-GiB; its widths with 4 layers and 8 vision blocks, 2.66 GiB against 2.67. The memory already in use when it is
+against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 8.41 GiB, peak RssAnon 8.60
+GiB; the 7B's, 17.87 against 18.00. The memory already in use when it is
 compared (the runtime, the processor) is not counted: the available figure is read after it.
 """
 
@@ -105,8 +105,9 @@ def sampling_footprint(
     layout = (0 if held else kernels + head) * pbytes + kernels // cfg.text.num_hidden_layers * upcast
   # the checkpoint read straight into the decode layout (`load_hf_checkpoint(layers_apart=True)`): every leaf read
   # into its final buffer in runs of the stored tensor (a 64 MiB read buffer beside it), decoder kernels and an
-  # untied head as row blocks of the stored layout
-  building = 64 * 2**20 if held else 0
+  # untied head as row blocks of the stored layout; then XLA compiling the unrolled prefill in the same heap (about
+  # 0.5 GiB at Qwen2.5-VL-3B's depth: benchmarks/caption_phases.py)
+  building = (64 + 512) * 2**20 if held else 0
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
   kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
