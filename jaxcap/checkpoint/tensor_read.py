@@ -41,14 +41,15 @@ def _read_into(out: np.ndarray, tensor, layout: str, idx: tuple) -> np.ndarray:
   step = max(1, _CHUNK // max(1, out.nbytes // len(stored)))
   for start in range(0, len(stored), step):
     run = slice(stored[start], stored[min(start + step, len(stored)) - 1] + 1)
-    if layout == "t":
-      out[:, start : start + step] = np.asarray(tensor[run, idx[0]]).T
+    if layout == "t":  # XLA transposes (and converts) a run ~6x faster than numpy's strided copy of a 2-byte dtype
+      out[:, start : start + step] = np.asarray(_transposed(np.asarray(tensor[run, idx[0]]), out.dtype))
     else:
       out[start : start + step] = np.asarray(tensor[(run,) + tuple(idx[1:])])
   return out
 
 
 _CHUNK = 64 * 2**20
+_transposed = jax.jit(lambda x, dtype: x.T.astype(dtype), static_argnums=1)
 
 
 def _full(idx, ndim: int) -> tuple:
