@@ -1,5 +1,5 @@
-"""Real-shape memory (issue 36), SKELETON: random Qwen2.5-VL checkpoints laid out as the Hub's, and where a load's
-time goes. Not run by the tests.
+"""Real-shape memory (issue 36): random Qwen2.5-VL checkpoints laid out as the Hub's, and where a load's time goes.
+Not run by the tests.
 
     python -m benchmarks.real_shape_memory build --preset qwen2.5-vl-3b --out /data/ckpt/3b   # 6.99 GiB, once
     python -m benchmarks.real_shape_memory profile --preset qwen2.5-vl-3b --layers 2 --vision_depth 4
@@ -10,9 +10,8 @@ values and `dtype: bfloat16`, and a word tokenizer (nothing can be downloaded); 
 kept (cached). `profile` builds a checkpoint of the preset's widths with fewer layers in a temporary directory and
 prints load_hf_checkpoint's time by function (cProfile), in the checkpoint's dtype and in float32.
 
-Still to do (issue 36): the measured table, jaxcap against transformers on the same prompt: load time, peak RSS
-(anonymous and file-backed, from /proc/self/status RssAnon / RssFile), one forward, and `jaxcap.caption` on a few
-images (images / s, peak RSS), each in a fresh process.
+The table against transformers on the same checkpoint (load, one forward, captions, peak RSS; each in a fresh
+process) is `benchmarks/real_shape_table.py`; the annotator's memory by phase, `benchmarks/caption_phases.py`.
 """
 
 from __future__ import annotations
