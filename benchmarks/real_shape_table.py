@@ -100,7 +100,7 @@ def jaxcap_child(directory: Path, paths: list[Path]) -> None:
   from flax import nnx
 
   from jaxcap.checkpoint import load_hf_checkpoint
-  from jaxcap.models.unrolled import unrolled_on_cpu
+  from jaxcap.models.inference_graph import unrolled_on_cpu
   from jaxcap.processing import Processor
 
   t = Timeline()

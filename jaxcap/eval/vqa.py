@@ -26,7 +26,7 @@ from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.data.records import ImageRecord
 from jaxcap.eval.metrics import RatioMetric
 from jaxcap.models.families import layout_for, layout_shape_for
-from jaxcap.models.unrolled import unrolled_on_cpu
+from jaxcap.models.inference_graph import unrolled_on_cpu
 from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, vqa_prompt
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
 from jaxcap.sampling.placement import SamplerBatch, place_batch

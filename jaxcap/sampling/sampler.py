@@ -13,9 +13,8 @@ from flax import nnx
 
 from jaxcap.buckets import DEFAULT_STEPS
 from jaxcap.models import row_blocks
-from jaxcap.models.families import family_of_config
 from jaxcap.models.qwen25vl import Qwen25VL
-from jaxcap.models.unrolled import unrolled_on_cpu
+from jaxcap.models.inference_graph import unrolled_on_cpu, without_remat
 from jaxcap.processing.model_inputs import ModelInputs
 from jaxcap.sampling.decode_layout import hold_for_decoding
 from jaxcap.sampling.distribution import SamplingConfig
@@ -56,14 +55,11 @@ class Sampler:
     if self.cfg.scan_layers and row_blocks.on_cpu():  # stacks held once, at their dtype: `unrolled_on_cpu`
       self.graphdef = unrolled_on_cpu(self.graphdef, self.params)
       self.cfg = self.cfg.replace(scan_layers=False)
+    if self.cfg.remat != "none":  # no backward pass to checkpoint for, and nnx.remat cannot trace in the loop
+      self.graphdef = without_remat(self.graphdef, self.params)
+      self.cfg = self.cfg.replace(remat="none")
     if owns_weights:  # inference only: one copy of the weights, laid out as the decode loop reads them
       self.params = hold_for_decoding(self.params, self.cfg)
-    if self.cfg.remat != "none":
-      # Sampling has no backward pass, and nnx.remat inside the decode loop cannot trace: the same params through
-      # a graph built without activation checkpointing.
-      self.cfg = self.cfg.replace(remat="none")
-      model_cls = family_of_config(self.cfg).model_cls
-      self.graphdef = nnx.split(nnx.eval_shape(lambda: model_cls(self.cfg, rngs=nnx.Rngs(0))))[0]
     self.processor = processor
     self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
     self.sampling = sampling

@@ -78,3 +78,23 @@ def test_lora_rollouts_paged_equal_static_and_teacher_forced(family):
   for got in (static.policy_logprobs, paged.policy_logprobs):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
   assert float(jnp.abs(forced(base) - want).max()) > 1e-2  # the adapters act
+
+
+def test_a_sampler_over_a_checkpointed_lora_student_keeps_its_adapters():
+  """A student trained with activation checkpointing (`remat`) samples through the same graph without it: its LoRA
+  adapters (and the unrolled tower on CPU) are kept, so the greedy tokens are those of the student without remat."""
+  import dataclasses
+
+  cfg = M.tiny()
+  batch = _inputs(cfg, "qwen2_5_vl")
+  greedy = SamplingConfig(temperature=0, max_new_tokens=NEW, stop_ids=())
+  tokens = {}
+  for remat in ("none", "full"):
+    base = M.Qwen25VL(dataclasses.replace(cfg, remat=remat), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(lora.apply_lora(base, rank=4, alpha=8.0, vision=True, seed=1))
+    sampler = Sampler(nnx.merge(graphdef, _with_b(params)), sampling=greedy)
+    assert sampler.cfg.remat == "none"
+    tokens[remat] = np.asarray(sampler(batch, jax.random.key(0)).tokens)
+  plain = Sampler(M.Qwen25VL(cfg, rngs=nnx.Rngs(0)), sampling=greedy)
+  np.testing.assert_array_equal(tokens["full"], tokens["none"])
+  assert (np.asarray(plain(batch, jax.random.key(0)).tokens) != tokens["none"]).any()  # the adapters act

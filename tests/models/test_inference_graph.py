@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 import jaxcap.models as M
-from jaxcap.models.unrolled import unrolled_on_cpu
+from jaxcap.models.inference_graph import unrolled_on_cpu
 
 
 def _model():
