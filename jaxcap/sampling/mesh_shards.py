@@ -24,7 +24,9 @@ are bitwise equal.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -76,11 +78,24 @@ def spread(mesh, blocks: Sequence[int]) -> Spread:
 
 
 def on_device(tree, device):
-  """Single-device views of a replicated tree's leaves on `device` (no copy)."""
-  return jax.tree.map(lambda a: next(s.data for s in a.addressable_shards if s.device == device), tree)
+  """The tree's leaves on `device`: a replicated leaf's own copy there (no copy made), others copied there."""
+
+  def one(a):
+    if isinstance(a, jax.Array) and a.is_fully_replicated and device in a.sharding.device_set:
+      return next(s.data for s in a.addressable_shards if s.device == device)
+    return jax.device_put(a, device)
+
+  return jax.tree.map(one, tree)
 
 
-@jax.jit
+def replicated(params, mesh):
+  """`params` whole on every device: global arrays split over processes are all-gathered over `mesh` (every
+  process calls this together); arrays a process holds in full are copied to its devices by `on_device`."""
+  split = [a for a in jax.tree.leaves(params) if isinstance(a, jax.Array) and not a.is_fully_addressable]
+  return jax.device_put(params, NamedSharding(mesh, PartitionSpec())) if split else params
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
 def _embed(params, input_ids, vision, graphdef):
   return nnx.merge(graphdef, params).embed_vision(input_ids, vision)
 
@@ -96,29 +111,26 @@ def generate(
   plan = spread(mesh, [c.block for c in chunks])
   n = len(plan.runners)
   bounds = [plan.bounds(c.block, mesh) for c in chunks]
-  params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+  params = replicated(params, mesh)
   weights = [on_device(params, d) for d in plan.runners]
   padded = [pad_length(c.prompts, -(-c.prompts.length // z) * z, kw["pad_id"]) for c in chunks]
   local = np.cumsum([0] + [c.block for c in chunks])
   globl = np.cumsum([0] + [c.block * jax.process_count() for c in chunks])
-  embedded: dict[int, tuple] = {}
+  embedded: dict[int, list] = {}  # chunk -> each shard's rows of its embeddings, until taken
 
   def embed_for(k: int):
     def embed(c: int):
       if chunks[c].prompts.vision is None:
         return None
-      if c not in embedded:  # on the device of the first shard to need it, with its copy of the weights
+      if c not in embedded:  # on the device of the first shard to need it (its context), with its weights
         p = padded[c]
-        whole = _embed(unpack(weights[k])[0], jnp.asarray(p.input_ids), jax.tree.map(jnp.asarray, p.vision), graphdef)
-        embedded[c] = (whole, n)
-      whole, left = embedded[c]
-      embedded[c] = (whole, left - 1)
-      if left == 1:
+        x, deep = _embed(unpack(weights[k])[0], jnp.asarray(p.input_ids), jax.tree.map(jnp.asarray, p.vision), graphdef)
+        rows = [slice(*r) for r in bounds[c][1]]
+        embedded[c] = [(x[r], None if deep is None else deep[:, r]) for r in rows]
+      mine, embedded[c][k] = embedded[c][k], None
+      if all(e is None for e in embedded[c]):
         del embedded[c]
-      lo, hi = bounds[c][1][k]
-      x, deep = whole
-      device = plan.runners[k]
-      return jax.device_put(x[lo:hi], device), None if deep is None else jax.device_put(deep[:, lo:hi], device)
+      return jax.device_put(mine, plan.runners[k])
 
     return embed
 
@@ -138,7 +150,7 @@ def generate(
     limits = None if max_lengths is None else np.asarray(max_lengths)[np.concatenate(rows)]
     runs.append(
       shard(
-        weights[k], parts, jax.device_put(key, device), graphdef=graphdef, cfg=cfg, engine=engine,
+        weights[k], parts, on_device(key, device), graphdef=graphdef, cfg=cfg, engine=engine,
         num_samples=g, numbers=np.concatenate(numbers), groups=np.concatenate(groups), embed=embed_for(k),
         max_lengths=limits, stats=shard_stats[k] if stats is not None else None, **kw,
       )
@@ -153,16 +165,22 @@ def drive(runs: list, devices: list) -> list:
   """Runs the shards' generators in turn, each on its device, until all have returned; their return values. A
   shard resumes (collects its last segment, refills, dispatches its next) while the others' segments run."""
   results, live = [None] * len(runs), list(range(len(runs)))
-  meshes = [make_mesh({"data": 1}, devices=[d]) for d in devices]
   while live:
     for k in list(live):
-      with jax.default_device(devices[k]), jax.set_mesh(meshes[k]):
+      with on(devices[k]):
         try:
           next(runs[k])
         except StopIteration as done:
           results[k] = done.value
           live.remove(k)
   return results
+
+
+@contextlib.contextmanager
+def on(device):
+  """Programs dispatched in here run on `device` alone: its default device and a one-device mesh of it."""
+  with jax.default_device(device), jax.set_mesh(make_mesh({"data": 1}, devices=[device])):
+    yield
 
 
 def _merged(stats: list[dict]) -> dict:
@@ -182,7 +200,8 @@ def _assemble(outs: list[SampledArrays], chunks, bounds, plan: Spread, mesh, g: 
     for f in dataclasses.fields(SampledArrays):
       pieces = {}
       for k, (lo, hi) in enumerate(ranges):
-        mine = getattr(outs[k], f.name)[start[k] : start[k] + (hi - lo) * g]
+        with on(plan.runners[k]):
+          mine = getattr(outs[k], f.name)[start[k] : start[k] + (hi - lo) * g]
         pieces.update({d: jax.device_put(mine, d) for d in plan.holders[k]})
       x = getattr(outs[0], f.name)
       shape = (chunk.block * jax.process_count() * g, *x.shape[1:])

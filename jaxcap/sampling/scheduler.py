@@ -17,8 +17,9 @@ A call queues every sample (G per prompt, prompt-major) and loops:
    G samples are all done is handed over then (its tokens copied to the host), e.g. to be judged while the
    others decode (streaming judging).
 
-Programs compile once per (row bucket, page bucket) and per prefill shape. Single process, unsharded (see
-`jaxcap.sampling.engine.PagedSampler`). `stats` counts where a call's work goes (see `generate`).
+Programs compile once per (row bucket, page bucket) and per prefill shape. One device (`shard`); on a mesh or
+several processes, one `shard` per device's block of prompts (`jaxcap.sampling.mesh_shards`). `stats` counts
+where a call's work goes (see `shard`).
 """
 
 from __future__ import annotations
