@@ -22,7 +22,9 @@ class Sampling(Block):
 @dataclasses.dataclass(frozen=True)
 class Rollout(Block):
   """Which engine generates the RL rollouts (jaxcap.sampling.engine for 'paged'). The engine changes which random
-  numbers a sample draws; slots, pages and segments change only the time (and float rounding) of a rollout."""
+  numbers a sample draws; slots, pages and segments change only the time (and float rounding) of a rollout. On a
+  mesh and over processes the paged engine is data parallel: slots and pages are per device, each device's over
+  its block of the prompts (jaxcap.sampling.mesh_shards)."""
 
   RESUME = ALLOWED
   engine: str = field(
@@ -41,7 +43,3 @@ class Rollout(Block):
     "reference on CPU), 'reference' or 'pallas'",
     choices=ROLLOUT_ATTENTION,
   )
-
-  def check(self, run, at):
-    if self.engine == "paged" and (run.distributed.coordinator_address or run.distributed.num_processes > 1):
-      yield f"{at}engine=paged runs on one process for now; use {at}engine=static for multi-host runs"

@@ -94,17 +94,16 @@ def test_spread_blocks_follow_the_batch_axes():
 @pytest.mark.slow
 def test_each_process_decodes_its_own_prompts(tmp_path):
   """Two jax.distributed processes of 2 devices, 2 prompts each (their own buckets): the global arrays' blocks are
-  the processes' rows (checked in paged_multiprocess_worker.py), and the tokens are the one-device engine's on
-  all 4 prompts (process i's prompt b is prompt 2i + b of the global batch, whose draws it keys)."""
-  from paged_multiprocess_worker import ENGINE, rollouts, setup
+  the processes' rows, and their tokens the one-device engine's on all 4 prompts (process i's prompt b is prompt
+  2i + b of the global batch, whose draws it keys); both checked in paged_multiprocess_worker.py."""
+  from paged_multiprocess_worker import write_images
 
+  images = str(tmp_path / "images")
+  write_images(images)
   worker = [sys.executable, str(Path(__file__).resolve().parent / "paged_multiprocess_worker.py")]
-  run_processes(lambda i, port: [*worker, str(tmp_path / f"p{i}.json"), str(i), str(port)], count=2, devices=2)
+  run_processes(lambda i, port: [*worker, str(tmp_path / f"p{i}.json"), str(i), str(port), images], count=2, devices=2)
   got = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
   assert [len(g["text"]) for g in got] == [4, 4]  # 2 prompts x G = 2 each: only this process's rows
-  batcher, model, processor, records = setup(str(tmp_path / "reference.images"))
-  want = rollouts(PagedSampler(model, processor=processor, engine=ENGINE), batcher.inputs(records))
   for name in ("greedy", "sampled"):
-    _, tokens, lengths = want[name]
-    assert got[0][name]["tokens"] + got[1][name]["tokens"] == tokens, name
-    assert got[0][name]["lengths"] + got[1][name]["lengths"] == lengths, name
+    assert all(g[name]["same_tokens"] and g[name]["same_lengths"] for g in got), name
+  assert got[0]["sampled"]["tokens"] != got[0]["greedy"]["tokens"]
