@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.prompts import Prompts, pad_length
 from jaxcap.sampling.rollouts import SampledArrays
@@ -104,9 +105,8 @@ def generate(
   params, chunks: Sequence[SamplerBatch], key: jax.Array, *, mesh, graphdef, cfg, engine, num_samples: int, **kw
 ) -> tuple[list[SampledArrays], list[int]]:
   """The engine over `mesh` (`scheduler.shard`'s keywords): (each chunk's global `SampledArrays`, this process's
-  first prompt in each chunk's global batch). Chunks are host `SamplerBatch`es of this process's prompts."""
-  from jaxcap.sampling.decode_layout import unpack
-
+  first prompt in each chunk's global batch). Chunks are host `SamplerBatch`es of this process's prompts. `stats`
+  are summed over this process's engines (host_s: their scheduling time, summed)."""
   g, z = num_samples, engine.page_size
   plan = spread(mesh, [c.block for c in chunks])
   n = len(plan.runners)
