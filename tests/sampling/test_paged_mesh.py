@@ -44,7 +44,7 @@ def _same(got, want, *, atol):
     np.testing.assert_allclose(np.asarray(a.sample_logprobs), np.asarray(b.sample_logprobs), atol=atol)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_data_mesh_gives_the_one_device_rollouts(models, temperature):
   """Greedy and sampled (draws keyed by prompt, sample and position): a 2- and a 4-device data mesh give the
   one-device engine's tokens, prompt-major, with outputs sharded over the data axis."""
@@ -63,6 +63,7 @@ def test_data_mesh_gives_the_one_device_rollouts(models, temperature):
     assert stats["free_pages"] == stats["pages"] - size  # every engine gave back all its pages
 
 
+@pytest.mark.slow
 def test_streamed_chunks_and_replicas_on_a_mixed_mesh(models):
   """Two chunks of different sizes through one call on data 2 x tensor 2 (two engines, each output block held
   by two devices): each chunk's rollouts and `on_group` hand-overs are the one-device engine's."""
