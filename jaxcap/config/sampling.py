@@ -33,10 +33,10 @@ class Rollout(Block):
     choices=ROLLOUT_ENGINES,
     resume=ALTERS,
   )
-  slots: int = field(64, "decode slots of the paged engine (rows decoded at once)", ge=1)
+  slots: int = field(64, "decode slots of the paged engine (rows decoded at once), per device", ge=1)
   page_size: int = field(16, "tokens per KV-cache page", ge=1)
   segment_steps: int = field(32, "most decode steps between two refills of the slots", ge=1)
-  pages: int = field(0, "pages in the KV-cache pool", ge=0, hint="0 = as many as a call can use at once")
+  pages: int = field(0, "pages in the KV-cache pool, per device", ge=0, hint="0 = as many as a call can use at once")
   attention: str = field(
     "auto",
     "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, the jnp "
