@@ -132,9 +132,15 @@ def test_the_paged_engine_is_planned_with_its_pool():
   t = cfg.text
   assert e["pool_bytes"] == 2 * t.num_hidden_layers * t.num_key_value_heads * e["pages"] * 8 * t.head_dim * 2
   assert "paged engine: 4 slots, a pool of 29 pages x 8 tokens" in format_plan(res)
+  # data parallel on 2 devices: one engine per device's 2 prompts, each with the whole model
   c.mesh.shape.fsdp = 2
-  with pytest.raises(SystemExit, match="runs on one device"):
-    plan(c, cfg, jax.devices()[:2], 80.0, ("decode",), text=8)
+  two = plan(c, cfg, jax.devices()[:2], 80.0, ("prefill", "decode"), text=8)
+  assert two["engine"]["shards"] == 2 and two["engine"]["pages"] == 1 + 4 * (2 + 3) + 2 * 2
+  segment = lambda r: next(p for p in r["programs"] if p["name"] == "segment")["arguments"]
+  pool = lambda r: r["engine"]["pool_bytes"]
+  # the whole model on each device as on one; a smaller pool, and the outputs of its 2 prompts only
+  assert segment(res) - segment(two) > pool(res) - pool(two) == 4 * pool(res) // res["engine"]["pages"]
+  assert "2 engines, one per device's block of prompts" in format_plan(two)
 
 
 @pytest.mark.slow

@@ -22,7 +22,9 @@ class Sampling(Block):
 @dataclasses.dataclass(frozen=True)
 class Rollout(Block):
   """Which engine generates the RL rollouts (jaxcap.sampling.engine for 'paged'). The engine changes which random
-  numbers a sample draws; slots, pages and segments change only the time (and float rounding) of a rollout."""
+  numbers a sample draws; slots, pages and segments change only the time (and float rounding) of a rollout. On a
+  mesh and over processes the paged engine is data parallel: slots and pages are per device, each device's over
+  its block of the prompts (jaxcap.sampling.mesh_shards)."""
 
   RESUME = ALLOWED
   engine: str = field(
@@ -31,17 +33,13 @@ class Rollout(Block):
     choices=ROLLOUT_ENGINES,
     resume=ALTERS,
   )
-  slots: int = field(64, "decode slots of the paged engine (rows decoded at once)", ge=1)
+  slots: int = field(64, "decode slots of the paged engine (rows decoded at once), per device", ge=1)
   page_size: int = field(16, "tokens per KV-cache page", ge=1)
   segment_steps: int = field(32, "most decode steps between two refills of the slots", ge=1)
-  pages: int = field(0, "pages in the KV-cache pool", ge=0, hint="0 = as many as a call can use at once")
+  pages: int = field(0, "pages in the KV-cache pool, per device", ge=0, hint="0 = as many as a call can use at once")
   attention: str = field(
     "auto",
     "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, the jnp "
     "reference on CPU), 'reference' or 'pallas'",
     choices=ROLLOUT_ATTENTION,
   )
-
-  def check(self, run, at):
-    if self.engine == "paged" and (run.distributed.coordinator_address or run.distributed.num_processes > 1):
-      yield f"{at}engine=paged runs on one process for now; use {at}engine=static for multi-host runs"

@@ -26,7 +26,7 @@ from jaxcap.train.adapters import state_breakdown, with_run_lora
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packed_batch import planned_rows
 from jaxcap.train.programs import RunPrograms, packs, rollout_engine
-from jaxcap.plan.engine import engine_inputs, engine_programs
+from jaxcap.plan.engine import engine_inputs, engine_programs, engine_shards
 
 
 @dataclasses.dataclass
@@ -94,9 +94,9 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   results: list[ProgramPlan] = []
   engine_plan = None
 
-  def compile_one(name, lower, args, resident_outside):
+  def compile_one(name, lower, args, resident_outside, on=mesh):
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(on):
       lowered = lower(*args)
       compiled = lowered.compile()
     seconds = time.perf_counter() - t0
@@ -136,17 +136,15 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes + queued)
   engine = rollout_engine(config)
   if engine is not None and {"prefill", "decode"} & set(names):  # the run's rollouts: the paged engine's programs
-    if len(devices) > 1:
-      raise SystemExit(
-        f"rollout.engine='paged' runs on one device; plan it on one (--topology=cpu:1 or tpu:<chip>:1x1, "
-        f"mesh.shape of 1) or with rollout.engine=static for {len(devices)} devices"
-      )
-    ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform)
+    # data parallel: each device runs its own engine over its block of the prompts, with the whole model
+    shards, one = engine_shards(mesh, rows), make_mesh({"data": 1}, devices=devices[:1])
+    ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards)
     stop_ids = (int(cfg.eos_token_id),)
     lowerings = engine_programs(config, cfg, graphdef, programs.sampling(), g, stop_ids, devices[0].platform)
     for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
       if old in names:
-        compile_one(name, lowerings[name], getattr(ins, name.removeprefix("paged_")), state_bytes - params_bytes)
+        args = getattr(ins, name.removeprefix("paged_"))
+        compile_one(name, lowerings[name], args, state_bytes - params_bytes, on=one)
     engine_plan = dataclasses.asdict(ins.plan)
     names = tuple(n for n in names if n not in ("prefill", "decode"))
   if {"prefill", "decode"} & set(names):

@@ -2,8 +2,11 @@
 arguments of its prefill (a step's prompts into pages) and decode segment (up to `rollout.segment_steps` steps of
 every slot, reading each slot's filled pages only).
 
-The engine runs on one device (`jaxcap.sampling.engine.PagedSampler`), so its programs are planned on the
-target's first device with the whole model there. The pool is what a call needs at once with `rollout.pages=0`:
+The engine is data parallel (`jaxcap.sampling.mesh_shards`): each block of prompts the mesh's batch axes give a
+device is one engine's, with the whole model (the params replicated) and its own slots and pool, so its programs
+are planned on the target's first device for one block of the step's prompts (rows / shards). With several
+blocks, its prefill takes its rows' embeddings (the engine embeds a step's images once, on one device: that
+vision-tower program is not planned here). The pool is what a call needs at once with `rollout.pages=0`:
 every slot at its worst (its prompt's pages and its own for `sampling.max_new_tokens`: a prompt one token short of
 its pages, whose last page each sample copies) plus one step's prompts (`page_budget.pool_pages`). The segment's
 decode attention is `rollout.attention`'s for the target's platform (`paged_attention.choose`: on TPU, JAX's Pallas
@@ -19,24 +22,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
 from jaxcap.models import row_blocks
 from jaxcap.sampling import paged_attention
+from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.page_budget import own_pages, pool_pages
 from jaxcap.sampling.paged_cache import PagePool
 from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
 from jaxcap.sampling.paged_slots import Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
+from jaxcap.sharding import logical_to_spec
 from jaxcap.train.programs import rollout_engine
 
 
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
-  """The engine's sizes: `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
+  """One engine's sizes (`shards` engines, one per block of prompts): `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
   every layer's keys and values), `read_pages` pages a slot reads at its longest; `attention` the segment's
   ('reference', or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes` the keys and values a decode step
   reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out)."""
 
   slots: int
+  shards: int
   page_size: int
   pages: int
   pool_bytes: int
@@ -52,11 +61,42 @@ def _attention(config, cfg, platform: str) -> paged_attention.DecodeAttention:
   )
 
 
-def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: int, platform: str) -> SimpleNamespace:
-  """The abstract arguments of the engine's `prefill` and `segment` for one RL step's prompts `prompts` (the
-  sampler's bucketed batch, abstract: rows x T), and the pool's sizes (`EnginePlan`) on `platform`'s devices."""
+def engine_shards(mesh, rows: int) -> int:
+  """How many engines a step's `rows` prompts are spread over: the mesh's batch axes that divide them."""
+  spec = logical_to_spec(("batch",), (rows,), mesh)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def engine_inputs(
+  config, cfg, params, graphdef, prompts: Prompts, num_samples: int, platform: str, one=None, shards: int = 1
+) -> SimpleNamespace:
+  """The abstract arguments of one engine's `prefill` and `segment`, on the one-device mesh `one` (default:
+  as `params` lie), for its block of one RL step's prompts `prompts` (the sampler's bucketed batch, abstract:
+  rows x T, over `shards` engines), and the pool's sizes (`EnginePlan`) on `platform`'s devices."""
   engine = rollout_engine(config)
   z, new = engine.page_size, int(config.sampling.max_new_tokens)
+  embedded = None
+  if one is not None:
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(one, PartitionSpec()))
+    params = jax.tree.map(place, params)
+    block = lambda x, axis, n: jax.ShapeDtypeStruct(
+      x.shape[:axis] + (x.shape[axis] // n,) + x.shape[axis + 1 :],
+      x.dtype,
+      sharding=NamedSharding(one, PartitionSpec()),
+    )
+    embedded = None
+    if prompts.vision is not None and shards > 1:  # a chunk's images are embedded once; the prefill takes its rows
+      whole = jax.eval_shape(
+        lambda p, ids, v: nnx.merge(graphdef, unpack(p)[0]).embed_vision(ids, v), params, prompts.input_ids,
+        prompts.vision,
+      )  # fmt: skip
+      embedded = (block(whole[0], 0, shards), None if whole[1] is None else block(whole[1], 1, shards))
+    prompts = Prompts(
+      block(prompts.input_ids, 0, shards), block(prompts.attention_mask, 0, shards),
+      block(prompts.positions, 1, shards), block(prompts.rope_deltas, 0, shards),
+      prompts.vision if embedded is None else None,
+    )  # fmt: skip
   rows, t = prompts.input_ids.shape
   t_pages = -(-t // z)
   if t_pages * z != t:  # the engine pads prompts to whole pages
@@ -78,7 +118,7 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   out = Outputs(i32(out_rows, new), *(jax.ShapeDtypeStruct((out_rows, new), jnp.float32),) * 2, i32(out_rows))
   r = engine.slots
-  slots = Slots(i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
+  slots = Slots(i32(r), i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
   read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
   weights = jax.eval_shape(
     lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
@@ -87,9 +127,10 @@ def engine_inputs(config, cfg, params, graphdef, prompts: Prompts, num_samples: 
   pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
   read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot
   return SimpleNamespace(
-    prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key),
+    prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key)
+    + (() if embedded is None else (i32(), embedded)),
     segment=(params, *weights, pool, slots, out, i32(r, read), key, i32()),
-    plan=EnginePlan(r, z, pages, pool_bytes, read, _attention(config, cfg, platform).kernel, read_bytes),
+    plan=EnginePlan(r, shards, z, pages, pool_bytes, read, _attention(config, cfg, platform).kernel, read_bytes),
     steps=engine.segment_steps,
   )
 

@@ -12,6 +12,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jaxcap.sampling import mesh_shards
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.paged_attention import ATTENTION_CHOICES
 from jaxcap.sampling.placement import SamplerBatch
@@ -23,7 +24,8 @@ from jaxcap.sampling.scheduler import generate
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
   """slots: decode slots (the largest row bucket); page_size: tokens per page; segment_steps: the most decode
-  steps between two visits of the host; pages: the pool's pages (0 = as many as a call can use at once);
+  steps between two visits of the host; pages: the pool's pages (0 = as many as a call can use at once); slots
+  and pages are each device's on a mesh (`jaxcap.sampling.mesh_shards`);
   attention: the decode attention, 'auto' (JAX's Pallas paged-attention kernel on TPU and GPU, the jnp reference
   on CPU), 'reference' or 'pallas' (`jaxcap.sampling.paged_attention.choose`)."""
 
@@ -45,8 +47,8 @@ class EngineConfig:
 
 class PagedSampler(Sampler):
   """A `Sampler` (same bucketing, same `Rollouts`) whose calls run the paged engine (`generate`): `engine` sets
-  its slots, page size and segment length. One process, one device: the static sampler serves meshes and
-  multi-host runs."""
+  its slots, page size and segment length. On a mesh or several processes, data parallel: one engine per block
+  of prompts the mesh gives a device (`jaxcap.sampling.mesh_shards`)."""
 
   wants_host_batch = True  # a host `SamplerBatch` saves copying a placed one back
   streams_groups = True  # calls take `on_group`: each prompt's G samples handed over as soon as they are done
@@ -87,13 +89,10 @@ class PagedSampler(Sampler):
     """Several batches (each as `__call__` takes it: conversations, `ModelInputs` or a `SamplerBatch`) through one
     engine call, so the slots stay full across batches (a later batch's samples take the slots an earlier one's
     free) and only the last one's tail decodes at a small row bucket. One `Rollouts` per batch, in order. Sample g
-    of the p-th prompt of the call (counting every batch's padded block) draws from (key, p, g, position); `on_group` gets that p."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if jax.process_count() > 1 or (not mesh.empty and mesh.size > 1):
-      raise ValueError(
-        "rollout.engine='paged' runs on one process and one device for now; use rollout.engine='static' on a "
-        f"mesh of {'?' if mesh.empty else mesh.size} devices / {jax.process_count()} processes"
-      )
+    of the p-th prompt of the call (counting every batch's padded block) draws from (key, p, g, position);
+    `on_group` gets that p. Under a mesh of several devices, or with several processes, each device runs the engine over its block of
+    the prompts (`mesh_shards`: how prompts are spread; p then counts the global batch's prompts, and `on_group`
+    this process's)."""
     if num_samples < 1:
       raise ValueError(f"num_samples={num_samples}; ask for at least one sample per prompt")
     chunks = []
@@ -102,30 +101,24 @@ class PagedSampler(Sampler):
       if batch.on_device:
         batch = dataclasses.replace(batch, prompts=jax.device_get(batch.prompts))
       chunks.append(batch)
-    arrays = generate(
-      self.params if params is None else params,
-      chunks,
-      key,
-      graphdef=self.graphdef,
-      cfg=self.cfg,
-      engine=self.engine,
-      sampling=sampling or self.sampling,
-      num_samples=num_samples,
-      pad_id=self.pad_id,
-      max_lengths=max_lengths,
-      stats=stats,
-      on_group=on_group,
-    )
-    out, lo = [], 0
-    for batch in chunks:
-      hi = lo + batch.block * num_samples
-      part = (
-        SampledArrays(*(getattr(arrays, f.name)[lo:hi] for f in dataclasses.fields(arrays)))
-        if len(chunks) > 1
-        else arrays
-      )
-      out.append(
-        Rollouts(part, rows=batch.rows, num_samples=num_samples, first_row=0, tokenizer=self.tokenizer, multi=False)
-      )
-      lo = hi
-    return out
+    kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
+    kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths, stats=stats, on_group=on_group)
+    params = self.params if params is None else params
+    mesh = jax.sharding.get_mesh()
+    if jax.process_count() > 1 or not (mesh is None or mesh.empty or mesh.size == 1):
+      if mesh is None or mesh.empty:
+        raise ValueError("the paged engine on several processes needs an ambient mesh: call it under jax.set_mesh")
+      parts, firsts = mesh_shards.generate(params, chunks, key, mesh=mesh, **kw)
+    else:
+      arrays = generate(params, chunks, key, **kw)
+      parts, firsts, lo = [], [0] * len(chunks), 0
+      for batch in chunks:
+        hi = lo + batch.block * num_samples
+        parts.append(SampledArrays(*(getattr(arrays, f.name)[lo:hi] for f in dataclasses.fields(arrays))))
+        lo = hi
+      parts = [arrays] if len(chunks) == 1 else parts
+    multi = jax.process_count() > 1
+    return [
+      Rollouts(part, rows=batch.rows, num_samples=num_samples, first_row=first, tokenizer=self.tokenizer, multi=multi)
+      for part, batch, first in zip(parts, chunks, firsts)
+    ]

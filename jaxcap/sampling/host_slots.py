@@ -1,13 +1,30 @@
 """The paged engine's host mirror of its decode slots (`HostSlots`): which sample each slot holds, its own pages and
-page table, how far it has got. The device state is `jaxcap.sampling.paged_slots.Slots`; the host scheduler
-(`jaxcap.sampling.scheduler`) keeps the two in step.
+page table, how far it has got; and the row buckets the slots are compiled at. The device state is
+`jaxcap.sampling.paged_slots.Slots`; the host scheduler (`jaxcap.sampling.scheduler`) keeps the two in step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from jaxcap.buckets import ladder
 from jaxcap.sampling.page_budget import PromptPages
+
+REFILL_FRACTION = 8  # a segment returns to refill once 1/8 of the slots (at least one) have finished
+BUCKET_STEPS = 2  # sizes per octave of the row and page buckets
+
+
+def row_bucket(live: int, slots: int) -> int:
+  """The compiled row count for `live` slots: the next ladder size, at most `slots`."""
+  return min(ladder(max(1, live), 1, BUCKET_STEPS), slots)
+
+
+def smaller_bucket(rows: int) -> int:
+  """The largest ladder size below `rows` (0 for rows <= 1): a draining segment returns once that many are live."""
+  b = rows - 1
+  while b > 0 and ladder(b, 1, BUCKET_STEPS) >= rows:
+    b -= 1
+  return b
 
 
 class HostSlots:

@@ -42,6 +42,7 @@ def sample_uniforms(key: jax.Array, rows: jax.Array, position: jax.Array, num_sa
 
 
 def _draw(key, logits, rows, position, sampling: SamplingConfig, num_samples: int):
+  """Each row's token and log-probs; rows int32 [R]: the rows its draws are keyed by (`sample_uniforms`)."""
   uniform = None if sampling.greedy else sample_uniforms(key, rows, position, num_samples)
   return sample_tokens(None, logits, sampling, uniform=uniform)
 
@@ -66,6 +67,8 @@ def prefill(
   first_row,
   real,
   key,
+  key_first=None,
+  embedded=None,
   *,
   graphdef,
   sampling,
@@ -74,13 +77,15 @@ def prefill(
   """Runs B prompts (left-padded, T a multiple of the page size) once, writes their keys and values into the
   pages `page_ids` int32 [B, T / Z] names (left-aligned: `write_prompt_pages`), and samples token 0 of each of
   their G samples into output rows (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar)
-  first prompts."""
+  first prompts, drawing as rows (key_first + b) * G + g (int32 scalar; None: first_row). `embedded` (optional):
+  the prompts' `embed_vision` (x [B, T, D], DeepStack [n, B, T, D] or None), computed elsewhere (`mesh_shards`:
+  a chunk's images embedded once, its rows spread over devices); then `prompts.vision` is not read."""
   TRACE_COUNTS["prefill"] += 1
   params, layers = unpack(params)
   model = nnx.merge(graphdef, params)
   b, t = prompts.input_ids.shape
   g = num_samples
-  x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision)
+  x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision) if embedded is None else embedded
   mask = prompts.attention_mask.astype(bool)
   hidden, cache = model.decode(
     x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
@@ -88,8 +93,9 @@ def prefill(
   pool = write_prompt_pages(pool, cache.k, cache.v, page_ids, jnp.sum(mask, -1, dtype=jnp.int32))
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
+  key_rows = rows if key_first is None else key_first * g + jnp.arange(b * g, dtype=jnp.int32)
   zero = jnp.zeros((b * g,), jnp.int32)
-  token, sample_lp, policy_lp = _draw(key, logits, rows, zero, sampling, g)
+  token, sample_lp, policy_lp = _draw(key, logits, key_rows, zero, sampling, g)
   rows = jnp.where(jnp.arange(b * g) < real * g, rows, out.lengths.shape[0])
   return pool, _put(out, rows, zero, token, sample_lp, policy_lp)
 
@@ -186,11 +192,12 @@ def segment(
       ks.append(view.k)
       vs.append(view.v)
     logits = model.logits(model.norm(x)[:, 0], head)
-    token, sample_lp, policy_lp = _draw(key, logits, s.row, s.emitted, sampling, num_samples)
+    token, sample_lp, policy_lp = _draw(key, logits, s.key_row, s.emitted, sampling, num_samples)
     out = _put(out, jnp.where(live, s.row, out_rows), s.emitted, token, sample_lp, policy_lp)
     emitted = s.emitted + live
     s = Slots(
       row=s.row,
+      key_row=s.key_row,
       done=s.done | (live & (is_stop(token, stop_ids) | (emitted >= s.limit))),
       token=jnp.where(live, token, s.token),
       emitted=emitted,

@@ -40,12 +40,14 @@ class Outputs:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Slots:
-  """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); done bool [R] (True when
+  """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); key_row int32 [R]: the row
+  its draws are keyed by (prompt * G + sample, the prompt numbered in the call: `paged_decode.sample_key`); done bool [R] (True when
   empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
   many tokens it may emit; length int32 [R]: positions in its pages, all visible (the next token is written at
   `length`); position int32 [R]: the mRoPE position of its last token."""
 
   row: jax.Array
+  key_row: jax.Array
   done: jax.Array
   token: jax.Array
   emitted: jax.Array
@@ -56,13 +58,28 @@ class Slots:
   @classmethod
   def empty(cls, slots: int, out_rows: int) -> "Slots":
     zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(5)]
-    return cls(jnp.full((slots,), out_rows, jnp.int32), jnp.ones((slots,), bool), *zeros)
+    return cls(
+      jnp.full((slots,), out_rows, jnp.int32), jnp.zeros((slots,), jnp.int32), jnp.ones((slots,), bool), *zeros
+    )
 
 
 def admit(
-  slots: Slots, out: Outputs, pool: PagePool, index, row, limit, length, position, copy_from, copy_to, *, stop_ids
+  slots: Slots,
+  out: Outputs,
+  pool: PagePool,
+  index,
+  row,
+  key_row,
+  limit,
+  length,
+  position,
+  copy_from,
+  copy_to,
+  *,
+  stop_ids,
 ):
-  """Places samples in slots: index int32 [A] (R = none), row / limit / length / position int32 [A] per `Slots`.
+  """Places samples in slots: index int32 [A] (R = none), row / key_row / limit / length / position int32 [A] per
+  `Slots`.
   Each starts from its token 0, already sampled by the prefill. copy_from / copy_to int32 [A]: the page each copies
   into its first own page (copy_to = P: none). -> (slots, pool)."""
   TRACE_COUNTS["admit"] += 1
@@ -71,6 +88,7 @@ def admit(
   set_ = lambda a, x: a.at[index].set(x.astype(a.dtype), mode="drop")
   return Slots(
     set_(slots.row, row),
+    set_(slots.key_row, key_row),
     set_(slots.done, done),
     set_(slots.token, token),
     set_(slots.emitted, jnp.ones_like(row)),

@@ -17,8 +17,9 @@ A call queues every sample (G per prompt, prompt-major) and loops:
    G samples are all done is handed over then (its tokens copied to the host), e.g. to be judged while the
    others decode (streaming judging).
 
-Programs compile once per (row bucket, page bucket) and per prefill shape. Single process, unsharded (see
-`jaxcap.sampling.engine.PagedSampler`). `stats` counts where a call's work goes (see `generate`).
+Programs compile once per (row bucket, page bucket) and per prefill shape. One device (`shard`); on a mesh or
+several processes, one `shard` per device's block of prompts (`jaxcap.sampling.mesh_shards`). `stats` counts
+where a call's work goes (see `shard`).
 """
 
 from __future__ import annotations
@@ -36,31 +37,26 @@ from jaxcap.buckets import ladder
 from jaxcap.sampling import paged_attention, paged_slots
 from jaxcap.sampling import paged_decode as programs
 from jaxcap.sampling.distribution import SamplingConfig
-from jaxcap.sampling.host_slots import HostSlots
+from jaxcap.sampling.host_slots import BUCKET_STEPS, REFILL_FRACTION, HostSlots, row_bucket, smaller_bucket
 from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages, prompt_tokens
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import SampledArrays
 
-REFILL_FRACTION = 8  # a segment returns to refill once 1/8 of the slots (at least one) have finished
-BUCKET_STEPS = 2  # sizes per octave of the row and page buckets
+
+def generate(params, chunks: Sequence[SamplerBatch], key: jax.Array, **kw) -> SampledArrays:
+  """G samples of every real prompt of `chunks` (host `SamplerBatch`es, in order) on the default device: one
+  `shard` run to its end. Keywords as `shard`'s."""
+  run = shard(params, chunks, key, **kw)
+  while True:
+    try:
+      next(run)
+    except StopIteration as done:
+      return done.value
 
 
-def row_bucket(live: int, slots: int) -> int:
-  """The compiled row count for `live` slots: the next ladder size, at most `slots`."""
-  return min(ladder(max(1, live), 1, BUCKET_STEPS), slots)
-
-
-def smaller_bucket(rows: int) -> int:
-  """The largest ladder size below `rows` (0 for rows <= 1): a draining segment returns once that many are live."""
-  b = rows - 1
-  while b > 0 and ladder(b, 1, BUCKET_STEPS) >= rows:
-    b -= 1
-  return b
-
-
-def generate(
+def shard(
   params,
   chunks: Sequence[SamplerBatch],
   key: jax.Array,
@@ -74,20 +70,29 @@ def generate(
   max_lengths: np.ndarray | None = None,
   stats: dict | None = None,
   on_group: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
-) -> SampledArrays:
-  """G samples of every real prompt of `chunks` (host `SamplerBatch`es, in order). Output rows: chunk c's block
-  of `block * G` rows after the earlier chunks', row (offset + b) * G + g sample g of its prompt b; padded prompts'
-  rows are left empty (length 0). `engine`: an `EngineConfig`. `max_lengths` int [O] (optional): a per-row cap on
+  numbers: np.ndarray | None = None,
+  groups: np.ndarray | None = None,
+  embed: Callable[[int], tuple | None] = lambda c: None,
+):
+  """The engine on one device (its arrays where `params` are, or the default device), as a generator that yields
+  once per decode segment, right after dispatching it (so a caller can run several devices' shards in turn,
+  `mesh_shards`), and returns the `SampledArrays`. Output rows: chunk c's block of `block * G` rows after the
+  earlier chunks', row (offset + b) * G + g sample g of its prompt b; padded prompts' rows are left empty (length
+  0). Its draws are keyed as row numbers[offset + b] * G + g (`numbers` int [sum of blocks]; default: the
+  output's prompt numbering). `engine`: an `EngineConfig`. `max_lengths` int [O] (optional): a per-row cap on
   emitted tokens (a stop schedule for benchmarks). `stats`, when given, is filled with: segments, compactions,
   row_steps (decode steps x compiled rows, summed over segments), attention_positions (row steps x page-bucket
   positions each row read), host_s (wall seconds between a segment's results arriving and the next segment's
   dispatch: the scheduler's own time), pages, free_pages and the programs' trace counts. `on_group(prompt, tokens
-  int32 [G, N], lengths int32 [G])`, when given, is called on this thread once per real prompt (numbered across
-  the chunks as the output rows are), as soon as its G samples have finished, with their host copies."""
+  int32 [G, N], lengths int32 [G])`, when given, is called on this thread once per real prompt (numbered
+  groups[offset + b], default as the output rows are), as soon as its G samples have finished, with their host
+  copies. `embed(c)`: chunk c's `embed_vision` on this device, or None to embed it in the prefill."""
   g, n_new, z = num_samples, sampling.max_new_tokens, engine.page_size
   stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
   offsets = np.cumsum([0] + [c.block for c in chunks])
   out_rows = int(offsets[-1]) * g
+  numbers = np.arange(offsets[-1]) if numbers is None else np.asarray(numbers)
+  groups = numbers if groups is None else np.asarray(groups)
   chunk_real = [prompt_tokens(c.prompts.attention_mask, c.rows) for c in chunks]
   chunk_pages = [prompt_pages(r, z) for r in chunk_real]
   total_pages = pool_pages(chunk_real, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
@@ -139,6 +144,8 @@ def generate(
       jnp.int32(offsets[c]),
       jnp.int32(chunk.rows),
       key,
+      jnp.int32(numbers[offsets[c]]),
+      embed(c),
       **model_static,
     )
 
@@ -155,8 +162,8 @@ def generate(
         f"{chunk_own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
         "or use smaller chunks"
       )
-    admitted = np.zeros((7, rows), np.int64)
-    admitted[0], admitted[6] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
+    admitted = np.zeros((8, rows), np.int64)
+    admitted[0], admitted[7] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
     j = 0
     while queue and free and len(alloc.free) >= own(queue[0][0]):
       prompt, s = queue.popleft()
@@ -164,7 +171,7 @@ def generate(
       pages = alloc.take(own(prompt))
       tail = host.place(i, row, p, pages, z)  # copied into its first own page
       copy = (NULL_PAGE, total_pages) if tail is None else (tail, pages[0])
-      admitted[:, j] = (i, row, limits[row], host.base[i], p.position, *copy)
+      admitted[:, j] = (i, row, numbers[prompt] * g + s, limits[row], host.base[i], p.position, *copy)
       j += 1
     if j:
       admit = (jnp.asarray(x, jnp.int32) for x in admitted)
@@ -206,6 +213,7 @@ def generate(
       attention=attention,
       **model_static,
     )
+    yield
     done, emitted, steps = jax.device_get((slots.done, slots.emitted, steps))
     since = time.perf_counter()
     count["segments"] += 1
@@ -224,7 +232,7 @@ def generate(
         complete.append(prompt)
     host.emitted = np.asarray(emitted, np.int64)
     if on_group is not None and complete:
-      hand_over(on_group, out, complete, g)
+      hand_over(on_group, out, complete, g, groups)
 
   if stats is not None:
     host_s += time.perf_counter() - since
@@ -233,9 +241,9 @@ def generate(
   return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
 
 
-def hand_over(on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int) -> None:
-  """`on_group(prompt, tokens [G, N], lengths [G])` for each finished prompt, from one copy of their rows."""
+def hand_over(on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int, groups: np.ndarray) -> None:
+  """`on_group(groups[prompt], tokens [G, N], lengths [G])` for each finished prompt, from one copy of its rows."""
   rows = np.asarray([p * g + s for p in prompts for s in range(g)], np.int32)
   tokens, lengths = jax.device_get((out.tokens[rows], out.lengths[rows]))
   for k, prompt in enumerate(prompts):
-    on_group(prompt, tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])
+    on_group(int(groups[prompt]), tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])
