@@ -47,16 +47,21 @@ def text_only_tokenizer(tokenizer: Any) -> Any:
 
 
 def special_token_ids(cfg: Qwen25VLConfig) -> dict[str, int]:
-  """Where the config expects each special token (the tiny presets put them at the top of the vocabulary)."""
-  return {
+  """Where the config expects each special token (the tiny presets put them at the top of the vocabulary).
+  `<|im_start|>`, which the config does not name, takes the free id nearest below `<|im_end|>` (then above): two
+  tokens on one id would decode by whichever the tokenizer's hash map lists first, which differs between
+  processes."""
+  ids = {
     "<|endoftext|>": cfg.bos_token_id,
     "<|im_end|>": cfg.eos_token_id,
-    "<|im_start|>": cfg.eos_token_id - 1 if cfg.eos_token_id - 1 != cfg.bos_token_id else cfg.eos_token_id + 1,
     "<|vision_start|>": cfg.vision_start_token_id,
     "<|vision_end|>": cfg.vision_end_token_id,
     "<|image_pad|>": cfg.image_token_id,
     "<|video_pad|>": cfg.video_token_id,
   }
+  taken, eos = set(ids.values()), cfg.eos_token_id
+  near = (i for d in range(1, cfg.text.vocab_size) for i in (eos - d, eos + d) if 0 <= i < cfg.text.vocab_size)
+  return {**ids, "<|im_start|>": next(i for i in near if i not in taken)}
 
 
 def word_tokenizer(words: Sequence[str], cfg: Qwen25VLConfig):

@@ -129,3 +129,17 @@ def test_a_tokenizer_that_still_reads_the_text_as_a_vision_token_is_an_error_nam
     ValueError, match=r"^conversation 0 \(record 'rec-9'\) encodes to 5 vision placeholder tokens but"
   ):
     Processor(tok, CFG, system=None)([conv])
+
+
+@pytest.mark.parametrize("preset", sorted(M.PRESETS))
+def test_each_special_token_has_an_id_of_its_own(preset):
+  """Two special tokens on one id decode by the tokenizer's hash order, which differs between processes."""
+  from jaxcap.processing.tokenizer import special_token_ids
+
+  cfg = M.PRESETS[preset]()
+  ids = special_token_ids(cfg)
+  assert len(set(ids.values())) == len(ids), ids
+  if cfg.text.vocab_size <= 4096:  # the word tokenizer's vocabulary is built in full
+    tok = word_tokenizer(["a", "red", "circle"], cfg)
+    assert {t: tok.convert_tokens_to_ids(t) for t in ids} == ids
+    assert [tok.convert_ids_to_tokens(i) for i in ids.values()] == list(ids)
