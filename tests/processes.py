@@ -151,10 +151,15 @@ def tiny_run(changes: Mapping[str, object] = (), base: Mapping[str, object] = TI
   return flags({**base, **dict(changes)})
 
 
+# jaxcap's commands run as in a user's install, without torch (tests/as_installed.py): `[*AS_INSTALLED, "-m",
+# "jaxcap.caption", ...]` or `[*AS_INSTALLED, script, ...]`.
+AS_INSTALLED = (sys.executable, str(ROOT / "tests" / "as_installed.py"))
+
+
 def launch_command(config: str = "caprl", *args: str, workdir=None, script: str | None = None) -> list[str]:
   """`python -m jaxcap.launch --config=configs/<config>.py [--config.workdir=...] args` (`script`: a file run in
-  its place with the same flags, e.g. tests/train/fault_launch.py)."""
-  head = [sys.executable, str(script)] if script else [sys.executable, "-m", "jaxcap.launch"]
+  its place with the same flags, e.g. tests/train/fault_launch.py), as installed (`AS_INSTALLED`)."""
+  head = [*AS_INSTALLED, str(script)] if script else [*AS_INSTALLED, "-m", "jaxcap.launch"]
   variant = _split_variant(config)[1]
   variant = f":{variant}" if variant else ""
   path = config_file(config)
@@ -217,8 +222,8 @@ def kill_after_checkpoint(cmd: Sequence[str], workdir, log, min_step: int, timeo
 
 
 def cli(module: str, *args: str, **kw) -> subprocess.CompletedProcess:
-  """`python -m jaxcap.<module> args` (plan, eval, caption, experiments, judge, ...); see `run_command`."""
-  return run_command([sys.executable, "-m", f"jaxcap.{module}", *args], **kw)
+  """`python -m jaxcap.<module> args` (plan, eval, caption, experiments, judge, ...) as installed; see `run_command`."""
+  return run_command([*AS_INSTALLED, "-m", f"jaxcap.{module}", *args], **kw)
 
 
 # `JAX_LOG_COMPILES=1` lines: (program name, its argument shapes); logged at lowering, so also on a cache hit.

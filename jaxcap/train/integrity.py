@@ -144,7 +144,8 @@ _quiet = False
 
 
 def quiet_abandoned_reads() -> None:
-  """Silences exactly those reports, for the rest of the process (installed once a restore has failed)."""
+  """Silences exactly those reports, for the rest of the process (installed before a checkpoint is restored: only a
+  failed restore leaves such reads, and they can report while its error is still being raised)."""
   global _quiet
   if _quiet:
     return

@@ -134,12 +134,13 @@ class RunDirectory:
     """The checkpoint at `step` in the shardings of `state` (its frozen LoRA base kept from `state`), and its meta;
     a state that does not fit is a ConfigChangedError saying what in the config changes the state's structure."""
     state, frozen = saved_part(state, self.config)
+    # before the restore: a failing one's abandoned reads can report from Orbax's threads while its error is raised
+    integrity.quiet_abandoned_reads()
     try:
       restored, meta = self.checkpoints.restore(step, state)
       return with_base(restored, frozen), meta
     except Exception as e:  # Orbax names tree paths and shapes, not what in the config made them differ
       detail = str(e).strip().splitlines()[0][:300].rstrip(":") if str(e).strip() else type(e).__name__
-      integrity.quiet_abandoned_reads()
       step_dir = Path(self.checkpoints.manager.directory) / str(step)
       if integrity.fits(step_dir, state):  # the saved tree is the one this config builds: its data is damaged
         raise integrity.CheckpointDamagedError(step, step_dir, integrity.read_error(e)) from e

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from typing import Iterator
@@ -75,12 +74,12 @@ def wait_for_models(url: str, timeout_s: float, process: subprocess.Popen | None
 @contextlib.contextmanager
 def rule_server_process(manifest: str, latency_s: float = 0.0) -> Iterator[tuple[Endpoint, subprocess.Popen]]:
   """`python -m jaxcap.judge serve --rule-based` as a subprocess (so a test can SIGKILL it)."""
-  from processes import start  # here: scripts that import this module may not have tests/ on their path
+  from processes import AS_INSTALLED, start  # here: scripts that import this module may not have tests/ on their path
 
   port = free_port()
   proc = start(
     [
-      sys.executable,
+      *AS_INSTALLED,
       "-m",
       "jaxcap.judge",
       "serve",

@@ -3,7 +3,6 @@
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -13,7 +12,7 @@ from PIL import Image
 import jaxcap.models as M
 from jaxcap import caption
 from hf_reference import save_tiny_checkpoint
-from processes import start
+from processes import AS_INSTALLED, start
 
 SIZES = [(56, 56), (56, 84), (84, 56)]  # three resized shapes -> three compiled buckets
 
@@ -66,7 +65,7 @@ def test_killed_and_restarted_run_writes_each_image_once(setup):
   errors = out.with_name("captions.errors.jsonl")
   log = root / "first_run.log"
   with open(log, "wb") as stderr:
-    proc = start([sys.executable, "-m", "jaxcap.caption", *_args(root, out)], stdout=subprocess.DEVNULL, stderr=stderr)
+    proc = start([*AS_INSTALLED, "-m", "jaxcap.caption", *_args(root, out)], stdout=subprocess.DEVNULL, stderr=stderr)
   deadline = time.time() + 120
   while len(_rows(out)) < 2 and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)

@@ -74,13 +74,19 @@ def test_lora_run_saves_adapters_resumes_exactly_and_exports_merged(base, tmp_pa
   assert any(k.endswith("q_proj.lora_B.weight") for k in adapters)
 
 
-def test_embedded_lora_run_sft_trains_the_base_then_rl_the_adapters(tmp_path):
+def test_embedded_qwen3vl_lora_run_with_cispo_on_the_samplers_log_probs(tmp_path):
   """The embedded student (no checkpoint: its base is built by the run) under LoRA, as a Qwen3-VL with the paged
-  rollout engine: SFT trains the base with the adapters held at zero (its moments are the base's), RL the adapters
-  alone, so RL's first policy is the SFT policy and its KL to the base (adapters off) is exactly 0 at that step."""
+  rollout engine (the trainer's rollouts and update with DeepStack, with no other family branch): SFT trains the
+  base with the adapters held at zero (its moments are the base's), RL the adapters alone, so RL's first policy is
+  the SFT policy and its KL to the base (adapters off) is exactly 0 at that step. RL runs `rl.loss.policy=cispo`
+  from the command line with the old log-probs taken from the sampler (no recompute): the mismatch metrics are then
+  logged without being computed, the divergences 0, the log-perplexities null (not measured). GSPO runs in
+  tests/train/test_rollout_engine_config.py."""
   workdir = tmp_path / "run"
   changes = {
     "model.family": "qwen3_vl",
+    "rl.loss.policy": "cispo",
+    "rl.recompute_old_logprobs": False,
     "rollout.engine": "paged",
     "rollout.slots": 4,
     "model.lora.rank": 4,
@@ -103,3 +109,9 @@ def test_embedded_lora_run_sft_trains_the_base_then_rl_the_adapters(tmp_path):
   kl = [r["kl"] for r in _rows(workdir) if "kl" in r]
   assert len(kl) == 2 and kl[0] == 0.0 and kl[1] > 0  # RL starts at its reference, the SFT policy
   assert (workdir / "export" / "model.safetensors").exists()
+  rl = [r for r in _rows(workdir) if r["phase"] == "rl" and "loss" in r]
+  assert [r["step"] for r in rl] == [1, 2] and all(isinstance(r["loss"], float) for r in rl)
+  assert json.loads((workdir / "config.json").read_text())["config"]["rl"]["loss"]["policy"] == "cispo"
+  for r in rl:
+    assert r["rollout_corr/kl_k1"] == r["rollout_corr/chi2_token"] == 0.0
+    assert r["rollout_corr/training_log_ppl"] is None and r["rollout_corr/rollout_log_ppl"] is None

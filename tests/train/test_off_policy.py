@@ -1,6 +1,6 @@
 """One-step off-policy RL (rl.off_policy_steps, jaxcap.train.off_policy): the loader's look-ahead and its saved
 position, which steps queue the next round, and the main job end to end (staleness logged, a resumed run repeats
-the uninterrupted one)."""
+the uninterrupted one). Two processes queueing in step: tests/train/test_train_distributed.py."""
 
 import json
 from pathlib import Path
@@ -113,24 +113,3 @@ def test_sigkill_mid_run_then_rerun_resumes_to_the_uninterrupted_metrics(uninter
   rerun = launch("caprl", *run, workdir=workdir, script=script)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
-
-
-@pytest.mark.slow  # two processes of a short training run
-def test_two_processes_queue_in_step(tmp_path):
-  """Both processes queue the same rounds (a process out of step would hang the next collective) and each step's
-  metrics are logged once, with its staleness."""
-  from processes import launch_processes, tiny_run
-
-  common = tiny_run(
-    {
-      "rl.steps": 3,
-      "rl.off_policy_steps": 1,
-      "world.train_scenes": 16,
-      "eval.num_images": 0,
-      "vision_warmup.steps": 0,
-      "vision_warmup.batch_size": None,
-    }
-  )
-  launch_processes("caprl", *common, workdir=tmp_path / "two")
-  rows = [r for r in _metrics(tmp_path / "two") if r["phase"] == "rl" and "loss" in r]
-  assert [(r["step"], r["offpolicy/staleness"]) for r in rows] == [(1, 0.0), (2, 1.0), (3, 1.0)]

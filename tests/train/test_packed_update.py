@@ -1,6 +1,7 @@
 """Packed micro-batches (jaxcap.train.packing / packed / packed_step / packed_batch): log-probs, loss and gradients
 equal the padded path's (f32) on mixed image sizes, a video and a text-only prompt, for every aggregation mode,
-across micro-batch splits, and with rollout correction, mask_truncated and the KL term."""
+across micro-batch splits, and with rollout correction, mask_truncated and the KL term. The main job with packed
+micro-batches end to end: tests/train/test_rollout_engine_config.py."""
 
 import dataclasses
 
@@ -286,32 +287,3 @@ def test_packed_update_with_options_equals_padded(policy, options):
   got, want = jax.tree.leaves(new.opt_state), jax.tree.leaves(padded.opt_state)
   errors = [float(jnp.linalg.norm(g - w) / jnp.maximum(jnp.linalg.norm(w), 1e-30)) for g, w in zip(got, want)]
   assert max(errors) < 1e-5, (options, max(errors))
-
-
-@pytest.mark.slow  # a training run in a subprocess (~40 s)
-def test_tiny_run_with_packed_micro_batches(tmp_path):
-  """The main job with rl.micro_batch_tokens and sft.micro_batch_tokens: SFT's step and RL's log-prob passes and
-  update are the packed programs, compiled once each over the run, and every step logs its packing."""
-  import collections
-  import json
-
-  from processes import compiles, cpu_env, launch, tiny_run
-
-  out = launch(
-    "caprl",
-    *tiny_run({"rl.micro_batch_tokens": 256, "sft.micro_batch_tokens": 256}),
-    workdir=tmp_path,
-    env=cpu_env(1, JAX_LOG_COMPILES="1"),
-  )
-  by_name = collections.Counter(name for name, _ in compiles(out.stderr))
-  assert by_name["packed_rl_step"] == 1 and by_name["packed_sequence_logprobs"] == 1, by_name
-  assert by_name["rl_step"] == 0 and by_name["sequence_logprobs"] == 0, by_name
-  assert by_name["packed_sft_step"] == 1 and by_name["sft_step"] == 0, by_name
-  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  sft = [r for r in records if r.get("phase") == "sft" and "loss" in r]
-  assert len(sft) == 2 and all(0 <= r["packing/padding_share"] < 0.5 and np.isfinite(r["loss"]) for r in sft)
-  rl = [r for r in records if r.get("phase") == "rl" and "loss" in r]
-  assert len(rl) == 2
-  for r in rl:
-    assert 0 <= r["packing/padding_share"] < 0.5 and r["packing/micro_batches"] == 1
-    assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])

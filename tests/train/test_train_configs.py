@@ -41,23 +41,6 @@ def test_config_runs_and_logs_its_rewards(tmp_path, request, config, reward):
     assert masked, end  # linguistic quality is at most 1 inside the band and 0 outside it
 
 
-def test_cispo_trains_on_the_samplers_log_probs(tmp_path):
-  """`rl.loss.policy=cispo` from the command line, old log-probs taken from the sampler (no recompute): RL only
-  (no warm-up, SFT or evaluation), 2 steps. The mismatch metrics are then logged without being computed: the
-  divergences 0, the log-perplexities null (not measured). GSPO runs in tests/train/test_rollout_engine_config.py.
-  The student here is the embedded Qwen3-VL (`model.family=qwen3_vl`): the trainer's rollouts and update with
-  DeepStack, with no other family branch (the other configs' runs are Qwen2.5-VL)."""
-  changes = {"vision_warmup.steps": 0, "sft.steps": 0, "eval.num_images": 0, "rl.loss.policy": "cispo"}
-  changes["model.family"] = "qwen3_vl"
-  launch("caprl", *tiny_run({**changes, "rl.recompute_old_logprobs": False}), workdir=tmp_path)
-  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  rl = [r for r in rows if r["phase"] == "rl" and "loss" in r]
-  assert [r["step"] for r in rl] == [1, 2] and all(isinstance(r["loss"], float) for r in rl)
-  for r in rl:
-    assert r["rollout_corr/kl_k1"] == r["rollout_corr/chi2_token"] == 0.0
-    assert r["rollout_corr/training_log_ppl"] is None and r["rollout_corr/rollout_log_ppl"] is None
-
-
 def test_sft_config_runs_without_rl(tmp_path):
   launch("sft", *tiny_run({k: None for k in TINY if k.startswith("rl.")}), workdir=tmp_path)
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

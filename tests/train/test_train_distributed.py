@@ -1,7 +1,9 @@
 """A 2-process jax.distributed run (CPU, gloo collectives) gives the same losses as a 1-process run with the
 same global batch: SFT steps, then RL steps (rollouts sampled across both processes, rewards judged per process,
 advantages and the loss over the global batch; a small entropy bonus keeps the RL loss non-zero while the tiny
-student's rewards are still flat)."""
+student's rewards are still flat). The full-parameter case is one-step off-policy (rl.off_policy_steps=1): both
+processes queue the same rounds (a process out of step would hang the next collective), so RL step 1 is the
+on-policy step and step 2 trains on the round queued during step 1."""
 
 import json
 from pathlib import Path
@@ -39,7 +41,15 @@ def _losses(workdir):
 LORA = ["--config.model.lora.rank=4", "--config.rl.loss.kl_coef=0.05", "--config.sft.steps=1"]
 
 
-@pytest.mark.parametrize("extra", [[], LORA], ids=["full", "lora"])
+OFF_POLICY = ["--config.rl.off_policy_steps=1"]
+
+
+def _staleness(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return [(r["step"], r["offpolicy/staleness"]) for r in rows if r["phase"] == "rl" and "loss" in r]
+
+
+@pytest.mark.parametrize("extra", [OFF_POLICY, LORA], ids=["full_off_policy", "lora"])
 def test_two_processes_match_one(tmp_path, extra):
   common = [*COMMON, *extra]
   launch(
@@ -48,9 +58,11 @@ def test_two_processes_match_one(tmp_path, extra):
   per_process = ["--config.sft.batch_size=2", "--config.rl.batch_size=2"]
   launch_processes("caprl", *common, *per_process, workdir=tmp_path / "two")
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
-  sft_steps = 1 if extra else 3
+  sft_steps = 1 if extra is LORA else 3
   assert [(p, s) for p, s, *_ in got] == [("sft", i + 1) for i in range(sft_steps)] + [("rl", 1), ("rl", 2)]
   assert all(g > 0 for *_, g in got)
   assert [(p, s) for p, s, *_ in want] == [(p, s) for p, s, *_ in got]  # same rows in both runs, in order
   for (_, _, l2, g2), (_, _, l1, g1) in zip(got, want, strict=True):
     assert abs(l2 - l1) <= 1e-5 * abs(l1) and abs(g2 - g1) <= 1e-4 * abs(g1)
+  if extra is OFF_POLICY:  # each step's metrics logged once, with its staleness
+    assert _staleness(tmp_path / "two") == _staleness(tmp_path / "one") == [(1, 0.0), (2, 1.0)]
