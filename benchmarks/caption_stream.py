@@ -26,7 +26,8 @@ import numpy as np
 if not __package__:  # run as a file: the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 from benchmarks.rollout_lengths import image_prompts, mid_model, stop_schedule  # noqa: E402
 
 SIDES = ((56, 84), (84, 84), (84, 140), (112, 112), (112, 168), (140, 140), (168, 168), (112, 224))

@@ -4,8 +4,8 @@ them (model FLOPs/s over the GEMM ceiling, MFU-style) beside the ratio against t
 
     python -m benchmarks.ceilings [--model mid] [--tokens 1024] [--json ceilings.json]
 
-Built on `benchmarks.harness` (machine info; `fractions` and `print_ceilings`, which `harness.report` uses to print
-a ceilings record, live there too and are re-exported here); harness never imports this module.
+Built on `benchmarks.machine` (machine info); `fractions` and `print_ceilings` read a ceilings record for
+`benchmarks.report`, which prints them beside a benchmark's figures.
 """
 
 from __future__ import annotations
@@ -21,9 +21,29 @@ import numpy as np
 if not __package__:  # run as a file (python benchmarks/ceilings.py): the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import fractions, machine_info, print_ceilings  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
 
 __all__ = ["best_of", "fractions", "measure_ceilings", "measured_ceilings", "model_gemm_shapes", "print_ceilings"]
+
+
+def fractions(model_flops_per_call: float, seconds: float, ceilings: dict) -> dict:
+  """Model GFLOP/s of a call and its fraction of each GEMM ceiling (a `measure_ceilings` record)."""
+  rate = model_flops_per_call / seconds / 1e9
+  out = {"model_gflops": rate, "of_xla_gemm": rate / ceilings["xla_gemm_gflops"]}
+  if "torch_gemm_gflops" in ceilings:
+    out["of_torch_gemm"] = rate / ceilings["torch_gemm_gflops"]
+  return out
+
+
+def print_ceilings(c: dict) -> None:
+  line = f"ceilings: XLA f32 GEMM {c['xla_gemm_gflops']:.0f} GFLOP/s"
+  if "torch_gemm_gflops" in c:
+    line += f", torch f32 GEMM {c['torch_gemm_gflops']:.0f} GFLOP/s"
+  line += f", copy bandwidth {c['bandwidth_gbs']:.1f} GB/s (best over the model's matmul shapes"
+  runs = c.get("measurements", [])
+  if len(runs) > 1:  # before and after the timed section
+    line += "; best of runs at " + " / ".join(f"{r['xla_gemm_gflops']:.0f}" for r in runs) + " GFLOP/s"
+  print(line + ")")
 
 
 def _best_seconds(fn, budget_s: float = 1.0, min_calls: int = 3) -> float:

@@ -76,6 +76,15 @@ def image_conversations(count: int, side: int, rng: np.random.RandomState) -> li
   ]
 
 
+def image_batch(cfg, count: int, side: int, seed: int):
+  """(a `Processor` over a word tokenizer of `WORDS`, the left-padded `ModelInputs` of `count` one-image prompts
+  with random `side` x `side` images drawn from `RandomState(seed)`)."""
+  from jaxcap.processing import Processor, word_tokenizer
+
+  processor = Processor(word_tokenizer(WORDS, cfg), cfg)
+  return processor, processor(image_conversations(count, side, np.random.RandomState(seed)), padding_side="left")
+
+
 # ---------------------------------------------------------------------------------------------- references
 def hf_model(cfg, seed: int):
   """A random-init reference model (f32, eager attention) with non-trivial norm weights and biases."""

@@ -21,7 +21,8 @@ if not __package__:  # run as a file (python benchmarks/forward.py): the reposit
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ceilings import measured_ceilings  # noqa: E402
-from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 
 
 def main():

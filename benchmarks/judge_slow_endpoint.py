@@ -22,12 +22,16 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
 
-from benchmarks.harness import cpu_model
+if not __package__:  # run as a file (python benchmarks/judge_slow_endpoint.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import cpu_model
 from jaxcap.judges.endpoint import Endpoint
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge

@@ -24,7 +24,8 @@ import numpy as np
 if not __package__:  # run as a file (python benchmarks/mixed_sizes.py): the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 
 TEXT_TOKENS = 24  # chat template + instruction around the image
 

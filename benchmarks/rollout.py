@@ -27,9 +27,10 @@ import numpy as np
 if not __package__:  # run as a file (python benchmarks/rollout.py): the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ceilings import measured_ceilings  # noqa: E402
+from benchmarks.ceilings import measured_ceilings, print_ceilings  # noqa: E402
 from benchmarks.fixtures import run_config  # noqa: E402
-from benchmarks.harness import Section, add_arguments, interleaved, print_ceilings, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 
 
 def _images(count: int, size: int):

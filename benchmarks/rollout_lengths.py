@@ -29,7 +29,8 @@ import numpy as np
 if not __package__:  # run as a file: the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 
 
 PROMPT = "describe the image in detail ."

@@ -17,13 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import cpu_model, usable_cores
+if not __package__:  # run as a file (python benchmarks/rollout_records.py): the repository root, for `benchmarks.*`
+  sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import cpu_model, usable_cores
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.batch import RewardBatch
 from jaxcap.train.rollout_records import RolloutRecorder, record_path

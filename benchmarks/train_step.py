@@ -32,7 +32,8 @@ if not __package__:  # run as a file (python benchmarks/train_step.py): the repo
 
 from benchmarks.ceilings import measured_ceilings  # noqa: E402
 from benchmarks.fixtures import hf_inputs, image_conversations, paired_models, run_config  # noqa: E402
-from benchmarks.harness import Section, add_arguments, interleaved, report, warm_up  # noqa: E402
+from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.report import report  # noqa: E402
 
 
 def main():

@@ -1,5 +1,6 @@
-"""benchmarks/where_time_goes.py: HLO ops are traced back to the functions that emitted them, parts are named from
-those frames, and a trace's op time is split so overlapping ops are not counted twice."""
+"""benchmarks/where_time_goes.py's parts (hlo_source, op_attribution, matmul_floor): HLO ops are traced back to the
+functions that emitted them, parts are named from those frames, and a trace's op time is split so overlapping ops
+are not counted twice."""
 
 import glob
 import os
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repository root, for `benchmarks`
-from benchmarks import where_time_goes as W  # noqa: E402
+from benchmarks import hlo_source, matmul_floor, op_attribution  # noqa: E402
 
 
 def _project(x, w):
@@ -29,7 +30,7 @@ def _args():
 
 def test_source_map_walks_each_op_back_to_the_jitted_function():
   compiled = jax.jit(_two_layers).lower(*_args()).compile()
-  table = W.source_map(compiled.as_text())
+  table = hlo_source.source_map(compiled.as_text())
   dots = [(name, frames) for name, (op, frames, _) in table.items() if op.endswith("dot_general")]
   assert dots, "no dot in the compiled HLO's metadata"
   for _, frames in dots:
@@ -90,20 +91,20 @@ def test_source_map_walks_each_op_back_to_the_jitted_function():
   ],
 )
 def test_parts_are_named_from_the_innermost_model_frames(frames, is_dot, op_name, part):
-  assert W.part_of(op_name, frames, is_dot) == part
+  assert op_attribution.part_of(op_name, frames, is_dot) == part
 
 
 def test_attribution_splits_overlapping_time_and_sums_to_the_busy_time(tmp_path):
   args = _args()
   compiled = jax.jit(_two_layers).lower(*args).compile()
-  table = W.source_map(compiled.as_text())
+  table = hlo_source.source_map(compiled.as_text())
   compiled(*args).block_until_ready()
   jax.profiler.start_trace(str(tmp_path))
   for _ in range(3):
     compiled(*args).block_until_ready()
   jax.profiler.stop_trace()
   path = sorted(glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True))[-1]
-  parts, busy_ms, ops = W.attribute(path, table, calls=3)
+  parts, busy_ms, ops = op_attribution.attribute(path, table, calls=3)
   assert busy_ms > 0 and ops
   assert sum(parts.values()) == pytest.approx(busy_ms, rel=1e-6)
   assert sum(ms for ms, *_ in ops) == pytest.approx(busy_ms, rel=1e-6)
@@ -119,12 +120,12 @@ def test_program_dots_reads_every_matmul_with_its_shapes_and_flops():
   a, b = (jnp.asarray(rng.standard_normal(s, np.float32)) for s in ((96, 64), (80, 64)))
   p, q = (jnp.asarray(rng.standard_normal(s, np.float32)) for s in ((4, 24, 16), (4, 16, 40)))
   f = jax.jit(lambda a, b, p, q: (jnp.tanh(a @ b.T).sum(), jnp.einsum("bij,bjk->bik", p, q).sum()))
-  dots = W.program_dots(f.lower(a, b, p, q).compile().as_text())
+  dots = matmul_floor.program_dots(f.lower(a, b, p, q).compile().as_text())
   assert sorted(d["flops"] for d in dots) == sorted([2.0 * 96 * 80 * 64, 2.0 * 4 * 24 * 40 * 16])
   for d in dots:
     lhs, rhs = d["lhs"], d["rhs"]
     contracted = [lhs["shape"][i] for i in lhs["contracting"]]
     assert contracted == [rhs["shape"][i] for i in rhs["contracting"]]
     assert [lhs["shape"][i] for i in lhs["batch"]] == [rhs["shape"][i] for i in rhs["batch"]]
-  seconds, flops = W.time_dots_alone(dots, budget_s=0.05)
+  seconds, flops = matmul_floor.time_dots_alone(dots, budget_s=0.05)
   assert seconds > 0 and flops == sum(d["flops"] for d in dots)

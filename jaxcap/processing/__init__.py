@@ -6,6 +6,6 @@ from jaxcap.processing.model_inputs import ModelInputs, pad_batch
 from jaxcap.processing.prompt import Processor
 from jaxcap.processing.qwen3_video import Qwen3VideoPreprocessConfig
 from jaxcap.processing.tokenizer import word_tokenizer
-from jaxcap.processing.video import VideoClip, VideoPreprocessConfig, is_video_file, smart_nframes
+from jaxcap.processing.video import VideoClip, VideoPreprocessConfig, smart_nframes
 from jaxcap.processing.video_frames import load_video, preprocess_video, probe_video, read_video, video_file_grid
 from jaxcap.processing.vision import VisionPreprocessConfig, preprocess_image, smart_resize

@@ -10,11 +10,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from jaxcap.data.annotation_files import ImageItem
+from jaxcap.data.records import is_video_file
 
 
 def media_grid(item: ImageItem, processor) -> tuple[int, int, int]:
   """(t, h, w) in patches of an image or video as processed, from its file header (frames sampled for a video)."""
-  from jaxcap.processing import is_video_file, read_image_size, video_file_grid
+  from jaxcap.processing import read_image_size, video_file_grid
 
   if is_video_file(item.path):
     return tuple(int(n) for n in video_file_grid(item.path, processor.video_cfg, record=item.id))
@@ -39,7 +40,7 @@ def sort_by_size(items: Iterable[ImageItem], processor) -> tuple[list[ImageItem]
 def load_images(items: Sequence[ImageItem], processor) -> tuple[list[tuple[ImageItem, dict]], list[dict]]:
   """Fully decodes each image, or samples each video's frames (a truncated file fails here, not inside the batch):
   (item, its conversation content item) pairs and error rows."""
-  from jaxcap.processing import is_video_file, load_image, read_video
+  from jaxcap.processing import load_image, read_video
 
   ok, errors = [], []
   for item in items:

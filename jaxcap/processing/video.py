@@ -30,7 +30,6 @@ from typing import Any, Mapping
 import numpy as np
 from PIL import Image
 
-from jaxcap.data.records import VIDEO_SUFFIXES, is_video_file  # noqa: F401 -- re-exported
 from jaxcap.processing.image_decoding import DEFAULT_MAX_IMAGE_PIXELS
 from jaxcap.processing.vision import (
   OPENAI_CLIP_MEAN,

@@ -23,8 +23,6 @@ from jaxcap.processing.image_decoding import DEFAULT_MAX_IMAGE_PIXELS, load_imag
 # OpenAI CLIP statistics, the Qwen2-VL processors' defaults.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-IMAGE_MEAN = np.array(OPENAI_CLIP_MEAN, np.float32)
-IMAGE_STD = np.array(OPENAI_CLIP_STD, np.float32)
 
 IMAGE_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG = "processor_config.json"  # transformers v5 nests {"image_processor": ..., "video_processor": ...}

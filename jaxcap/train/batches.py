@@ -1,10 +1,14 @@
-"""The batches an update step takes: prompts and their rollouts, each with a leading micro-batch axis M."""
+"""The batches an update step takes: prompts and their rollouts, each with a leading micro-batch axis M; and the
+host batch an update's `prepare` builds ahead of its step (records + their prompts, numpy only)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
+
+from jaxcap.data.records import ImageRecord
 
 
 @jax.tree_util.register_dataclass
@@ -39,3 +43,13 @@ class RolloutBatch:
   ref_logprobs: jax.Array | None = None
   behaviour_logprobs: jax.Array | None = None
   truncated: jax.Array | None = None
+
+
+@dataclasses.dataclass
+class HostBatch:
+  """One step's records and their prompts prepared on the host: SFT (PromptBatch of numpy arrays, grid), RL a
+  bucketed `SamplerBatch`."""
+
+  records: list[ImageRecord]
+  prompts: Any
+  questions: list | None = None  # SFT with VQA examples: per record, the question it is asked, or None (caption)

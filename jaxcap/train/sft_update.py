@@ -16,7 +16,7 @@ from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.packed_batch import packed_inputs
-from jaxcap.train.updates import HostBatch
+from jaxcap.train.batches import HostBatch
 from jaxcap.train.vqa import vqa_questions
 
 

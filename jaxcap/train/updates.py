@@ -27,6 +27,7 @@ from jaxcap.models import lora
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
+from jaxcap.train.batches import HostBatch
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.refill import GroupFilter, Round, filtered_step
@@ -34,16 +35,6 @@ from jaxcap.train.reward_metrics import reward_metrics
 from jaxcap.train.off_policy import off_policy_step
 from jaxcap.train.packed_batch import packed_inputs
 from jaxcap.train.step import RolloutBatch
-
-
-@dataclasses.dataclass
-class HostBatch:
-  """One step's records and their prompts prepared on the host: SFT (PromptBatch of numpy arrays, grid), RL a
-  bucketed `SamplerBatch`."""
-
-  records: list[ImageRecord]
-  prompts: Any
-  questions: list | None = None  # SFT with VQA examples: per record, the question it is asked, or None (caption)
 
 
 @dataclasses.dataclass

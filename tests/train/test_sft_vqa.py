@@ -22,7 +22,7 @@ from jaxcap.train.data import record_loader
 from jaxcap.train.state import init_train_state, make_optimizer
 from jaxcap.train.step import sft_step
 from jaxcap.train.sft_update import SFTUpdate
-from jaxcap.train.updates import HostBatch
+from jaxcap.train.batches import HostBatch
 from jaxcap.train.vqa import vqa_questions
 
 

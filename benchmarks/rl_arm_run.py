@@ -1,0 +1,119 @@
+"""One run of an arm of `benchmarks.rl_throughput`: the main job (`Trainer`, in this process) with the arm's
+judging settings, its RL update, reward submission and paged rollouts wrapped to mark the timed window, time the
+loop's blocking on rewards and cap each group's caption length; returns the window's figures (steps/s, device-busy
+share from a `jax.profiler` trace, judge wait)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from benchmarks.rl_host_time import _config, _window_ns, device_busy_ns
+
+# arm -> (rl.stream_judging, rl.off_policy_steps)
+ARMS = {"today": (False, 0), "off1": (False, 1), "stream": (True, 0), "stream_off1": (True, 1)}
+
+
+class _TimedFuture:
+  """A reward future whose `result()` adds the time it blocked to `waits` (when the window is open)."""
+
+  def __init__(self, future, waits: list, window: dict):
+    self.future, self.waits, self.window = future, waits, window
+
+  def result(self, timeout=None):
+    t = time.perf_counter()
+    out = self.future.result(timeout)
+    if self.window.get("open"):
+      self.waits.append(time.perf_counter() - t)
+    return out
+
+
+def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) -> dict:
+  from jaxcap.rewards import caprl
+  from jaxcap.train import loop
+  from jaxcap.train.updates import RLUpdate
+
+  stream, off_policy = ARMS[arm]
+  workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")
+  trace_dir = os.path.join(workdir, "trace")
+  config = _config(args, workdir)
+  config.rl.off_policy_steps = off_policy
+  config.rl.stream_judging = stream
+  config.rollout.engine = args.engine
+  if judge_url is not None:
+    config.judge.kind = "http"
+    config.judge.endpoints = judge_url
+    config.judge.max_concurrency = args.concurrency
+    config.judge.preflight = False
+  first, last = args.warmup, args.warmup + args.steps
+  marks, calls, waits, window = {}, {"n": 0}, [], {}
+  annotation = jax.profiler.TraceAnnotation("rl_window")
+
+  def mark(step: int) -> None:
+    if step == first:
+      options = jax.profiler.ProfileOptions()
+      options.python_tracer_level = 0
+      jax.profiler.start_trace(trace_dir, profiler_options=options)
+      annotation.__enter__()
+      marks["t0"], window["open"] = time.perf_counter(), True
+    elif step == last:
+      marks["t1"], window["open"] = time.perf_counter(), False
+      annotation.__exit__(None, None, None)
+      jax.profiler.stop_trace()
+
+  update_call, reward_call, submit = RLUpdate.__call__, caprl.CapRLReward.__call__, RLUpdate.submit
+
+  def marked_update(self, *a, **kw):
+    mark(calls["n"])
+    calls["n"] += 1
+    return update_call(self, *a, **kw)
+
+  def slow_reward(self, *a, **kw):
+    time.sleep(latency_ms / 1e3)
+    return reward_call(self, *a, **kw)
+
+  def timed_submit(self, *a, **kw):
+    return _TimedFuture(submit(self, *a, **kw), waits, window)
+
+  from jaxcap.sampling.engine import PagedSampler
+
+  paged_call, rollouts = PagedSampler.__call__, {"n": 0}
+
+  def capped(self, prompts, key, *, num_samples=1, max_lengths=None, **kw):
+    if args.length_spread and max_lengths is None:
+      rng = np.random.default_rng([7, rollouts["n"]])
+      rollouts["n"] += 1
+      caps = rng.integers(args.length_spread, args.new_tokens + 1, size=prompts.block)
+      max_lengths = np.repeat(caps, num_samples)
+    return paged_call(self, prompts, key, num_samples=num_samples, max_lengths=max_lengths, **kw)
+
+  RLUpdate.__call__, RLUpdate.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
+  if judge_url is None:
+    caprl.CapRLReward.__call__ = slow_reward
+  try:
+    loop.Trainer(config).run()
+  finally:
+    RLUpdate.__call__, RLUpdate.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
+    PagedSampler.__call__ = paged_call
+  wall = marks["t1"] - marks["t0"]
+  path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
+  busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  rl = [r for r in rows if r.get("phase") == "rl" and "loss" in r]
+  return {
+    "steps_per_s": args.steps / wall,
+    "s_per_step": wall / args.steps,
+    "device_busy_fraction": busy_ns / 1e9 / wall,
+    "judge_wait_s": sum(waits) / args.steps,
+    "staleness": [r.get("offpolicy/staleness") for r in rl],
+    "valid_fraction": [r.get("judge/valid_fraction") for r in rl],
+    "device": what,
+    "load_average": os.getloadavg(),
+  }
