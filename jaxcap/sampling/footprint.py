@@ -139,7 +139,8 @@ def check_fits(
 ) -> Footprint:
   """The run's `sampling_footprint`; raises MemoryShortError (one line: the estimate by part, the memory available
   and where that figure comes from, and the fixes that would fit: `--dtype bfloat16`, fewer rows (a smaller
-  `rows_flag`), more devices) when it exceeds `available` ((bytes, source) from `host_memory.available_memory`; None: no check)."""
+  `rows_flag`), more devices) when it exceeds `available` ((bytes, source) from `host_memory.available_memory`;
+  None: no check)."""
   import jax.numpy as jnp
 
   from jaxcap.host_memory import BUDGET
