@@ -9,7 +9,8 @@ Resumable: ids already in either file are skipped, finished lines are never rewr
 killed run is cut off and its image redone). Images keep their native size within the checkpoint's pixel budget
 (its preprocessor_config.json, or --min_pixels / --max_pixels); they are ordered by size and batched, each batch
 padded to a bucket, so a folder of many sizes compiles a handful of programs. Work is sharded over processes: process i of n takes every n-th image (sorted by id) and writes
-`<out stem>-0000i-of-0000n.jsonl`; concatenate the shards afterwards.
+`<out stem>-0000i-of-0000n.jsonl`; concatenate the shards afterwards. Within a process, every batch is split over
+its local devices (data parallel; with --engine paged, each device runs an engine of its own with --slots slots).
 
 --images is a directory (searched recursively; id = path relative to it), a .jsonl manifest with "id" and
 "image" (path relative to the manifest's folder; the synthetic-world manifest works as is), or a .txt list of
@@ -63,15 +64,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument(
     "--engine", choices=("static", "paged"), default="static", help="paged: decode slots refilled as captions end"
   )
-  ap.add_argument("--slots", type=int, default=None, help="paged engine: decode slots (default: --batch_size)")
+  ap.add_argument(
+    "--slots",
+    type=int,
+    default=None,
+    help="paged engine: decode slots per device (default: --batch_size); each of the process's devices runs an "
+    "engine of its own over its share of every batch",
+  )
   ap.add_argument("--page_size", type=int, default=16, help="paged engine: tokens per KV-cache page")
   ap.add_argument("--segment_steps", type=int, default=32, help="paged engine: decode steps between refills")
   ap.add_argument(
     "--stream_images",
     type=int,
     default=256,
-    help="paged engine: images per engine call (whole batches; the slots stay full across them, captions are "
-    "written after each call)",
+    help="paged engine: images per engine call, per process (whole batches; the slots stay full across them, "
+    "captions are written after each call)",
   )
   args = ap.parse_args(argv)
   if args.batch_size < 1:
@@ -122,8 +129,7 @@ def annotate(args: argparse.Namespace) -> int:
     return 0
 
   # Data parallel over this process's devices; other processes work on other images, no collectives needed.
-  # (the paged engine decodes on one device for now)
-  mesh = make_mesh({"data": -1}, devices=jax.local_devices()[: 1 if args.engine == "paged" else None])
+  mesh = make_mesh({"data": -1}, devices=jax.local_devices())
   processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
   budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
   processor.vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
@@ -167,8 +173,10 @@ def annotate(args: argparse.Namespace) -> int:
       keys = [jax.random.fold_in(jax.random.key(args.seed), zlib.crc32(b[0][0].id.encode())) for b in batches]
       if not batches:
         results = []
-      elif args.engine == "paged":  # one engine call, keyed by its first image
-        results = sampler.stream(conversations, keys[0])
+      elif args.engine == "paged":  # one engine call, keyed by its first image, one engine per device
+        # every batch's rows a multiple of the devices (a short last batch too), so each splits over all of them
+        # (`mesh_shards.spread`: a batch that does not would leave the whole call to fewer devices)
+        results = sampler.stream([sampler.bucket(c, rows_multiple=mesh.size) for c in conversations], keys[0])
       else:
         results = [sampler(c, k) for c, k in zip(conversations, keys)]
       for loaded, result in zip(batches, results):
@@ -194,9 +202,9 @@ def caption_rows(loaded, result, stops: set[int]) -> list[dict]:
 
 
 def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
-  """Raises footprint.MemoryShortError before anything is loaded when the run's estimated peak (its
-  largest batch: the last, as `ordered` is by size) exceeds the memory available; on CPU, or anywhere with
-  JAXCAP_MEMORY_BUDGET set."""
+  """Raises footprint.MemoryShortError before anything is loaded when the run's estimated peak on one device (its
+  largest batch: the last, as `ordered` is by size; the paged engine's `--slots`, each device's own, with the
+  whole model) exceeds the memory available; on CPU, or anywhere with JAXCAP_MEMORY_BUDGET set."""
   import jax
 
   from jaxcap.host_memory import BUDGET, available_memory
@@ -210,12 +218,13 @@ def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], pr
   check_fits(
     cfg,
     available_memory(),
-    rows=min(args.batch_size, len(ordered)),
+    rows=min((args.slots or args.batch_size) if args.engine == "paged" else args.batch_size, len(ordered)),
     prompt_tokens=patches // cfg.vision.spatial_merge_size**2 + text,
     max_new_tokens=args.max_new_tokens,
     vision_patches=patches,
     vision_segment=h * w,
     what="jaxcap.caption",
+    rows_flag="--slots" if args.engine == "paged" else "--batch_size",
   )
 
 

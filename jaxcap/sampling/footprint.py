@@ -135,10 +135,12 @@ def check_fits(
   vision_patches: int = 0,
   vision_segment: int | None = None,
   what: str = "sampling",
+  rows_flag: str = "--batch_size",
 ) -> Footprint:
   """The run's `sampling_footprint`; raises MemoryShortError (one line: the estimate by part, the memory available
-  and where that figure comes from, and the fixes that would fit: `--dtype bfloat16`, a smaller `--batch_size`,
-  more devices) when it exceeds `available` ((bytes, source) from `host_memory.available_memory`; None: no check)."""
+  and where that figure comes from, and the fixes that would fit: `--dtype bfloat16`, fewer rows (a smaller
+  `rows_flag`), more devices) when it exceeds `available` ((bytes, source) from `host_memory.available_memory`;
+  None: no check)."""
   import jax.numpy as jnp
 
   from jaxcap.host_memory import BUDGET
@@ -156,7 +158,7 @@ def check_fits(
   halves = [rows >> k for k in range(1, rows.bit_length()) if rows >> k]  # the sampler pads rows to powers of two
   smaller = next((r for r in halves if size(cfg, r).total <= budget), None)
   if smaller is not None:
-    fixes.append(f"--batch_size {smaller} ({size(cfg, smaller).total / GIB:.2f} GiB)")
+    fixes.append(f"{rows_flag} {smaller} ({size(cfg, smaller).total / GIB:.2f} GiB)")
   fixes.append("a mesh of more devices or a machine with more memory")
   raise MemoryShortError(
     f"{what} needs about {need.describe(np.dtype(cfg.param_dtype).name)}, but {budget / GIB:.2f} GiB is available "

@@ -72,13 +72,16 @@ def bucket_prompts(
   length_multiple: int = 16,
   pad_id: int = 0,
   steps: int = DEFAULT_STEPS,
+  rows_multiple: int = 1,
 ) -> tuple[Prompts, int, VisionItems | None]:
   """Pads a processor batch to its bucket. Returns (numpy `Prompts`, number of real rows, which come first, and
   the vision pack's items or None).
 
-  Rows are padded to a power of two (extra rows repeat the last real row, its images included when the batch has
-  no videos, so a short final batch has the vision shapes of a full one), the prompt length to the `jaxcap.buckets.ladder` (in `length_multiple` steps) with left
-  padding, and the vision pack, images of any sizes, to a bucketed `LayoutShape` (`steps` sizes per octave).
+  Rows are padded to a power of two, then up to a multiple of `rows_multiple` (a mesh's device count: the batch
+  then splits over it); extra rows repeat the last real row, its images included when the batch has no videos, so
+  a short final batch has the vision shapes of a full one. The prompt length is padded to the
+  `jaxcap.buckets.ladder` (in `length_multiple` steps) with left padding, and the vision pack, images of any sizes,
+  to a bucketed `LayoutShape` (`steps` sizes per octave).
   """
   ids = np.asarray(inputs.input_ids, np.int32)
   mask = np.asarray(inputs.attention_mask, bool)
@@ -93,7 +96,7 @@ def bucket_prompts(
   positions = np.asarray(inputs.positions, np.int32)
   deltas = np.asarray(inputs.rope_deltas, np.int32)
   pixels, grids = inputs.pixel_values, inputs.grid_thw
-  extra = batch_bucket(rows) - rows
+  extra = -(-batch_bucket(rows) // rows_multiple) * rows_multiple - rows
   if extra:
     ids = np.concatenate([ids, np.repeat(ids[-1:], extra, 0)])
     mask = np.concatenate([mask, np.repeat(mask[-1:], extra, 0)])

@@ -80,9 +80,9 @@ class Sampler:
     model = load_hf_checkpoint(directory, mesh=mesh, param_dtype=dtype, layers_apart=owns)
     return cls(model, processor=processor, owns_weights=owns, **kw)
 
-  def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]]) -> SamplerBatch:
+  def bucket(self, prompts: ModelInputs | Sequence[Sequence[dict]], rows_multiple: int = 1) -> SamplerBatch:
     """Host side only (numpy): a left-padded `ModelInputs` or chat conversations (needs a processor), padded to
-    its bucket."""
+    its bucket (rows: a power of two, then a multiple of `rows_multiple`)."""
     if not isinstance(prompts, ModelInputs):
       if self.processor is None:
         raise ValueError(
@@ -90,7 +90,12 @@ class Sampler:
         )
       prompts = self.processor(prompts, padding_side="left")
     padded, rows, items = bucket_prompts(
-      prompts, self.cfg, length_multiple=self.length_multiple, pad_id=self.pad_id, steps=self.bucket_steps
+      prompts,
+      self.cfg,
+      length_multiple=self.length_multiple,
+      pad_id=self.pad_id,
+      steps=self.bucket_steps,
+      rows_multiple=rows_multiple,
     )
     return SamplerBatch(padded, rows, padded.batch, 0, None if items is None else (items,))
 

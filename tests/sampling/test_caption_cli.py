@@ -115,19 +115,26 @@ def test_listing_sources(setup, tmp_path):
 
 @pytest.mark.parametrize(
   "engine",
-  [[], ["--engine", "paged", "--slots", "2", "--page_size", "4", "--batch_size", "2"]],
+  [[], ["--engine", "paged", "--slots", "2", "--page_size", "4", "--batch_size", "3"]],
   ids=["static", "paged"],
 )
 @pytest.mark.slow
-def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine):
+def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine, monkeypatch):
   """One batch of images of three sizes and an mp4 clip: each caption equals greedy decoding of that item alone
-  (static sampler), with either engine (the paged one with fewer slots than items, its two batches streamed
-  through one engine call: slots refilled across them)."""
+  (static sampler, one device), with either engine: the static one on the test's 8 devices, the paged one on 2
+  (one engine per device) with fewer slots than items, its two batches (3 items, then 1: padded to 2 rows so
+  that both devices still split it) streamed through one engine call, slots refilled across them."""
   import av
   import jax
 
   from jaxcap.processing import load_image, read_video
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import Sampler, SamplingConfig, mesh_shards
+
+  plans = []
+  if "paged" in engine:  # the process's local devices are 2
+    devices, spread = jax.local_devices()[:2], mesh_shards.spread
+    monkeypatch.setattr(jax, "local_devices", lambda *a, **k: devices)
+    monkeypatch.setattr(mesh_shards, "spread", lambda *a: plans.append(spread(*a)) or plans[-1])
 
   root, _ = setup
   folder = tmp_path / "media"
@@ -147,6 +154,8 @@ def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine):
   assert caption.main([*args, "--max_new_tokens", "5", "--prompt", "describe .", "--no_progress", *engine]) == 0
   got = {r["id"]: r["caption"] for r in _rows(out)}
   assert sorted(got) == ["clip.mp4", "img0.png", "img1.png", "img2.png"]
+  if "paged" in engine:  # one call, each of both devices an engine over its share of both batches
+    assert [plan.runners for plan in plans] == [devices]
   sampler = Sampler.from_checkpoint(root / "ckpt", sampling=SamplingConfig(temperature=0, max_new_tokens=5))
   proc = sampler.processor
   for name, text in got.items():

@@ -149,6 +149,11 @@ def test_too_small_a_budget_fails_before_loading_with_the_numbers_and_the_fix(se
   assert "jaxcap.caption needs about" in line and "params" in line and "in float32" in line and "KV cache" in line
   assert "but 0.00 GiB is available (JAXCAP_MEMORY_BUDGET)" in line
   assert "--dtype bfloat16" in line and "mesh" in line and f"{BUDGET}=off" in line
+  assert "for 2 rows x" in line  # --batch_size's
+  err = io.StringIO()
+  with redirect_stderr(err):  # the paged engine: the KV cache of one device's --slots
+    assert caption.main(_caption_args(setup, "f32", out, "--engine", "paged", "--slots", "1")) == 2
+  assert "for 1 rows x" in err.getvalue(), err.getvalue()
   assert seen == [] and not out.exists()  # nothing loaded, nothing written
   monkeypatch.setenv(BUDGET, "off")  # the check can be turned off: the run reaches the load
   with pytest.raises(_Loaded):
@@ -173,6 +178,8 @@ def test_footprint_counts_the_real_params_and_cache_and_names_what_fits(setup):
   with pytest.raises(MemoryShortError, match=r"--batch_size 1 \(") as e:
     check_fits(cfg, (one.total, "test"), rows=4, **kw)
   assert "--dtype bfloat16" in str(e.value) and "(test)" in str(e.value)
+  with pytest.raises(MemoryShortError, match=r"--slots 1 \("):  # the paged engine's rows
+    check_fits(cfg, (one.total, "test"), rows=4, rows_flag="--slots", **kw)
   with pytest.raises(MemoryShortError) as e:  # bf16 already: no dtype to suggest
     check_fits(cfg.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), (1, "test"), rows=4, **kw)
   assert "--dtype" not in str(e.value) and "--batch_size" not in str(e.value)
