@@ -154,3 +154,22 @@ def test_off_policy_counts_the_queued_round_in_the_passes_it_outlives():
   extra = on_res["programs"][0]["resident_outside"] - off_res["programs"][0]["resident_outside"]
   assert extra == on_res["queued_round_gib"] * GIB
   assert "the queued round's prompts and rollouts" in format_plan(on_res)
+
+
+def test_a_program_the_compiler_refuses_for_memory_is_reported_not_raised():
+  """The TPU compiler refuses a program whose temporaries exceed the chip's HBM: `plan` records it as not fitting."""
+  from jaxcap.plan.compile import compile_or_refusal
+
+  class Refused:
+    def __init__(self, message):
+      self.message = message
+
+    def compile(self):
+      raise jax.errors.JaxRuntimeError(self.message)
+
+  oom = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (17.12G) exceeds"
+  compiled, error, temporaries = compile_or_refusal(Refused(oom + " available HBM (15.75G).\nmore"))
+  assert compiled is None and error.startswith("RESOURCE_EXHAUSTED") and "\n" not in error
+  assert temporaries == int(17.12 * 2**30)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):  # other failures still raise
+    compile_or_refusal(Refused("INVALID_ARGUMENT: bad"))

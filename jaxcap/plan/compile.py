@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import re
 import time
 
 import jax
@@ -44,6 +45,7 @@ class ProgramPlan:
   flops: float
   fingerprint: str = ""  # sha256 of the lowered program's text: equal fingerprints, equal programs
   bytes_accessed: float = 0.0  # XLA's count per call (a loop's body once: a decode program's is per step)
+  error: str = ""  # the compiler's refusal (a TPU target's temporaries over its HBM): the other figures are bounds
 
   @property
   def peak(self) -> int:
@@ -53,6 +55,19 @@ class ProgramPlan:
 def program_fingerprint(lowered) -> str:
   """sha256 of a lowered program's StableHLO text (what XLA compiles; no source locations)."""
   return hashlib.sha256(lowered.as_text().encode()).hexdigest()
+
+
+def compile_or_refusal(lowered):
+  """(the compiled program, "") or, where the compiler refuses it for memory (the TPU compiler does when temporaries
+  exceed the chip's HBM), (None, its message) with the temporaries it asked for (bytes, 0 if unstated) parsed."""
+  try:
+    return lowered.compile(), "", 0
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    m = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", str(e))
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    return None, str(e).splitlines()[0], int(float(m.group(1)) * scale[m.group(2)]) if m else 0
 
 
 def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48):
@@ -98,8 +113,12 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     t0 = time.perf_counter()
     with jax.set_mesh(on):
       lowered = lower(*args)
-      compiled = lowered.compile()
+      compiled, error, temporaries = compile_or_refusal(lowered)
     seconds = time.perf_counter() - t0
+    if compiled is None:  # refused for memory: recorded as not fitting, the other programs still planned
+      row = ProgramPlan(name, per_device_bytes(args), 0, 0, temporaries, resident_outside, seconds, 0.0, error=error)
+      results.append(dataclasses.replace(row, fingerprint=program_fingerprint(lowered)))
+      return None
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

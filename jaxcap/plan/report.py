@@ -68,6 +68,9 @@ def format_plan(result: dict) -> str:
       f"{r['name']:<14}{gib('arguments')}{gib('temporaries')}{gib('outputs')}{gib('aliased')}"
       f"{r['resident_outside'] / GIB:13.2f}{r['peak'] / GIB:9.2f}{r['compile_s']:9.1f}s"
     )
+  for r in result["programs"]:
+    if r.get("error"):
+      lines.append(f"{r['name']}: not compiled, {r['error']}")
   if result.get("queued_round_gib"):
     lines.append(
       f"rl.off_policy_steps: the queued round's prompts and rollouts, {result['queued_round_gib']:.2f} GiB per device, "
