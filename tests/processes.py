@@ -108,6 +108,7 @@ TINY = {
   "vision_warmup.steps": 2,
   "vision_warmup.batch_size": 4,
   "export.hf": False,
+  "logging.curves": False,  # matplotlib's import and a figure: ~1.6 s a run (tests/train/test_train_resume.py draws)
 }
 # A longer one: checkpoints and evaluations between steps, RL batches of 4 prompts x 4 samples, 32 scenes.
 SMALL = {

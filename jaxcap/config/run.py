@@ -65,6 +65,7 @@ class Logging(Block):
   rollouts_every: int = field(10, "write rollout records every this many RL steps", ge=0, hint="0 = never")
   rollout_groups: int = field(4, "groups per rollout record file (the step's best and worst always among them)", ge=1)
   rollout_max_chars: int = field(8000, "longest string kept in a rollout record (longer ones are cut)", ge=16)
+  curves: bool = field(True, "write curves.png (reward, held-out QA and lengths vs step) when the run ends")
   trackers: list[str] = field(("tensorboard",), "experiment trackers: tensorboard, wandb, mlflow ([] = none)")
   project: str = field("jaxcap", "the W&B project / MLflow experiment")
   mlflow_uri: str = field("", "MLflow tracking URI; '' = MLFLOW_TRACKING_URI, else file:<workdir>/mlruns")

@@ -42,6 +42,7 @@ def config_hash(config: ml_collections.ConfigDict, ignore=("workdir", "compile_c
 def _smoke(c: ml_collections.ConfigDict) -> None:
   """A start of few steps on a tiny world: checks the machinery, not the methods."""
   c.world.update(dict(train_scenes=64, eval_scenes=32))
+  c.model.student.update(dict(text_layers=1, vision_depth=1))  # the arms train from its export: the same student
   c.vision_warmup.update(dict(steps=10, batch_size=8))
   c.sft.update(dict(steps=10, batch_size=8))
   c.eval.num_images = 32

@@ -155,7 +155,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes + queued)
   engine = rollout_engine(config)
   if engine is not None and {"prefill", "decode"} & set(names):  # the run's rollouts: the paged engine's programs
-    # data parallel: each device runs its own engine over its block of the prompts, with the whole model
+    # data parallel: each device runs its own engine over its block of the prompts, with the whole model (a copy in
+    # the compute dtype, `PagedSampler`: the train state's own shard stays resident beside it)
     shards, one = engine_shards(mesh, rows), make_mesh({"data": 1}, devices=devices[:1])
     ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards)
     stop_ids = (int(cfg.eos_token_id),)
@@ -163,7 +164,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
       if old in names:
         args = getattr(ins, name.removeprefix("paged_"))
-        compile_one(name, lowerings[name], args, state_bytes - params_bytes, on=one)
+        compile_one(name, lowerings[name], args, state_bytes, on=one)
     engine_plan = dataclasses.asdict(ins.plan)
     names = tuple(n for n in names if n not in ("prefill", "decode"))
   if {"prefill", "decode"} & set(names):

@@ -16,6 +16,7 @@ paged-attention kernel for a bfloat16 cache).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import jax
@@ -28,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxcap.models import row_blocks
 from jaxcap.sampling import paged_attention
 from jaxcap.sampling.decode_layout import unpack
+from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.page_budget import own_pages, pool_pages
 from jaxcap.sampling.paged_cache import PagePool
 from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
@@ -79,7 +81,8 @@ def engine_inputs(
   embedded = None
   if one is not None:
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(one, PartitionSpec()))
-    params = jax.tree.map(place, params)
+    # as `PagedSampler` passes them: whole on each engine's device, in the compute dtype
+    params = jax.tree.map(place, jax.eval_shape(functools.partial(compute_dtype_params, dtype=cfg.dtype), params))
     block = lambda x, axis, n: jax.ShapeDtypeStruct(
       x.shape[:axis] + (x.shape[axis] // n,) + x.shape[axis + 1 :],
       x.dtype,

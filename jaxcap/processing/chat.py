@@ -98,8 +98,8 @@ def group_timestamps(timestamps: Sequence[float], temporal_patch_size: int) -> l
 def timestamped_video_pieces(grid_thw, merge_size: int, timestamps, temporal_patch_size: int) -> Pieces:
   """What one <|video_pad|> becomes in Qwen3-VL (transformers' `Qwen3VLProcessor.replace_video_token`): per
   temporal patch, the text `<{t:.1f} seconds>` then <|vision_start|>, one pad per merged patch of the frame group,
-  <|vision_end|>. The template's own <|vision_start|> / <|vision_end|> around the placeholder stay, as there.
-  `timestamps`: each sampled frame's time in the video (seconds)."""
+  <|vision_end|>. Every frame group has its own vision markers, so the template's pair around the placeholder goes
+  (`unwrap_videos`). `timestamps`: each sampled frame's time in the video (seconds)."""
   gt, gh, gw = (int(v) for v in grid_thw)
   times = group_timestamps(timestamps, temporal_patch_size)
   if len(times) != gt:
@@ -108,4 +108,20 @@ def timestamped_video_pieces(grid_thw, merge_size: int, timestamps, temporal_pat
   out: Pieces = []
   for t in times:
     out += [(f"<{t:.1f} seconds>", False), *block]
+  return out
+
+
+def unwrap_videos(pieces: Pieces) -> Pieces:
+  """`pieces` with each <|vision_start|> <|video_pad|> <|vision_end|> of the template collapsed to its
+  <|video_pad|> (transformers' `Qwen3VLProcessor` since 5.25: one marker pair per frame group, none around them)."""
+  wrapped = [(VISION_START, True), (VIDEO_PAD, True), (VISION_END, True)]
+  out: Pieces = []
+  i = 0
+  while i < len(pieces):
+    if pieces[i : i + 3] == wrapped:
+      out.append(wrapped[1])
+      i += 3
+    else:
+      out.append(pieces[i])
+      i += 1
   return out

@@ -20,6 +20,7 @@ from jaxcap.processing.chat import (
   chat_pieces,
   image_pieces,
   read_prompt_settings,
+  unwrap_videos,
 )
 from jaxcap.processing.model_inputs import ModelInputs, pad_batch
 from jaxcap.processing.rules import PROCESSOR_RULES
@@ -154,7 +155,8 @@ class Processor:
             videos.append((patches, grid))
             seconds.append(spg)
             own.append((grid, self.rules.video_pieces(grid, merge, times, temporal)))
-      ids.append(self._encode(chat_pieces(messages, add_generation_prompt, self.system), own, index, messages))
+      pieces = chat_pieces(messages, add_generation_prompt, self.system)
+      ids.append(self._encode(unwrap_videos(pieces) if self.rules.unwrap_video else pieces, own, index, messages))
     input_ids, mask = pad_batch(ids, self.tokenizer.pad_token_id or 0, padding_side, pad_to_multiple_of)
     image_grid = np.stack([g for _, g in images]) if images else None
     video_grid = np.stack([g for _, g in videos]) if videos else None

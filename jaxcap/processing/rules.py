@@ -15,12 +15,16 @@ from jaxcap.registry import Registry
 @dataclasses.dataclass(frozen=True)
 class ProcessorRules:
   """`video_config`: the video settings class (its defaults, frame sampling and pixel budget); `video_pieces(grid_thw,
-  merge_size, timestamps, temporal_patch_size)`: the chat pieces one <|video_pad|> placeholder becomes."""
+  merge_size, timestamps, temporal_patch_size)`: the chat pieces one <|video_pad|> placeholder becomes;
+  `unwrap_video`: those pieces carry their own vision markers, so the template's pair around the placeholder goes."""
 
   video_config: type[VideoPreprocessConfig]
   video_pieces: Callable[..., chat.Pieces]
+  unwrap_video: bool = False
 
 
 PROCESSOR_RULES: Registry[ProcessorRules] = Registry("processor", field="Family.processor")
 PROCESSOR_RULES.register("qwen2_vl", ProcessorRules(VideoPreprocessConfig, chat.video_pieces))
-PROCESSOR_RULES.register("qwen3_vl", ProcessorRules(Qwen3VideoPreprocessConfig, chat.timestamped_video_pieces))
+PROCESSOR_RULES.register(
+  "qwen3_vl", ProcessorRules(Qwen3VideoPreprocessConfig, chat.timestamped_video_pieces, unwrap_video=True)
+)

@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxcap.sampling import mesh_shards
 from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.paged_attention import ATTENTION_CHOICES
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import Rollouts, SampledArrays
@@ -103,7 +104,9 @@ class PagedSampler(Sampler):
       chunks.append(batch)
     kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
     kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths, stats=stats, on_group=on_group)
-    params = self.params if params is None else params
+    # the weights in the compute dtype once per call, as every engine program would cast them: on a mesh each
+    # device then holds a whole bfloat16 copy, not the float32 masters, and no segment re-reads float32
+    params = compute_dtype_params(self.params if params is None else params, self.cfg.dtype)
     mesh = jax.sharding.get_mesh()
     if jax.process_count() > 1 or not (mesh is None or mesh.empty or mesh.size == 1):
       if mesh is None or mesh.empty:

@@ -221,7 +221,7 @@ class Trainer:
 
   def finish(self, params) -> None:
     """Curves, the HF export and summary.json, then every part closed and the workdir released."""
-    if is_lead_process() and self.metrics.path.exists():
+    if is_lead_process() and self.config.logging.curves and self.metrics.path.exists():
       plot_curves(self.metrics.path, self.rundir.path / "curves.png")
     if self.config.export.hf:
       self.rundir.export(params, self.graphdef, self.setup.processor)

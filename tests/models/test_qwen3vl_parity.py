@@ -43,18 +43,35 @@ def _hf_model(cfg: Qwen3VLConfig, seed: int):
   return model
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def models(request, tmp_path_factory):
-  tied, deepstack = VARIANTS[request.param]
+def _load(name: str, tmp_path_factory):
+  tied, deepstack = VARIANTS[name]
   cfg = qwen3vl_tiny()
   cfg = cfg.replace(
     text=cfg.text.__class__(**{**cfg.text.__dict__, "tie_word_embeddings": tied}),
     vision=cfg.vision.__class__(**{**cfg.vision.__dict__, "deepstack_visual_indexes": deepstack}),
   )
-  directory = tmp_path_factory.mktemp(f"qwen3vl_{request.param}")
-  ref = _hf_model(cfg, seed=len(request.param))
+  directory = tmp_path_factory.mktemp(f"qwen3vl_{name}")
+  ref = _hf_model(cfg, seed=len(name))
   ref.save_pretrained(directory)
   return ref, load_hf_checkpoint(directory), directory
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+  """(transformers model, jaxcap model, checkpoint directory) of the untied variant: what does not depend on the
+  head or the DeepStack layout (positions, sharding, FLOPs, padding, compiled variants) runs on it alone."""
+  return _load("untied", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+  return _load("tied", tmp_path_factory)
+
+
+@pytest.fixture(params=list(VARIANTS))
+def models(request):
+  """Each variant in turn, for what the head or the DeepStack layout changes."""
+  return request.getfixturevalue(request.param)
 
 
 # ------------------------------------------------------------------------------------------------- inputs
@@ -133,13 +150,15 @@ def _ours(cfg: Qwen3VLConfig, c: dict, shape=None) -> tuple[np.ndarray, VisionIn
 
 
 KINDS = ["single_image", "two_images", "text_only", "video", "mixed_batch"]
+# generation cases: each kind on one variant, so both heads are covered at half the compiles
+PAIRS = [("two_images", "untied"), ("video", "tied")]
 
 
 # ------------------------------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_position_ids_equal_get_rope_index(models, kind, side):
-  ref, ours, _ = models
+def test_position_ids_equal_get_rope_index(untied, kind, side):
+  ref, ours, _ = untied
   c = _case(ours.cfg, kind, side)
   kw = _hf_kwargs(ours.cfg, c)
   want, deltas = ref.model.get_rope_index(
@@ -173,9 +192,15 @@ def test_vision_features_and_deepstack_match(models):
   np.testing.assert_allclose(np.asarray(padded_ds)[:, :n], np.asarray(deepstack), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kind,side", [(k, "left") for k in KINDS] + [("mixed_batch", "right")])
-def test_logits_match(models, kind, side):
-  ref, ours, _ = models
+@pytest.mark.parametrize(
+  "kind,side,variant",
+  [(k, "left", "untied") for k in KINDS]
+  + [("mixed_batch", "right", v) for v in VARIANTS]
+  + [("two_images", "left", "tied")],
+)
+def test_logits_match(request, kind, side, variant):
+  """Every kind on the untied variant; on the tied one (its head and DeepStack order), the cases with vision."""
+  ref, ours, _ = request.getfixturevalue(variant)
   c = _case(ours.cfg, kind, side)
   with torch.no_grad():  # transformers derives its own positions from mm_token_type_ids and the grids
     want = ref(**_hf_kwargs(ours.cfg, c)).logits.numpy()
@@ -197,8 +222,8 @@ def test_deepstack_changes_the_logits(models):
   assert float(jnp.abs(with_ds - without).max()) > 1e-3
 
 
-def test_family_and_text_only_embed_contract(models):
-  _, ours, directory = models
+def test_family_and_text_only_embed_contract(untied):
+  _, ours, directory = untied
   assert family_of_checkpoint(directory).model_cls is Qwen3VL and isinstance(ours, Qwen3VL)
   c = _case(ours.cfg, "single_image")
   _, vision = _ours(ours.cfg, c)
@@ -246,11 +271,11 @@ def _greedy(model: Qwen3VL, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray
   return logits.argmax(-1), logits
 
 
-@pytest.mark.parametrize("kind", ["two_images", "video"])
-def test_greedy_generation_equals_transformers_generate(models, kind):
+@pytest.mark.parametrize("kind,variant", PAIRS)
+def test_greedy_generation_equals_transformers_generate(request, kind, variant):
   """Token-equal to `generate` (greedy), and every step's logits equal its logits: a tiny random model tends to
   repeat one token, so the logits are what shows the cache and the decode positions right."""
-  ref, ours, _ = models
+  ref, ours, _ = request.getfixturevalue(variant)
   steps = 8
   c = _case(ours.cfg, kind)
   with torch.no_grad():
@@ -283,13 +308,13 @@ def test_non_qwen3_config_json_is_a_clear_error():
     Qwen3VLConfig.from_hf_dict({"model_type": "qwen2_5_vl"})
 
 
-def test_sharded_forward_equals_single_device(models):
+def test_sharded_forward_equals_single_device(untied):
   """Loaded over a ('fsdp', 'tensor') mesh of the 8 test devices, jitted: the single-device logits."""
   from flax import nnx
 
   from jaxcap.sharding import make_mesh
 
-  _, ours, directory = models
+  _, ours, directory = untied
   c = _case(ours.cfg, "mixed_batch")
   positions, vision = _ours(ours.cfg, c)
   args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
@@ -303,12 +328,12 @@ def test_sharded_forward_equals_single_device(models):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
-def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(models):
+def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(untied):
   from flax import nnx
 
   from jaxcap.models.flops import model_flops, param_counts
 
-  _, ours, _ = models
+  _, ours, _ = untied
   v = ours.cfg.vision
   counts = param_counts(nnx.state(ours, nnx.Param))
   merger_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(ours.visual.merger, nnx.Param)))
@@ -326,9 +351,9 @@ def test_flops_count_every_block_as_full_attention_and_deepstack_as_mergers(mode
   assert f["vision"] == pytest.approx(want, rel=1e-12)
 
 
-def test_padded_vision_pack_gives_the_same_logits(models):
+def test_padded_vision_pack_gives_the_same_logits(untied):
   """The mixed batch's images and video padded to a larger layout shape (a bucket): the same logits."""
-  _, ours, _ = models
+  _, ours, _ = untied
   c = _case(ours.cfg, "mixed_batch")
   exact = qwen3_layout_shape(np.concatenate([c["image_grid"], c["video_grid"]]))
   shape = exact.__class__(exact.patches + 32, 1, 1, exact.frames + 3, exact.frame_len + 8)
@@ -341,12 +366,12 @@ def test_padded_vision_pack_gives_the_same_logits(models):
 
 
 @pytest.mark.slow  # three more loads and a gradient: ~30 s on 2 cores
-def test_remat_unrolled_and_bf16_variants(models):
+def test_remat_unrolled_and_bf16_variants(untied):
   """Rematerialised and unrolled stacks compute the same logits, gradients reach the DeepStack mergers, and
   float32 masters with bfloat16 compute stay near the float32 logits."""
   from flax import nnx
 
-  _, ours, directory = models
+  _, ours, directory = untied
   c = _case(ours.cfg, "two_images")
   positions, vision = _ours(ours.cfg, c)
   args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
@@ -382,8 +407,8 @@ def _model_inputs(cfg: Qwen3VLConfig, c: dict):
   return out
 
 
-@pytest.mark.parametrize("kind", ["two_images", "video"])
-def test_samplers_and_update_logprobs_equal_transformers(models, kind):
+@pytest.mark.parametrize("kind,variant", PAIRS)
+def test_samplers_and_update_logprobs_equal_transformers(request, kind, variant):
   """Qwen3-VL through jaxcap's own rollout paths: the static-cache `Sampler` and the paged engine (prompts and the
   vision pack padded to their buckets, DeepStack at prefill) give `generate`'s greedy tokens, and the update's
   `completion_logprobs` of those tokens (each prompt embedded once for its G = 2 completions) equal the log-softmax
@@ -392,9 +417,7 @@ def test_samplers_and_update_logprobs_equal_transformers(models, kind):
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
   from jaxcap.train.logprobs import completion_logprobs
 
-  ref, ours, _ = models
-  if (kind == "video") != ours.cfg.text.tie_word_embeddings:
-    pytest.skip("each kind on one variant (untied: two images, tied: video): both heads covered at half the compiles")
+  ref, ours, _ = request.getfixturevalue(variant)
   steps = 6
   c = _case(ours.cfg, kind)
   with torch.no_grad():

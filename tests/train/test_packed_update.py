@@ -252,10 +252,7 @@ OPTIONS = {
   "options",
   [
     ("correction", "mask_truncated", "kl"),  # all at once: one pair of programs
-    pytest.param(("correction",), marks=SLOW),
     pytest.param(("sequence_tis",), marks=SLOW),
-    pytest.param(("mask_truncated",), marks=SLOW),
-    pytest.param(("kl",), marks=SLOW),
   ],
 )
 def test_packed_update_with_options_equals_padded(policy, options):

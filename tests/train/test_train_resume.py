@@ -11,9 +11,9 @@ from processes import SMALL, compiles, cpu_env, kill_after_checkpoint, launch, l
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
-# 4 SFT + 6 RL steps, a checkpoint every 2 and a held-out evaluation every 2 RL steps, with the HF export and
-# rollout records at every RL step
-RUN = tiny_run({"export.hf": None, "logging.rollouts_every": 1}, base=SMALL)
+# 4 SFT + 6 RL steps, a checkpoint every 2 and a held-out evaluation every 2 RL steps, with
+# rollout records at every RL step, the export and the curves
+RUN = tiny_run({"export.hf": None, "logging.curves": None, "logging.rollouts_every": 1}, base=SMALL)
 
 
 def _metrics(workdir):
