@@ -42,7 +42,7 @@ KEYS = {
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
   "rl.overlong": ["buffer", "penalty"],
   "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
-  "logging": ["mlflow_uri", "project", "rollout_groups", "rollout_max_chars", "rollouts_every", "trackers"],
+  "logging": ["curves", "mlflow_uri", "project", "rollout_groups", "rollout_max_chars", "rollouts_every", "trackers"],
   "rl.optim": OPTIM,
   "rollout": ["attention", "engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
