@@ -1,7 +1,8 @@
 """Dynamic sampling (rl.filter_groups) in the main job end to end: groups are dropped and refilled from the loader
 (tests/train/spread_reward_launch.py gives the tiny student's groups a reward that sometimes spreads), the filter/*
-counts are logged, and a SIGKILLed run resumes to the same metrics as an uninterrupted one: the refills' draws
-from the loader are part of its saved position."""
+counts are logged, and a SIGKILLed run resumes to the same metrics and rollout records as an uninterrupted one:
+the refills' draws from the loader are part of its saved position (the main job's resume test: with the filter
+off, the loader's plain position is the same path with no refills)."""
 
 import json
 from pathlib import Path
@@ -13,8 +14,9 @@ from processes import ROOT, SMALL, kill_after_checkpoint, launch, launch_command
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
 SCRIPT = str(Path(ROOT) / "tests" / "train" / "spread_reward_launch.py")
-# 4 SFT + 6 RL steps of 4 prompts x 4 samples, a checkpoint every 2 steps; one extra batch of 4 prompts per step
-RUN = tiny_run({"rl.filter_groups": "spread", "rl.filter_groups_max_extra": 4, "eval.every": 0}, base=SMALL)
+# 4 SFT + 6 RL steps of 4 prompts x 4 samples, a checkpoint and a held-out evaluation every 2 steps, rollout
+# records at every RL step; one extra batch of 4 prompts per step
+RUN = tiny_run({"rl.filter_groups": "spread", "rl.filter_groups_max_extra": 4, "logging.rollouts_every": 1}, base=SMALL)
 
 
 def _metrics(workdir):
@@ -50,6 +52,9 @@ def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path
   rerun = launch("caprl", *RUN, workdir=workdir, script=SCRIPT)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
+  records = lambda w: {p.name: p.read_text().replace(str(w), "<workdir>") for p in sorted((w / "rollouts").iterdir())}
+  assert list(records(workdir)) == [f"step_{s:06d}.jsonl" for s in range(1, 7)]  # no step twice, none left over
+  assert records(workdir) == records(uninterrupted)
 
 
 def _loader_position(workdir):

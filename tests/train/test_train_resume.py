@@ -1,5 +1,7 @@
-"""The main job end to end on a small budget: it runs, checkpoints, compiles each of its programs once, and a
-SIGKILLed run resumes to the same metrics as an uninterrupted run of the same seed."""
+"""The main job end to end on a small budget: it runs, checkpoints, evaluates, exports and compiles each of its
+programs once. That a SIGKILLed run resumes to the same metrics and rollout records as an uninterrupted one is
+tests/train/test_filter_groups_run.py (with the loader's refills) and tests/train/test_off_policy.py (with a queued
+round)."""
 
 import collections
 import json
@@ -7,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import SMALL, compiles, cpu_env, kill_after_checkpoint, launch, launch_command, tiny_run
+from processes import SMALL, compiles, cpu_env, launch, tiny_run
 
 pytestmark = pytest.mark.slow  # launches training runs in subprocesses
 
@@ -47,18 +49,6 @@ def test_run_writes_everything(uninterrupted):
   rows = _metrics(w)
   assert [r["step"] for r in rows if r["phase"] == "rl" and "loss" in r] == [1, 2, 3, 4, 5, 6]
   assert any((w / "tensorboard").iterdir())
-
-
-def test_sigkill_then_rerun_resumes_to_identical_metrics(uninterrupted, tmp_path):
-  workdir = tmp_path / "killed"
-  # killed once an RL-phase checkpoint (global step > 4) is on disk
-  kill_after_checkpoint(launch_command("caprl", *RUN, workdir=workdir), workdir, tmp_path / "killed.log", 6)
-  rerun = launch("caprl", *RUN, workdir=workdir)
-  assert "resumed rl" in rerun.stdout + rerun.stderr
-  assert _metrics(workdir) == _metrics(uninterrupted)
-  records = lambda w: {p.name: p.read_text().replace(str(w), "<workdir>") for p in sorted((w / "rollouts").iterdir())}
-  assert list(records(workdir)) == [f"step_{s:06d}.jsonl" for s in range(1, 7)]  # no step twice, none left over
-  assert records(workdir) == records(uninterrupted)
 
 
 def test_each_program_compiles_once(uninterrupted_run):
