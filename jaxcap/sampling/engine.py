@@ -57,6 +57,7 @@ class PagedSampler(Sampler):
   def __init__(self, model, tokenizer=None, *, engine: EngineConfig = EngineConfig(), **kw):
     super().__init__(model, tokenizer, **kw)
     self.engine = engine
+    self._own_weights = None  # the sampler's own params in the compute dtype, cast on first use
 
   def __call__(
     self,
@@ -104,9 +105,15 @@ class PagedSampler(Sampler):
       chunks.append(batch)
     kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
     kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths, stats=stats, on_group=on_group)
-    # the weights in the compute dtype once per call, as every engine program would cast them: on a mesh each
-    # device then holds a whole bfloat16 copy, not the float32 masters, and no segment re-reads float32
-    params = compute_dtype_params(self.params if params is None else params, self.cfg.dtype)
+    # the weights in the compute dtype once per call (the sampler's own: once), as every engine program would cast
+    # them: on a mesh each device then holds a whole bfloat16 copy, not the float32 masters, and no segment
+    # re-reads float32
+    if params is None:
+      if self._own_weights is None:
+        self._own_weights = compute_dtype_params(self.params, self.cfg.dtype)
+      params = self._own_weights
+    else:
+      params = compute_dtype_params(params, self.cfg.dtype)
     mesh = jax.sharding.get_mesh()
     if jax.process_count() > 1 or not (mesh is None or mesh.empty or mesh.size == 1):
       if mesh is None or mesh.empty:
