@@ -1,10 +1,6 @@
 """The paged rollout engine on a mesh (jaxcap.sampling.mesh_shards): each device's block of prompts decoded by its
 own engine gives the one-device engine's rollouts, as global arrays laid out as the static sampler's."""
 
-import json
-import sys
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
@@ -14,7 +10,6 @@ from jaxcap.sampling import SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.sampling.mesh_shards import spread
 from jaxcap.sharding import make_mesh
-from processes import run_processes
 from sampling_fixtures import PADDED_BATCH, image, tiny_checkpoint, user
 
 NEW, G = 10, 2
@@ -47,7 +42,7 @@ def _same(got, want, *, atol):
 def test_data_mesh_gives_the_one_device_rollouts(models):
   """Greedy, rows stopping at different steps: a 2- and a 4-device data mesh give the one-device engine's tokens,
   prompt-major, with outputs sharded over the data axis. (Sampled tokens, whose draws are keyed by prompt, sample
-  and position: the mixed mesh below and the two-process test.)"""
+  and position: the mixed mesh below and tests/sampling/test_sampling_multiprocess.py.)"""
   _, model, proc = models
   sampling = SamplingConfig(temperature=0.0, max_new_tokens=NEW, stop_ids=())
   # stop ids from the free run's own tokens
@@ -90,21 +85,3 @@ def test_spread_blocks_follow_the_batch_axes():
   first, ranges = plan.bounds(8, mesh)
   assert first == 0 and ranges == [(0, 2), (2, 4), (4, 6), (6, 8)]
   assert spread(mesh, [8, 2]).bounds(2, mesh)[1] == [(0, 1), (1, 2)]  # 2 prompts split over 'data' only
-
-
-@pytest.mark.slow
-def test_each_process_decodes_its_own_prompts(tmp_path):
-  """Two jax.distributed processes of 2 devices, 2 prompts each (their own buckets): the global arrays' blocks are
-  the processes' rows, and their tokens the one-device engine's on all 4 prompts (process i's prompt b is prompt
-  2i + b of the global batch, whose draws it keys); both checked in paged_multiprocess_worker.py."""
-  from paged_multiprocess_worker import write_images
-
-  images = str(tmp_path / "images")
-  write_images(images)
-  worker = [sys.executable, str(Path(__file__).resolve().parent / "paged_multiprocess_worker.py")]
-  run_processes(lambda i, port: [*worker, str(tmp_path / f"p{i}.json"), str(i), str(port), images], count=2, devices=2)
-  got = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
-  assert [len(g["text"]) for g in got] == [4, 4]  # 2 prompts x G = 2 each: only this process's rows
-  for name in ("greedy", "sampled"):
-    assert all(g[name]["same_tokens"] and g[name]["same_lengths"] for g in got), name
-  assert got[0]["sampled"]["tokens"] != got[0]["greedy"]["tokens"]
