@@ -143,6 +143,20 @@ def test_the_paged_engine_is_planned_with_its_pool():
   assert "2 engines, one per device's block of prompts" in format_plan(two)
 
 
+def test_an_engine_program_over_budget_names_the_engines_settings():
+  """The engine's programs hold the whole model and the page pool: more micro-batches would not help them."""
+  from types import SimpleNamespace
+
+  from jaxcap.plan.report import advice
+
+  c = _config()
+  c.rollout.update(dict(engine="paged", slots=8))
+  over = SimpleNamespace(name="segment", peak=3 * GIB, temporaries=GIB, arguments=2 * GIB)
+  [line] = advice(c, [over], 0, 2 * GIB, mesh=None)
+  assert line.startswith("segment is 1.0 GiB over") and "rollout.slots (now 8)" in line
+  assert "micro_batches" not in line and "bfloat16" in line
+
+
 @pytest.mark.slow
 def test_off_policy_counts_the_queued_round_in_the_passes_it_outlives():
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")

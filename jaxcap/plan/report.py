@@ -34,6 +34,13 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
         f"{r.name} is {over:.1f} GiB over: the KV cache grows with rl.batch_size x (prompt + rl.num_samples x "
         "sampling.max_new_tokens); sample fewer rows at once or add devices on the batch axes"
       )
+    elif r.name in ("paged_prefill", "segment"):  # one engine per device holds the whole compute-dtype model
+      out.append(
+        f"{r.name} is {over:.1f} GiB over: each device's engine holds the whole model in the compute dtype "
+        f"({config.model.dtype}) beside its page pool; lower rollout.slots (now {config.rollout.slots}) or "
+        f"rollout.pages (now {config.rollout.pages}, 0 = as many as a call can use), or use rollout.engine='static' "
+        "(sharded over the mesh)"
+      )
     else:
       out.append(f"{r.name} is {over:.1f} GiB over: raise rl.micro_batches or add devices")
   if state_bytes > 0.6 * budget:
