@@ -1,6 +1,7 @@
 """One-step off-policy RL (rl.off_policy_steps, jaxcap.train.off_policy): the loader's look-ahead and its saved
 position, which steps queue the next round, and the main job end to end (staleness logged, a resumed run repeats
-the uninterrupted one). Two processes queueing in step: tests/train/test_train_distributed.py."""
+the uninterrupted one, and judging each group as soon as it is decoded changes nothing). Two processes queueing in
+step: tests/train/test_train_distributed.py."""
 
 import json
 from pathlib import Path
@@ -58,9 +59,21 @@ def _metrics(workdir):
 
 
 def _run_flags():
+  """SMALL, one-step off-policy through the paged engine (few slots: groups finish at different segments), three
+  in ten judgments failing (masked and counted), rollout records with the judge's evidence at every step."""
   from processes import SMALL, tiny_run
 
-  return tiny_run({"rl.off_policy_steps": 1, "rl.rollout_correction.is_level": "token", "eval.every": 0}, base=SMALL)
+  settings = {
+    "rl.off_policy_steps": 1,
+    "rl.rollout_correction.is_level": "token",
+    "eval.every": 0,
+    "rollout.engine": "paged",
+    "rollout.slots": 6,
+    "rollout.segment_steps": 4,
+    "judge.failure_rate": 0.3,
+    "logging.rollouts_every": 1,
+  }
+  return tiny_run(settings, base=SMALL)
 
 
 def _script():
@@ -73,13 +86,18 @@ def _rl_steps(workdir):
   return [r for r in _metrics(workdir) if r["phase"] == "rl" and "loss" in r]
 
 
+def _records(workdir):
+  return {p.name: p.read_text().replace(str(workdir), "<workdir>") for p in sorted((workdir / "rollouts").iterdir())}
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-  """SMALL (6 RL steps, a checkpoint every 2) off-policy, with a reward that sometimes spreads, run to its end."""
+  """The run above with streamed judging (rl.stream_judging: each group judged as soon as the engine has decoded
+  it), with a reward that sometimes spreads, run to its end."""
   from processes import launch
 
   workdir = tmp_path_factory.mktemp("off_policy_full")
-  launch("caprl", *_run_flags(), workdir=workdir, script=_script())
+  launch("caprl", *_run_flags(), "--config.rl.stream_judging=true", workdir=workdir, script=_script())
   return workdir
 
 
@@ -93,6 +111,7 @@ def test_off_policy_run_logs_staleness_and_the_queued_rounds_log_prob_gap(uninte
   for r in rows:
     assert r["loss"] == r["loss"] and r["grad_norm"] > 0  # finite, a gradient
     assert "rollout_corr/kl_k3" in r and "rollout_corr/is_truncated_frac" in r
+  assert any(r["judge/failed/refused"] > 0 for r in rows) and any(0 < r["judge/valid_fraction"] < 1 for r in rows)
   # a queued round was sampled by the weights one update older than the ones its old log-probs are recomputed
   # with: they differ once the warm-up's learning rate has moved the weights (steps 4, 6: ~2e-4 nats per token
   # here); a round rolled out at its own step differs only by float rounding (~3e-8)
@@ -101,15 +120,19 @@ def test_off_policy_run_logs_staleness_and_the_queued_rounds_log_prob_gap(uninte
 
 
 @pytest.mark.slow  # a killed training run and its rerun, in subprocesses
-def test_sigkill_mid_run_then_rerun_resumes_to_the_uninterrupted_metrics(uninterrupted, tmp_path):
+def test_sigkill_then_rerun_judging_each_batch_equals_the_streamed_uninterrupted_run(uninterrupted, tmp_path):
   """SIGKILL once the RL step-2 checkpoint is on disk: step 3 runs on, queuing step 4's round (rolled out, being
   judged) when the run dies. The queue is not saved, and needs not be: no round is queued across a checkpoint, so
-  the rerun rolls step 3 out from the checkpoint's weights as the uninterrupted run did, and every metric matches."""
+  the rerun rolls step 3 out from the checkpoint's weights as the uninterrupted run did. This run judges each batch
+  after its rollout, the uninterrupted one streams groups to the judge as they finish: every metric and rollout
+  record (rewards, masks of failed judgments, the judge's evidence) matches."""
   from processes import kill_after_checkpoint, launch, launch_command
 
-  workdir, run, script = tmp_path / "killed", _run_flags(), _script()
+  workdir, run, script = tmp_path / "killed", [*_run_flags(), "--config.rl.stream_judging=false"], _script()
   # global step 6 = SFT's 4 + RL's 2
   kill_after_checkpoint(launch_command("caprl", *run, workdir=workdir, script=script), workdir, tmp_path / "log", 6)
   rerun = launch("caprl", *run, workdir=workdir, script=script)
   assert "resumed rl" in rerun.stdout + rerun.stderr
   assert _metrics(workdir) == _metrics(uninterrupted)
+  assert list(_records(workdir)) == [f"step_{s:06d}.jsonl" for s in range(1, 7)]  # no step twice, none left over
+  assert _records(workdir) == _records(uninterrupted)
