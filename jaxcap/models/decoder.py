@@ -16,8 +16,9 @@ from flax import nnx
 from jaxcap.models.cache_attention import cached_attention
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear
-from jaxcap.models.segment_attention import SegmentMask, segment_attention
-from jaxcap.models.splash import SplashSegments, splash_segment_attention
+from jaxcap.models.fused_segments import FusedSegments
+from jaxcap.models.packed_attention import packed_attention
+from jaxcap.models.segment_attention import SegmentMask
 from jaxcap.sharding import shard
 
 
@@ -83,7 +84,8 @@ CACHE_AXES = ("batch", "kv_heads", None, None)
 class Attention(nnx.Module):
   """GQA self-attention (q/k/v biases and q/k norms per the text config's `qkv_bias` / `qk_norm`):
   `jax.nn.dot_product_attention` (the fused kernel per backend) without a cache, `segment_attention` for packed
-  rows (a `SegmentMask`) or splash attention on TPU (`SplashSegments`), `cached_attention` over a `KVCache`."""
+  rows (`packed_attention`: a `SegmentMask`, or `FusedSegments` for splash on TPU / Pallas flash on GPU),
+  `cached_attention` over a `KVCache`."""
 
   def __init__(self, cfg: Qwen25VLConfig, *, rngs):
     t = cfg.text
@@ -99,7 +101,7 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(self.head_dim, t.rms_norm_eps, param_dtype=cfg.param_dtype)
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask` / `SplashSegments`; kv: this layer's cache (keys
+    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask` / `FusedSegments`; kv: this layer's cache (keys
     [B, K, H, S], values [B, K, S, H], then optionally a shared prefix's keys and values, see `KVCache`) or None.
     Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
     counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
@@ -113,11 +115,8 @@ class Attention(nnx.Module):
     k = apply_rotary(k, cos, sin)
     scale = self.head_dim**-0.5
     if kv is None:
-      if isinstance(mask, SegmentMask):  # packed rows: blocked attention within segments
-        out = segment_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, scale)
-        return self.o_proj(out.reshape(b, t, -1)), (k, v)
-      if isinstance(mask, SplashSegments):  # packed rows on TPU: the fused kernel with segment ids
-        out = splash_segment_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, scale)
+      if isinstance(mask, (SegmentMask, FusedSegments)):  # packed rows: a fused kernel or blocked jnp attention
+        out = packed_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, scale)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
       out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=scale)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)

@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.models import lora, row_blocks, splash
+from jaxcap.models import lora, row_blocks
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.decoder import CACHE_AXES, Attention, DecoderLayer, KVCache, cached_attention
 from jaxcap.models.layers import RMSNorm, linear, mrope_cos_sin, scan_layers, stacked
-from jaxcap.models.segment_attention import SegmentWindow, segment_mask
+from jaxcap.models.packed_attention import packed_mask
+from jaxcap.models.segment_attention import SegmentWindow
 from jaxcap.models.vision import VisionLayout, VisionTower
 from jaxcap.sharding import path_name, shard, shard_like_params
 
@@ -129,7 +130,7 @@ class Qwen25VL(nnx.Module):
     Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens, and
     with `segments` int [B, T] (packed rows, jaxcap.train.packing) only within a token's own segment; with a
     static `segment_window` too (`segment_attention.segment_window`: no segment longer than its span), in query
-    blocks over a key window (cost T x window, not T x T); on TPU (`splash.applies`) through splash attention.
+    blocks over a key window (cost T x window, not T x T); on TPU / GPU through a fused kernel (`packed_attention`).
     With a cache: the T new tokens are written at slots [cache_index, cache_index + T) and `attention_mask` is
     bool [B, S] over cache slots (real tokens, including the new ones); slot j is visible to slot i iff j <= i.
     Returns the final-norm hidden states [B, T, D] and the updated cache. `layers`: `layer_params()`, taken once
@@ -141,12 +142,9 @@ class Qwen25VL(nnx.Module):
     cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved)
     q_slot = cache_index + jnp.arange(t)
     k_slot = jnp.arange(cache.slots if cache is not None else t)
-    if segments is not None and cache is None and splash.applies():  # TPU: the fused kernel, window or not
-      span = segment_window.span if segment_window is not None else None
-      mask = splash.SplashSegments(jnp.where(attention_mask.astype(bool), segments, 0), span)
-    elif segments is not None and segment_window is not None and cache is None:
-      mask = segment_mask(jnp.where(attention_mask.astype(bool), segments, 0), segment_window)
-    else:
+    # packed rows without a cache: a fused kernel's or a segment window's mask where either applies, else dense
+    mask = packed_mask(segments, attention_mask, segment_window) if segments is not None and cache is None else None
+    if mask is None:
       mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
       if segments is not None:
         mask = mask & (segments[:, None, :, None] == segments[:, None, None, :])

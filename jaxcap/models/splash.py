@@ -20,7 +20,6 @@ heads, H head dim.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -28,29 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxcap.sharding import MESH_AXES, logical_to_spec
+from jaxcap.models.fused_segments import FusedSegments, group_heads, pad_slots, per_shard, target_platform
 
 LANES = 128  # the kernel's block sizes are multiples of this
 BLOCKS = (512, 256, 128)  # preferred block sizes, largest first (maxtext's default is 512)
 INTERPRET = False  # tests: Pallas interpret mode (CPU), and `applies` on any backend
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class SplashSegments:
-  """Packed rows' mask for splash attention: segment ids int [B, T] (1, 2, ... per contiguous sequence, 0 padding);
-  `span` static: the longest segment's bound (a `SegmentWindow`'s span) or None (causal over the row)."""
-
-  segments: jax.Array
-  span: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-
-
-def target_platform() -> str:
-  """The platform the program being traced runs on: the ambient mesh's devices', else the default backend."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    return mesh.abstract_device.platform
-  return jax.default_backend()
 
 
 def applies() -> bool:
@@ -58,27 +39,18 @@ def applies() -> bool:
   return INTERPRET or target_platform() == "tpu"
 
 
-def splash_segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SplashSegments, scale: float) -> jax.Array:
+def splash_segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: FusedSegments, scale: float) -> jax.Array:
   """Causal attention of q [B, T, N, H] over k, v [B, T, K, H] within segments (`mask`) -> [B, T, N, H]. A padding
   query's output (segment 0) is arbitrary (finite) and must not be read."""
   b, t, n, h = q.shape
-  kv_heads = k.shape[2]
-  if n % kv_heads:
-    raise ValueError(f"splash attention: {n} query heads are not a multiple of the {kv_heads} key/value heads")
+  group_heads(n, k.shape[2], "splash attention")
   padded = math.ceil(t / LANES) * LANES
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, padded - t)) + ((0, 0),) * (x.ndim - 2))
   # the scale on the queries (the kernel has none), in float32 before the cast back
-  q = pad((q.astype(jnp.float32) * scale).astype(q.dtype)).transpose(0, 2, 1, 3)  # [B, N, T', H]
-  k, v = (pad(x.astype(q.dtype)).transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, T', H]
-  segments = pad(mask.segments.astype(jnp.int32))  # padding slots: segment 0
+  q = pad_slots((q.astype(jnp.float32) * scale).astype(q.dtype), padded).transpose(0, 2, 1, 3)  # [B, N, T', H]
+  k, v = (pad_slots(x.astype(q.dtype), padded).transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, T', H]
+  segments = pad_slots(mask.segments.astype(jnp.int32), padded)  # padding slots: segment 0
   run = functools.partial(_attend, span=mask.span, interpret=INTERPRET or target_platform() != "tpu")
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and set(MESH_AXES) <= set(mesh.axis_names) and mesh.size > 1:
-    rows = logical_to_spec(("batch",), (b,), mesh)[0]
-    heads = logical_to_spec(("heads",), (math.gcd(n, kv_heads),), mesh)[0]  # divides both head counts, or none
-    qkv, seg = P(rows, heads, None, None), P(rows, None)
-    run = jax.shard_map(run, in_specs=(qkv, qkv, qkv, seg), out_specs=qkv, check_vma=False)
-  out = run(q, k, v, segments)
+  out = per_shard(run, b, n, k.shape[1], lambda rows, heads: P(rows, heads, None, None))(q, k, v, segments)
   return out.transpose(0, 2, 1, 3)[:, :t]
 
 

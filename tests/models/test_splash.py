@@ -10,6 +10,7 @@ import pytest
 
 from jaxcap.models import splash
 from jaxcap.models.cache_attention import cached_attention
+from jaxcap.models.fused_segments import FusedSegments
 from jaxcap.models.segment_attention import dense_segment_mask
 
 import segment_rows
@@ -43,7 +44,7 @@ def interpret(monkeypatch):
 
 
 def _splash(q, k, v, segments, span=None):
-  return splash.splash_segment_attention(q, k, v, splash.SplashSegments(segments, span), SCALE)
+  return splash.splash_segment_attention(q, k, v, FusedSegments(segments, "tpu", span), SCALE)
 
 
 @pytest.mark.parametrize("span", [None, 230], ids=["causal", "band"])
@@ -115,7 +116,6 @@ def test_dispatch_only_where_it_applies(interpret, monkeypatch):
   from flax import nnx
 
   import jaxcap.models as M
-  from jaxcap.models import decoder
 
   segments = _segments([[100, 60, 90], [40, 200]], 260)
   positions = jnp.broadcast_to(jnp.cumsum(segments > 0, -1)[None], (3, *segments.shape))
@@ -123,8 +123,8 @@ def test_dispatch_only_where_it_applies(interpret, monkeypatch):
   model = M.Qwen25VL(cfg, rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(5).normal(size=(*segments.shape, cfg.text.hidden_size)), cfg.dtype)
   calls = []
-  kernel = decoder.splash_segment_attention
-  monkeypatch.setattr(decoder, "splash_segment_attention", lambda *a: calls.append(1) or kernel(*a))
+  kernel = splash.splash_segment_attention
+  monkeypatch.setattr(splash, "splash_segment_attention", lambda *a: calls.append(1) or kernel(*a))
   decode = lambda: np.asarray(model.decode(x, positions, segments > 0, segments=segments)[0], np.float32)
   got = decode()
   assert calls  # every layer went through the kernel
