@@ -143,6 +143,23 @@ def test_the_paged_engine_is_planned_with_its_pool():
   assert "2 engines, one per device's block of prompts" in format_plan(two)
 
 
+@pytest.mark.slow
+def test_the_slots_that_fit_are_the_most_that_fit():
+  """The plan's slot count for a budget, from the engine's programs compiled at 4 and 8 slots, fits it exactly:
+  one slot more does not."""
+  c = _config()
+  c.mesh.shape.fsdp = 1
+  c.rollout.update(dict(engine="paged", slots=4, page_size=8))
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  budget = plan(c, cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)["peak_gib"] + 2**17 / GIB
+  res = plan(c, cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)
+  n = res["engine"]["slots_fit"]
+  assert n > 4 and f"about {n}" in format_plan(res)
+  for slots, fits in ((n, True), (n + 1, False)):
+    c.rollout.slots = slots
+    assert plan(c, cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)["fits"] is fits, slots
+
+
 def test_an_engine_program_over_budget_names_the_engines_settings():
   """The engine's programs hold the whole model and the page pool: more micro-batches would not help them."""
   from types import SimpleNamespace

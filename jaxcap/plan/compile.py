@@ -27,7 +27,7 @@ from jaxcap.train.adapters import state_breakdown, with_run_lora
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packed_batch import planned_rows
 from jaxcap.train.programs import RunPrograms, packs, rollout_engine
-from jaxcap.plan.engine import engine_inputs, engine_programs, engine_shards
+from jaxcap.plan.engine import engine_inputs, engine_programs, engine_shards, slots_that_fit
 
 
 @dataclasses.dataclass
@@ -109,7 +109,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   results: list[ProgramPlan] = []
   engine_plan = None
 
-  def compile_one(name, lower, args, resident_outside, on=mesh):
+  def compile_one(name, lower, args, resident_outside, on=mesh, record=True) -> ProgramPlan:
+    """The program's figures, appended to `results` (`record`)."""
     t0 = time.perf_counter()
     with jax.set_mesh(on):
       lowered = lower(*args)
@@ -117,13 +118,12 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     seconds = time.perf_counter() - t0
     if compiled is None:  # refused for memory: recorded as not fitting, the other programs still planned
       row = ProgramPlan(name, per_device_bytes(args), 0, 0, temporaries, resident_outside, seconds, 0.0, error=error)
-      results.append(dataclasses.replace(row, fingerprint=program_fingerprint(lowered)))
-      return None
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    results.append(
-      ProgramPlan(
+      row = dataclasses.replace(row, fingerprint=program_fingerprint(lowered))
+    else:
+      mem = compiled.memory_analysis()
+      cost = compiled.cost_analysis()
+      cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+      row = ProgramPlan(
         name,
         int(mem.argument_size_in_bytes),
         int(mem.output_size_in_bytes),
@@ -135,8 +135,9 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
         program_fingerprint(lowered),
         float((cost or {}).get("bytes accessed", 0.0)),
       )
-    )
-    return compiled
+    if record:
+      results.append(row)
+    return row
 
   if packs(config):  # packed micro-batches at the budget (rl.micro_batch_tokens): the step's pixels, one pack
     budget_tokens = int(config.rl.micro_batch_tokens)
@@ -161,11 +162,22 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards)
     stop_ids = (int(cfg.eos_token_id),)
     lowerings = engine_programs(config, cfg, graphdef, programs.sampling(), g, stop_ids, devices[0].platform)
-    for name, old in (("paged_prefill", "prefill"), ("segment", "decode")):
-      if old in names:
-        args = getattr(ins, name.removeprefix("paged_"))
-        compile_one(name, lowerings[name], args, state_bytes, on=one)
-    engine_plan = dataclasses.asdict(ins.plan)
+    engine_names = [name for name, old in (("paged_prefill", "prefill"), ("segment", "decode")) if old in names]
+    peaks = {
+      n: compile_one(n, lowerings[n], getattr(ins, n.removeprefix("paged_")), state_bytes, on=one).peak
+      for n in engine_names
+    }
+    fit = None
+    if not config.rollout.pages:  # a pool sized by the slots: the same programs at twice the slots give the slope
+      more = engine_inputs(
+        config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards, 2 * engine.slots
+      )
+      more_peaks = {
+        n: compile_one(n, lowerings[n], getattr(more, n.removeprefix("paged_")), state_bytes, one, False).peak
+        for n in engine_names
+      }
+      fit = slots_that_fit(engine.slots, peaks, more_peaks, 2 * engine.slots, hbm_gib * GIB)
+    engine_plan = dataclasses.asdict(dataclasses.replace(ins.plan, slots_fit=fit))
     names = tuple(n for n in names if n not in ("prefill", "decode"))
   if {"prefill", "decode"} & set(names):
     sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh)))
@@ -212,5 +224,5 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "peak_gib": peak / GIB,
     "fits": peak <= budget,
     "engine": engine_plan,
-    "advice": advice(config, results, state_bytes, budget, mesh),
+    "advice": advice(config, results, state_bytes, budget, mesh, (engine_plan or {}).get("slots_fit")),
   }

@@ -41,10 +41,11 @@ from jaxcap.train.programs import rollout_engine
 
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
-  """One engine's sizes (`shards` engines, one per block of prompts): `slots` decode slots, a pool of `pages` pages of `page_size` tokens (`pool_bytes` for
-  every layer's keys and values), `read_pages` pages a slot reads at its longest; `attention` the segment's
-  ('reference', or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes` the keys and values a decode step
-  reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out)."""
+  """One engine's sizes (`shards` engines, one per block of prompts): `slots` decode slots, a pool of `pages` pages
+  of `page_size` tokens (`pool_bytes` for every layer's keys and values), `read_pages` pages a slot reads at its
+  longest; `attention` the segment's ('reference', or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes`
+  the keys and values a decode step reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out); `slots_fit` the
+  slots that would fit the device (`slots_that_fit`; None until planned, or with a fixed `rollout.pages`)."""
 
   slots: int
   shards: int
@@ -54,6 +55,19 @@ class EnginePlan:
   read_pages: int
   attention: str
   read_bytes: int
+  slots_fit: int | None = None
+
+
+def slots_that_fit(slots: int, peaks: dict[str, int], more_peaks: dict[str, int], more: int, budget: float) -> int:
+  """The most decode slots whose engine programs fit `budget` bytes per device, from each program's compiled peak
+  at `slots` (`peaks`, name -> bytes) and at `more` slots (`more_peaks`): linear between the two compiles (each
+  slot adds its pages to the pool, its row of the page table, its activations and whatever copies of the pool
+  the compiler keeps), so the estimate is the compiler's own. 0 when not even the engine's fixed part fits."""
+  fit = []
+  for name, peak in peaks.items():
+    per_slot = (more_peaks[name] - peak) / (more - slots)
+    fit.append(slots + int((budget - peak) // per_slot) if per_slot > 0 else slots if peak <= budget else 0)
+  return max(0, min(fit))
 
 
 def _attention(config, cfg, platform: str) -> paged_attention.DecodeAttention:
@@ -71,12 +85,23 @@ def engine_shards(mesh, rows: int) -> int:
 
 
 def engine_inputs(
-  config, cfg, params, graphdef, prompts: Prompts, num_samples: int, platform: str, one=None, shards: int = 1
+  config,
+  cfg,
+  params,
+  graphdef,
+  prompts: Prompts,
+  num_samples: int,
+  platform: str,
+  one=None,
+  shards: int = 1,
+  slots: int | None = None,
 ) -> SimpleNamespace:
   """The abstract arguments of one engine's `prefill` and `segment`, on the one-device mesh `one` (default:
   as `params` lie), for its block of one RL step's prompts `prompts` (the sampler's bucketed batch, abstract:
-  rows x T, over `shards` engines), and the pool's sizes (`EnginePlan`) on `platform`'s devices."""
+  rows x T, over `shards` engines), and the pool's sizes (`EnginePlan`) on `platform`'s devices. `slots`: the
+  engine's decode slots (default `rollout.slots`)."""
   engine = rollout_engine(config)
+  engine = engine if slots is None else dataclasses.replace(engine, slots=slots)
   z, new = engine.page_size, int(config.sampling.max_new_tokens)
   embedded = None
   if one is not None:

@@ -8,7 +8,7 @@ from jaxcap.train.programs import packs
 GIB = 2**30
 
 
-def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
+def advice(config, results, state_bytes: int, budget: float, mesh, slots_fit: int | None = None) -> list[str]:
   """What to change when a program does not fit (largest term first)."""
   out = []
   for r in results:
@@ -35,9 +35,10 @@ def advice(config, results, state_bytes: int, budget: float, mesh) -> list[str]:
         "sampling.max_new_tokens); sample fewer rows at once or add devices on the batch axes"
       )
     elif r.name in ("paged_prefill", "segment"):  # one engine per device holds the whole compute-dtype model
+      fit = "" if slots_fit is None else f"; about {slots_fit} fit"
       out.append(
         f"{r.name} is {over:.1f} GiB over: each device's engine holds the whole model in the compute dtype "
-        f"({config.model.dtype}) beside its page pool; lower rollout.slots (now {config.rollout.slots}) or "
+        f"({config.model.dtype}) beside its page pool; lower rollout.slots (now {config.rollout.slots}{fit}) or "
         f"rollout.pages (now {config.rollout.pages}, 0 = as many as a call can use), or use rollout.engine='static' "
         "(sharded over the mesh)"
       )
@@ -93,6 +94,11 @@ def format_plan(result: dict) -> str:
       f"({e['pool_bytes'] / GIB:.2f} GiB), a slot reads at most {e['read_pages']} pages"
       + (f"; {e['shards']} engines, one per device's block of prompts" if e.get("shards", 1) > 1 else "")
     )
+    if e.get("slots_fit") is not None:
+      lines.append(
+        f"rollout.slots that fit {result['hbm_gib']:g} GiB per device: about {e['slots_fit']} (the engine's "
+        f"programs compiled again at {2 * e['slots']} slots: their peaks linear in the slots)"
+      )
     if e.get("attention", "reference") != "reference":  # XLA cannot see into a Pallas kernel's page reads
       lines.append(
         f"decode attention: JAX's Pallas paged-attention kernel ({e['attention']}), reading each slot's filled "
