@@ -220,7 +220,8 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
       results.append(plan(c, cfg, devices, 16.0, ("decode",), text=8))
   finally:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", cached)
-  kernel, reference = (x.as_text().count("tpu_custom_call") for x in lowered)
+  # each plan lowers the segment at its slots, then at twice as many (the slots that fit)
+  kernel, reference = (x.as_text().count("tpu_custom_call") for x in lowered[::2])
   assert kernel > 0 and reference == 0  # (the layers' calls may share one outlined function)
   assert [r["engine"]["attention"] for r in results] == ["tpu", "reference"]
   e = results[0]["engine"]
