@@ -198,10 +198,11 @@ class Qwen25VL(nnx.Module):
       for i in range(self.cfg.text.num_hidden_layers)
     )
 
-  def head_params(self, rows: int) -> jax.Array | None:
+  def head_params(self, rows: int | None = None) -> jax.Array | None:
     """The LM head in `row_blocks` for a loop computing logits of `rows` rows, or None where they do not apply
-    (for `logits(..., head=...)`). A tied head is a reshape of the embedding; an untied one a transposed copy."""
-    if not row_blocks.applies(rows):
+    or `rows` is None (for `logits(..., head=...)`). A tied head is a reshape of the embedding; an untied one a
+    transposed copy."""
+    if rows is None or not row_blocks.applies(rows):
       return None
     if self.cfg.text.tie_word_embeddings:
       return row_blocks.from_rows(self.embed_tokens.embedding[...])
