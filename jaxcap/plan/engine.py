@@ -15,6 +15,7 @@ paged-attention kernel for a bfloat16 cache).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from types import SimpleNamespace
@@ -148,9 +149,10 @@ def engine_inputs(
   r = engine.slots
   slots = Slots(i32(r), i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
   read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
-  weights = jax.eval_shape(
-    lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
-  )
+  with jax.set_mesh(one) if one is not None else contextlib.nullcontext():  # the target's layout (row blocks: CPU)
+    weights = jax.eval_shape(
+      lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
+    )
   key = jax.eval_shape(lambda: jax.random.key(0))
   pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
   read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot

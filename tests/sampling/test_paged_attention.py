@@ -204,8 +204,11 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
   lowered = []
   segment = plan_engine.segment_jit
 
+  weights = []
+
   class Recording:
     def lower(self, *args, **kw):
+      weights.append(args[1:3])  # the decode layers and LM head
       lowered.append(segment.lower(*args, **kw))
       return lowered[-1]
 
@@ -223,6 +226,8 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
   # each plan lowers the segment at its slots, then at twice as many (the slots that fit)
   kernel, reference = (x.as_text().count("tpu_custom_call") for x in lowered[::2])
   assert kernel > 0 and reference == 0  # (the layers' calls may share one outlined function)
+  layers, head = weights[0]  # the TPU's layout: no CPU row blocks (3-D kernels), the head read from the params
+  assert head is None and max(x.ndim for x in jax.tree.leaves(layers)) == 2
   assert [r["engine"]["attention"] for r in results] == ["tpu", "reference"]
   e = results[0]["engine"]
   # every slot at its longest: read_pages pages of 16 tokens x 2 heads x 128 (bfloat16), keys and values, 2 layers
