@@ -172,6 +172,8 @@ def test_an_engine_program_over_budget_names_the_engines_settings():
   [line] = advice(c, [over], 0, 2 * GIB, mesh=None)
   assert line.startswith("segment is 1.0 GiB over") and "rollout.slots (now 8)" in line
   assert "micro_batches" not in line and "bfloat16" in line
+  [line] = advice(c, [over], 0, 2 * GIB, mesh=None, slots_fit=0)  # not even the model and one slot's pages
+  assert "no slot count fits" in line and "rollout.engine='static'" in line
 
 
 @pytest.mark.slow

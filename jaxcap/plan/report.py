@@ -35,13 +35,19 @@ def advice(config, results, state_bytes: int, budget: float, mesh, slots_fit: in
         "sampling.max_new_tokens); sample fewer rows at once or add devices on the batch axes"
       )
     elif r.name in ("paged_prefill", "segment"):  # one engine per device holds the whole compute-dtype model
-      fit = "" if slots_fit is None else f"; about {slots_fit} fit"
-      out.append(
-        f"{r.name} is {over:.1f} GiB over: each device's engine holds the whole model in the compute dtype "
-        f"({config.model.dtype}) beside its page pool; lower rollout.slots (now {config.rollout.slots}{fit}) or "
-        f"rollout.pages (now {config.rollout.pages}, 0 = as many as a call can use), or use rollout.engine='static' "
-        "(sharded over the mesh)"
-      )
+      held = f"each device's engine holds the whole model in the compute dtype ({config.model.dtype}) beside its pages"
+      if slots_fit == 0:
+        out.append(
+          f"{r.name} is {over:.1f} GiB over: {held}, and no slot count fits; use rollout.engine='static' (weights "
+          "sharded over the mesh) or devices with more memory"
+        )
+      else:
+        fit = "" if slots_fit is None else f"; about {slots_fit} fit"
+        out.append(
+          f"{r.name} is {over:.1f} GiB over: {held}; lower rollout.slots (now {config.rollout.slots}{fit}) or "
+          f"rollout.pages (now {config.rollout.pages}, 0 = as many as a call can use), or use "
+          "rollout.engine='static' (weights sharded over the mesh)"
+        )
     else:
       out.append(f"{r.name} is {over:.1f} GiB over: raise rl.micro_batches or add devices")
   if state_bytes > 0.6 * budget:
