@@ -127,7 +127,7 @@ def test_the_paged_engine_is_planned_with_its_pool():
   # sample); a sample's own pages: ceil((7 + 16 - 1) / 8) = 3, it reads 1 + 3; 4 prompts in the step
   e = res["engine"]
   assert (e["slots"], e["page_size"], e["read_pages"]) == (4, 8, 4)
-  assert e["attention"] == "reference"  # a CPU target: the jnp reference (rollout.attention=auto)
+  assert e["attention"] == "blocked"  # a CPU target: blocked jnp attention (rollout.attention=auto)
   assert e["pages"] == 1 + 4 * (2 + 3) + 4 * 2  # the null page, every slot at its worst, one step's prompts
   t = cfg.text
   assert e["pool_bytes"] == 2 * t.num_hidden_layers * t.num_key_value_heads * e["pages"] * 8 * t.head_dim * 2

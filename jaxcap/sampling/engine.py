@@ -27,8 +27,8 @@ class EngineConfig:
   """slots: decode slots (the largest row bucket); page_size: tokens per page; segment_steps: the most decode
   steps between two visits of the host; pages: the pool's pages (0 = as many as a call can use at once); slots
   and pages are each device's on a mesh (`jaxcap.sampling.mesh_shards`);
-  attention: the decode attention, 'auto' (JAX's Pallas paged-attention kernel on TPU and GPU, the jnp reference
-  on CPU), 'reference' or 'pallas' (`jaxcap.sampling.paged_attention.choose`)."""
+  attention: the decode attention, 'auto' (JAX's Pallas paged-attention kernel on TPU and GPU, blocked jnp
+  attention on CPU), 'reference' or 'pallas' (`jaxcap.sampling.paged_attention.choose`)."""
 
   slots: int = 64
   page_size: int = 16

@@ -53,6 +53,27 @@ def test_reference_equals_attention_over_the_rows_pages(n_heads, kv_heads):
   np.testing.assert_allclose(np.asarray(got), _contiguous(*args, 0.3), atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_blocked_attention_equals_the_reference_and_reads_no_block_past_the_longest_row(monkeypatch, dtype):
+  """Blocks of 2 pages (3 blocks over the 6-page tables): equal to the reference on the shared-page case; with
+  every row within the first two blocks, the third block's pages hold NaN and the result is still finite (the
+  reference, which reads the whole table, is not)."""
+  monkeypatch.setattr(paged_attention, "CPU_BLOCK_TOKENS", 2 * Z)
+  q, k_pages, v_pages, lengths, table = _case(8, 2, dtype, seed=2)
+  blocked = jax.jit(DecodeAttention("blocked"), static_argnums=5)
+  want = np.asarray(paged_attention.paged_attention(q, k_pages, v_pages, lengths, table, 0.3), np.float32)
+  got = blocked(q, k_pages, v_pages, lengths, table, 0.3)
+  assert got.dtype == dtype
+  tol = 2e-6 if dtype == jnp.float32 else 2e-2  # bfloat16: the reference rounds probabilities to bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=tol, rtol=tol)
+  short = jnp.minimum(lengths, 4 * Z)
+  poisoned = [p.at[:, table[:, 4:]].set(jnp.nan) for p in (k_pages, v_pages)]
+  clean = paged_attention.paged_attention(q, k_pages, v_pages, short, table, 0.3)
+  got = blocked(q, *poisoned, short, table, 0.3)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(clean, np.float32), atol=tol, rtol=tol)
+  assert np.isnan(np.asarray(paged_attention.paged_attention(q, *poisoned, short, table, 0.3), np.float32)).any()
+
+
 # 7 query heads a key/value head: Qwen2.5-VL-7B (28 / 4); 8: the 3B (16 / 2), the TPU kernel's other layout of q
 @pytest.mark.parametrize("n_heads,kv_heads", [(8, 2), (14, 2), (16, 2)], ids=["groups4", "groups7", "groups8"])
 @pytest.mark.parametrize("kernel", ["tpu", "gpu"])
@@ -79,7 +100,8 @@ def test_choice_per_backend(monkeypatch):
   pick = lambda setting, platform, dtype=bf16, z=16, h=128: choose(
     setting, platform, cache_dtype=dtype, page_size=z, head_dim=h
   )
-  assert pick("auto", "cpu") == DecodeAttention("reference")
+  assert pick("auto", "cpu") == DecodeAttention("blocked")
+  assert pick("reference", "cpu") == DecodeAttention("reference")
   assert pick("auto", "tpu") == DecodeAttention("tpu")
   assert pick("auto", "tpu", f32) == DecodeAttention("reference")  # the kernel reads K / V as bfloat16
   assert pick("pallas", "tpu", f32) == DecodeAttention("tpu")
