@@ -9,8 +9,8 @@ table int32 [R, n], scale) -> [R, N, H]:
 - `blocked_paged_attention`, the CPU path: the same attention over blocks of pages with an online softmax
   (flash-decoding), stopping after the block that holds the longest row's last position. Each block's gathered
   keys and values stay in cache where the reference materialises the whole bucket and reads it back: on the
-  `mid()` model's decode (64 rows, 36-page bucket, pages of 16) 5.7x faster per call, and a uniform-length
-  rollout 0.75x -> 0.92x the static sampler's speed (benchmarks/README.md). Sums in another order: equal to the
+  `mid()` model's decode (64 rows, 36-page bucket, pages of 16) 4.6x faster per call, and a uniform-length
+  rollout from 0.75x to about parity with the static sampler (benchmarks/README.md). Sums in another order: equal to the
   reference within float rounding, not bitwise;
 - the Pallas paged-attention kernels that ship with JAX, reading only the filled pages of each row (block by block:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
