@@ -39,7 +39,7 @@ class Rollout(Block):
   pages: int = field(0, "pages in the KV-cache pool, per device", ge=0, hint="0 = as many as a call can use at once")
   attention: str = field(
     "auto",
-    "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, the jnp "
-    "reference on CPU), 'reference' or 'pallas'",
+    "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, blocked jnp "
+    "attention on CPU), 'reference' (the jnp reference) or 'pallas'",
     choices=ROLLOUT_ATTENTION,
   )
