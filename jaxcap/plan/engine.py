@@ -44,9 +44,9 @@ from jaxcap.train.programs import rollout_engine
 class EnginePlan:
   """One engine's sizes (`shards` engines, one per block of prompts): `slots` decode slots, a pool of `pages` pages
   of `page_size` tokens (`pool_bytes` for every layer's keys and values), `read_pages` pages a slot reads at its
-  longest; `attention` the segment's ('reference', 'blocked' (CPU), or the platform's Pallas kernel: 'tpu' / 'gpu'), `read_bytes`
-  the keys and values a decode step reads with every slot at its longest (all layers; a kernel's reads, which XLA's count of the program leaves out); `slots_fit` the
-  slots that would fit the device (`slots_that_fit`; None until planned, or with a fixed `rollout.pages`)."""
+  longest; `attention` the segment's ('reference', 'blocked' on CPU, or the platform's Pallas kernel: 'tpu' /
+  'gpu'), `read_bytes` the keys and values a decode step reads with every slot at its longest (all layers; a
+  kernel's reads, which XLA's count of the program leaves out); `slots_fit` the slots that would fit the device (`slots_that_fit`; None until planned, or with a fixed `rollout.pages`)."""
 
   slots: int
   shards: int

@@ -10,8 +10,8 @@ table int32 [R, n], scale) -> [R, N, H]:
   (flash-decoding), stopping after the block that holds the longest row's last position. Each block's gathered
   keys and values stay in cache where the reference materialises the whole bucket and reads it back: on the
   `mid()` model's decode (64 rows, 36-page bucket, pages of 16) 4.6x faster per call, and a uniform-length
-  rollout from 0.75x to about parity with the static sampler (benchmarks/README.md). Sums in another order: equal to the
-  reference within float rounding, not bitwise;
+  rollout from 0.75x to about parity with the static sampler (benchmarks/README.md). Sums in another order:
+  equal to the reference within float rounding, not bitwise;
 - the Pallas paged-attention kernels that ship with JAX, reading only the filled pages of each row (block by block:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
   (TPU; head dims a multiple of 128, the lane width; its K / V reads are bfloat16, so a float32 cache is rounded)
@@ -20,8 +20,7 @@ table int32 [R, n], scale) -> [R, N, H]:
 
 `choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches,
 head dims it takes) and GPU (page sizes and head dims it takes), the blocked jnp path on CPU, the reference
-elsewhere; 'reference' and 'pallas'
-force one. Tests run a kernel in Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
+elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
 
 Every row needs lengths >= 1 (the kernels leave a row of length 0 unwritten). Shapes: R rows, N query heads, K
 key/value heads (N / K query heads per group, Qwen2.5-VL's GQA), H head dim, P pages in the pool, Z tokens per
