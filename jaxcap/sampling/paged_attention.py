@@ -20,7 +20,8 @@ table int32 [R, n], scale) -> [R, N, H]:
 
 `choose` picks one per backend from `rollout.attention`: 'auto' is the platform's kernel on TPU (bfloat16 caches,
 head dims it takes) and GPU (page sizes and head dims it takes), the blocked jnp path on CPU, the reference
-elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in Pallas interpret mode on CPU by setting `INTERPRET` to its platform.
+elsewhere; 'reference' and 'pallas' force one. Tests run a kernel in Pallas interpret mode on CPU by setting
+`INTERPRET` to its platform.
 
 Every row needs lengths >= 1 (the kernels leave a row of length 0 unwritten). Shapes: R rows, N query heads, K
 key/value heads (N / K query heads per group, Qwen2.5-VL's GQA), H head dim, P pages in the pool, Z tokens per
