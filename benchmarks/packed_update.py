@@ -14,8 +14,11 @@ sampling.max_new_tokens wide), its prompts the bucketed prompt length, in `--mic
 packs the same step under a budget of `--budget` tokens per micro-batch (0: the padded micro-batch's slots, so
 both hold the same tokens at once); its attention runs in query blocks of `--block` slots over a key window
 holding the longest sequence (`jaxcap.models.segment_attention`; 0: dense over the row, as before the window);
-`--vs_dense` also times it against the same rows with dense attention, interleaved. Both sides' programs come from `RunPrograms` (`jaxcap.train.programs`) of one
-run config differing only in rl.micro_batch_tokens; the inputs from the trainer's `Batcher` and `packed_inputs`.
+`--vs_dense` also times it against the same rows with dense attention, interleaved. Both sides' programs come from
+`RunPrograms` (`jaxcap.train.programs`) of one run config differing only in rl.micro_batch_tokens; the inputs from
+the trainer's `Batcher` and `packed_inputs`. As in the trainer, the packed run's step runs its padded layout when
+packing saves less than `rl.packing_min_saving` of the padded slots (`packing_metrics`; `--min_saving -1`: always
+the packed rows); the host time of packing the step and choosing is printed (the trainer pays it every step).
 
 Real tokens = each sequence's real prompt tokens + its completion's tokens (a prompt counts once per completion, as
 both sides' decoders see it). tokens/s = real tokens / wall time of one call; the padding share is the share of
@@ -73,6 +76,13 @@ def main():
   ap.add_argument("--budget", type=int, default=0, help="packed tokens per micro-batch (0: the padded one's slots)")
   ap.add_argument("--cases", default="long-tailed,uniform")
   ap.add_argument(
+    "--min_saving",
+    type=float,
+    default=None,
+    help="rl.packing_min_saving of the packed run (default: the config's): a step whose packing saves less of the "
+    "padded slots runs the padded programs, as the trainer does; -1: always the packed rows",
+  )
+  ap.add_argument(
     "--vs_dense",
     action="store_true",
     help="also time the packed side against the same rows with dense attention over the row, interleaved",
@@ -98,7 +108,7 @@ def main():
   from jaxcap.sampling.sampler import place_batch
   from jaxcap.sharding import make_mesh
   from jaxcap.train.batching import Batcher
-  from jaxcap.train.packed_batch import packed_inputs
+  from jaxcap.train.packed_batch import packed_inputs, packing_metrics
   from jaxcap.train.programs import RunPrograms
   from jaxcap.train.state import init_train_state
   from jaxcap.train.step import RolloutBatch
@@ -135,24 +145,34 @@ def main():
     budget = args.budget or (n // m) * (p_len + width)
     c = config.copy_and_resolve_references()
     c.rl.micro_batch_tokens = budget
+    if args.min_saving is not None:
+      c.rl.packing_min_saving = args.min_saving
     programs = {"padded": RunPrograms(config, graphdef), "packed": RunPrograms(c, graphdef)}
+    t0 = time.perf_counter()
     packed = packed_inputs(host, placed, lengths, width, budget, cfg, batcher.bucket_steps)
     rows = packed.rows
+    # the trainer's choice for this step (RLUpdate.inputs): its packed rows, or its padded layout if packing saves
+    # less than rl.packing_min_saving of the padded slots
+    metrics, pays = packing_metrics(rows, host, lengths, width, m, budget, c.rl.packing_min_saving)
+    host_ms = 1e3 * (time.perf_counter() - t0)
     real = int(np.repeat(prompt_real, g).sum() + lengths.sum())
     share = {"padded": 1 - real / (n * (p_len + width)), "packed": rows.padding_share()}
     print(
       f"\n== {case}: completions {lengths.min()}..{lengths.max()} tokens (mean {lengths.mean():.0f}), padded width "
       f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
-      f"{budget}), attention {_window(rows.window)}; padding share padded {share['padded']:.3f}, packed "
-      f"{share['packed']:.3f}"
+      f"{budget}), attention {_window(rows.window)}; padding share padded {share['padded']:.3f}, packed rows "
+      f"{share['packed']:.3f}; packing saves {1 - rows.source.size / (n * (p_len + width)):.1%} of the padded "
+      f"slots: with rl.packing_min_saving={c.rl.packing_min_saving} the packed run's step runs "
+      f"{'packed' if pays else 'padded'} (host: packing and the choice {host_ms:.1f} ms)"
     )
+    share["packed"] = metrics["packing/padding_share"]
     tokens = jnp.asarray(rng.randint(0, cfg.text.vocab_size, (m, n // m, width)).astype(np.int32))
     cmask = jnp.asarray((np.arange(width)[None] < lengths[:, None]).reshape(m, n // m, width))
     sides = {
-      "packed": (programs["packed"], prompts_packed, packed),
+      "packed": (programs["packed"], *((prompts_packed, packed) if pays else (prompts_padded, layout))),
       "padded": (programs["padded"], prompts_padded, layout),
     }
-    if args.vs_dense and rows.window is not None:  # the same rows, attention dense over the row
+    if args.vs_dense and pays and rows.window is not None:  # the same rows, attention dense over the row
       dense = dataclasses.replace(packed, rows=dataclasses.replace(rows, window=None))
       sides["packed-dense"] = (programs["packed"], prompts_packed, dense)
     old = {name: prog.logprobs()(params, prompts, v, tokens) for name, (prog, prompts, v) in sides.items()}

@@ -73,6 +73,19 @@ class Phase(Block):
       yield f"{at}micro_batch_tokens > 0 runs on one process for now; set {at}micro_batch_tokens=0 for multi-host runs"
 
 
+def _packing_min_saving(phase: str):
+  """`<phase>.packing_min_saving` (jaxcap.train.packing.packing_pays): a packed slot costs more than a padded one
+  (gathers, attention in blocks), so a step whose packing saves a few percent (uniform lengths) runs padded."""
+  return field(
+    0.1,
+    "a step runs packed only when packing saves at least this share of its padded layout's token slots",
+    lt=1,
+    resume=ALLOWED,
+    hint=f"else that step runs the padded programs, if a padded {phase}.micro_batches slice also fits "
+    f"{phase}.micro_batch_tokens; < 0 = every step packed",
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class Sft(Phase):
   """Supervised fine-tuning on target captions (the warm start for RL)."""
@@ -103,6 +116,7 @@ class Sft(Phase):
     hint="0 = off: padded rows in sft.micro_batches slices, which only lay out the batch when on; it must hold the "
     "longest prompt plus sft.max_target_tokens",
   )
+  packing_min_saving: float = _packing_min_saving("sft")
   # Training the tower along with the decoder from the warm-up lost much of what the warm-up taught (held-out QA
   # after SFT 41% instead of 53%, 64 images).
   freeze_vision: bool = field(True, "no updates to the vision tower in this phase")
@@ -143,6 +157,7 @@ class Rl(Phase):
     hint="0 = off: padded rows in rl.micro_batches slices, which only lay out the batch when on; it must hold the "
     "longest prompt plus sampling.max_new_tokens",
   )
+  packing_min_saving: float = _packing_min_saving("rl")
   estimator: str = field("grpo", "the group advantage estimator", choices=ADVANTAGE_ESTIMATORS)
   recompute_old_logprobs: bool = field(True, "recompute the sampling policy's log-probs with the training program")
   loss: Loss = field(Loss(), "the policy-gradient loss")

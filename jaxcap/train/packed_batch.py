@@ -1,5 +1,6 @@
-"""An RL step's packed inputs (`rl.micro_batch_tokens` > 0): the packed micro-batches of its (prompt, completion)
-sequences from the sampler's host batch and the rollout's lengths, and the step's vision pack on device.
+"""An RL (or SFT) step's packed inputs (`rl.micro_batch_tokens` > 0): the packed micro-batches of its (prompt,
+completion) sequences from the sampler's host batch and the rollout's lengths, and the step's vision pack on device;
+whether the step runs them or its padded layout (`packing_metrics`).
 
 The update's prompts [M0, b, P] flattened are the sampler batch's real rows in order (one process), and its
 rollouts [M0, b*G, C] flattened are row * G + g, so `jaxcap.train.packing.pack` indexes both directly. Only the
@@ -13,7 +14,7 @@ import numpy as np
 from jaxcap.sampling.prompts import VisionItems
 from jaxcap.sampling.sampler import SamplerBatch
 from jaxcap.train.packed import PackedInputs
-from jaxcap.train.packing import PackedRows, VisionItem, pack
+from jaxcap.train.packing import PackedRows, VisionItem, pack, packing_pays
 
 
 def vision_items(items: VisionItems, input_ids: np.ndarray, cfg, real_rows: int) -> list[VisionItem]:
@@ -47,6 +48,11 @@ def packed_inputs(
   device (its vision pack is the step's pixels), `lengths` [rows * G] each completion's tokens (the stop token
   included), `completion_len` C of the rollout arrays, `budget` = `rl.micro_batch_tokens`, `cfg` the model's
   config, `steps` the bucket ladder's steps per octave."""
+  return with_pixels(placed, packed_rows(host, lengths, completion_len, budget, cfg, steps))
+
+
+def packed_rows(host: SamplerBatch, lengths: np.ndarray, completion_len: int, budget: int, cfg, steps: int):
+  """`packed_inputs`' rows alone (host numpy: what the step decides packed vs padded on, `packing_pays`)."""
   p, rows = host.prompts, host.rows
   ids, mask = np.asarray(p.input_ids)[:rows], np.asarray(p.attention_mask)[:rows]
   cmask = np.arange(completion_len)[None] < np.asarray(lengths).reshape(-1)[:, None]
@@ -54,7 +60,7 @@ def packed_inputs(
   if host.packs:
     (items_,) = host.packs  # one process
     items = vision_items(items_, p.input_ids, cfg, rows)
-  packed = pack(
+  return pack(
     ids,
     mask,
     cmask,
@@ -65,8 +71,41 @@ def packed_inputs(
     vision_cfg=cfg.vision,
     steps=steps,
   )
+
+
+def packing_metrics(
+  rows: PackedRows,
+  host: SamplerBatch,
+  lengths: np.ndarray,
+  completion_len: int,
+  micro_batches: int,
+  budget: int,
+  min_saving: float,
+) -> tuple[dict[str, float], bool]:
+  """(packing/* metrics, whether the step runs packed) of a step with packed `rows` of `host`'s prompts and
+  completions of `lengths` [rows * G]; its padded layout is `micro_batches` slices of rows P + `completion_len` wide
+  (`packing_pays`). packing/packed 1 or 0; packing/padding_share the share of the decoder's token slots holding no
+  token in the layout that runs; packing/micro_batches its micro-batch count."""
+  lengths = np.asarray(lengths).reshape(-1)
+  width = host.prompts.input_ids.shape[1] + completion_len
+  packed = packing_pays(rows, (len(lengths), width), micro_batches, budget, min_saving)
+  if packed:
+    share, micro = rows.padding_share(), rows.shape[0]
+  else:
+    group = len(lengths) // host.rows
+    real = group * int(np.asarray(host.prompts.attention_mask)[: host.rows].sum()) + int(lengths.sum())
+    share, micro = 1.0 - real / (len(lengths) * width), micro_batches
+  return {
+    "packing/packed": float(packed),
+    "packing/padding_share": share,
+    "packing/micro_batches": float(micro),
+  }, packed
+
+
+def with_pixels(placed: SamplerBatch, rows: PackedRows) -> PackedInputs:
+  """`rows` with the step's pixels: the placed batch's vision pack (None without vision)."""
   pixels = None if placed.prompts.vision is None else placed.prompts.vision.pixel_values
-  return PackedInputs(pixels, packed)
+  return PackedInputs(pixels, rows)
 
 
 def planned_rows(

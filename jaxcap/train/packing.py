@@ -75,6 +75,19 @@ class PackedRows:
     return float(np.mean(self.segments == 0))
 
 
+def packing_pays(rows: PackedRows, padded_shape: tuple[int, int], micro_batches: int, budget: int, min_saving: float):
+  """Whether a step runs its packed `rows` rather than its padded layout: `padded_shape` (sequences, prompt width +
+  completion width) token slots in `micro_batches` slices. Packed, unless packing computes less than `min_saving`
+  fewer slots and a padded slice fits the token `budget` too (the budget bounds memory: a run that set it cannot
+  fall back to slices larger than it). A packed slot costs more than a padded one (gathers, attention in blocks over
+  a window), so a few percent fewer slots run slower (uniform lengths); `min_saving` < 0: always packed."""
+  sequences, width = padded_shape
+  if min_saving < 0 or -(-sequences // micro_batches) * width > budget:
+    return True
+  padded = sequences * width
+  return padded - rows.source.size >= min_saving * padded
+
+
 def pack(
   prompt_ids: np.ndarray,
   prompt_mask: np.ndarray,

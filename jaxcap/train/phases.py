@@ -96,6 +96,7 @@ class SFTPhase(Phase):
       c.sft.micro_batches,
       c.sft.max_target_tokens,
       micro_batch_tokens=c.sft.micro_batch_tokens,
+      packing_min_saving=c.sft.packing_min_saving,
     )
     return cls("sft", index, c.sft.steps, c.sft.batch_size, 0, update)
 
@@ -143,6 +144,7 @@ class RLPhase(Phase):
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
       group_filter=_group_filter(c, trainer.rewards.names),
       micro_batch_tokens=c.rl.micro_batch_tokens,
+      packing_min_saving=c.rl.packing_min_saving,
       recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
       off_policy_steps=c.rl.off_policy_steps,
       reference_is_base=reference_is_base(c, "rl"),

@@ -11,7 +11,9 @@ the program the run executes:
     old = programs.logprobs()(params, prompts, layout, tokens)
 
 With `rl.micro_batch_tokens` > 0 the RL step and the log-prob pass are the packed ones (`packed_rl_step`,
-`packed_sequence_logprobs`): the same call, with the step's `PackedInputs` where the padded ones take `layout`.
+`packed_sequence_logprobs`): the same call, with the step's `PackedInputs` where the padded ones take `layout`. A
+packed run's programs are `ByLayout` pairs: a step whose packing does not pay (`rl.packing_min_saving`) hands them
+its padded layout and runs the padded program (compiled only if some step does).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.train.adapters import lora_rank
-from jaxcap.train.packed import packed_sequence_logprobs
+from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
 from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
 from jaxcap.train.state import make_optimizer
 from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
@@ -119,6 +121,24 @@ def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class ByLayout:
+  """A packing phase's program: `packed` for a call given the step's `PackedInputs`, `padded` for one given its
+  padded layout (a step whose packing does not pay, `jaxcap.train.packing.packing_pays`); `.lower` the same."""
+
+  packed: Callable
+  padded: Callable
+
+  def pick(self, args) -> Callable:
+    return self.packed if any(isinstance(a, PackedInputs) for a in args) else self.padded
+
+  def __call__(self, *args):
+    return self.pick(args)(*args)
+
+  def lower(self, *args):
+    return self.pick(args).lower(*args)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunPrograms:
   """The jitted programs of a run: `config` (the run config) and `graphdef` (the policy's nnx graph)."""
 
@@ -128,12 +148,14 @@ class RunPrograms:
   def optimizer(self, phase: str, steps: int | None = None) -> optax.GradientTransformation:
     return phase_optimizer(self.config, phase, steps)
 
-  def step_fn(self, phase: str, optimizer: optax.GradientTransformation) -> Callable:
-    """The pure update `(state, prompts, batch, layout) -> (state, metrics)` of `phase`, not jitted."""
+  def step_fn(self, phase: str, optimizer: optax.GradientTransformation, packed: bool | None = None) -> Callable:
+    """The pure update `(state, prompts, batch, layout) -> (state, metrics)` of `phase`, not jitted; `packed`:
+    the packed step (default: whether the phase packs)."""
     c = self.config
+    packed = packs(c, phase) if packed is None else packed
     if phase == "sft":
       return functools.partial(
-        packed_sft_step if packs(c, "sft") else sft_step,
+        packed_sft_step if packed else sft_step,
         graphdef=self.graphdef,
         optimizer=optimizer,
         master_update=c.sft.optim.master_update,
@@ -141,7 +163,7 @@ class RunPrograms:
       )
     if phase == "rl":
       return functools.partial(
-        packed_rl_step if packs(c) else rl_step,
+        packed_rl_step if packed else rl_step,
         graphdef=self.graphdef,
         optimizer=optimizer,
         loss_config=policy_loss_config(c),
@@ -154,14 +176,21 @@ class RunPrograms:
     raise ValueError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
 
   def update(self, phase: str, optimizer: optax.GradientTransformation, state_shardings) -> Callable:
-    """`jax.jit` of `step_fn`: the state donated and kept in `state_shardings` (a TrainState of shardings)."""
-    return jax.jit(self.step_fn(phase, optimizer), donate_argnums=0, out_shardings=(state_shardings, None))
+    """`jax.jit` of `step_fn`: the state donated and kept in `state_shardings` (a TrainState of shardings); a
+    packing phase's is the `ByLayout` pair of the packed and padded steps."""
+    jit = lambda packed: jax.jit(
+      self.step_fn(phase, optimizer, packed), donate_argnums=0, out_shardings=(state_shardings, None)
+    )
+    return ByLayout(jit(True), jit(False)) if packs(self.config, phase) else jit(False)
 
   def logprobs(self) -> Callable:
-    """`jax.jit(sequence_logprobs)`: (params, prompts, layout, tokens) -> log-probs [M, b*G, C]; packed
-    (`packed_sequence_logprobs`, `PackedInputs` for `layout`) with `rl.micro_batch_tokens` > 0."""
-    fn = packed_sequence_logprobs if packs(self.config) else sequence_logprobs
-    return jax.jit(functools.partial(fn, self.graphdef))
+    """`jax.jit(sequence_logprobs)`: (params, prompts, layout, tokens) -> log-probs [M, b*G, C]; with
+    `rl.micro_batch_tokens` > 0 the `ByLayout` pair of it and `packed_sequence_logprobs` (`PackedInputs` for
+    `layout`)."""
+    padded = jax.jit(functools.partial(sequence_logprobs, self.graphdef))
+    if not packs(self.config):
+      return padded
+    return ByLayout(jax.jit(functools.partial(packed_sequence_logprobs, self.graphdef)), padded)
 
   def sampling(self, **overrides) -> SamplingConfig:
     return sampling_config(self.config, **overrides)

@@ -15,7 +15,7 @@ from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.train.batching import Batcher
 from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.packed_batch import packed_inputs
+from jaxcap.train.packed_batch import packed_rows, packing_metrics, with_pixels
 from jaxcap.train.batches import HostBatch
 from jaxcap.train.vqa import vqa_questions
 
@@ -38,6 +38,7 @@ class SFTUpdate:
   vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction
   seed: int | None = None  # of the VQA draws; None: the run config's seed
   micro_batch_tokens: int = 0  # sft.micro_batch_tokens: > 0 packs the step's (prompt, target) sequences
+  packing_min_saving: float = 0.1  # sft.packing_min_saving: a step packs only if that saves this share of its slots
 
   def __post_init__(self):
     config = self.batcher.config
@@ -64,17 +65,17 @@ class SFTUpdate:
   def inputs(self, batch: HostBatch, lengths: np.ndarray, target_len: int):
     """The step's (prompts [M, b, ...] on device, layout, packing/* metrics): padded, the micro-batches' vision
     layouts; packed (micro_batch_tokens > 0), the step's `PackedInputs` of (prompt, target) sequences, `lengths`
-    [B] each target's tokens."""
+    [B] each target's tokens, or the padded layout for a step whose packing does not pay (`packing_pays`)."""
     b, m = self.batcher, self.micro_batches
     if self.micro_batch_tokens <= 0:
       prompts, layout = b.prompts(batch.prompts, m)
       return prompts, layout, {}
+    budget = self.micro_batch_tokens
+    rows = packed_rows(batch.prompts, lengths, target_len, budget, b.processor.cfg, b.bucket_steps)
+    metrics, packed = packing_metrics(rows, batch.prompts, lengths, target_len, m, budget, self.packing_min_saving)
     placed = b.place_prompts(batch.prompts)
-    prompts, _ = b.prompt_batch(placed, m, vision=False)
-    packed = packed_inputs(
-      batch.prompts, placed, lengths, target_len, self.micro_batch_tokens, b.processor.cfg, b.bucket_steps
-    )
-    return prompts, packed, {"packing/padding_share": packed.rows.padding_share()}
+    prompts, layout = b.prompt_batch(placed, m, vision=not packed)
+    return prompts, with_pixels(placed, rows) if packed else layout, metrics
 
   def __call__(
     self,

@@ -33,7 +33,7 @@ from jaxcap.train.metrics import PendingMetrics
 from jaxcap.train.refill import GroupFilter, Round, filtered_step
 from jaxcap.train.reward_metrics import reward_metrics
 from jaxcap.train.off_policy import off_policy_step
-from jaxcap.train.packed_batch import packed_inputs
+from jaxcap.train.packed_batch import packed_rows, packing_metrics, with_pixels
 from jaxcap.train.step import RolloutBatch
 
 
@@ -42,8 +42,9 @@ class RLUpdate:
   """`update(step_fn, state, batch, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)`; rewards come
   from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
   `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
-  `PackedInputs` where the padded ones take the micro-batches' vision layouts; metrics `packing/padding_share`
-  (the share of packed row slots holding no token) and `packing/micro_batches`.
+  `PackedInputs` where the padded ones take the micro-batches' vision layouts, and a step whose packing saves less
+  than `packing_min_saving` of its padded slots runs the padded programs (`packing_pays`); metrics
+  `packing/packed`, `packing/padding_share` (of the layout that ran) and `packing/micro_batches`.
 
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
   batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
@@ -64,6 +65,7 @@ class RLUpdate:
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
+  packing_min_saving: float = 0.1  # rl.packing_min_saving: a step packs only if that saves this share of its slots
   group_filter: GroupFilter | None = None
   draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
   off_policy_steps: int = 0  # rl.off_policy_steps: 1 = each step trains on rollouts queued by the step before
@@ -97,20 +99,18 @@ class RLUpdate:
   def inputs(self, batch: HostBatch, placed, lengths: np.ndarray, tokens: jax.Array):
     """The update's (prompts, layout, packing/* metrics) of the batch the update sees: `placed` its prompts on
     device, `lengths` [B*G] its completions' lengths on the host, `tokens` [M, b*G, C] its completions. Padded:
-    the micro-batches' vision layouts; packed (micro_batch_tokens > 0): the step's `PackedInputs`."""
-    packed = self.micro_batch_tokens > 0
-    prompts, layout = self.batcher.prompt_batch(placed, self.micro_batches, vision=not packed)
-    if not packed:
-      return prompts, layout, {}
+    the micro-batches' vision layouts; packed (micro_batch_tokens > 0): the step's `PackedInputs`, or the padded
+    layout for a step whose packing does not pay (`packing_pays`: the programs dispatch on the layout)."""
+    if self.micro_batch_tokens <= 0:
+      return (*self.batcher.prompt_batch(placed, self.micro_batches), {})
     b = self.batcher
-    layout = packed_inputs(
-      batch.prompts, placed, lengths, tokens.shape[-1], self.micro_batch_tokens, b.processor.cfg, b.bucket_steps
+    c_len, budget = tokens.shape[-1], self.micro_batch_tokens
+    rows = packed_rows(batch.prompts, lengths, c_len, budget, b.processor.cfg, b.bucket_steps)
+    metrics, packed = packing_metrics(
+      rows, batch.prompts, lengths, c_len, self.micro_batches, budget, self.packing_min_saving
     )
-    metrics = {
-      "packing/padding_share": layout.rows.padding_share(),
-      "packing/micro_batches": float(layout.rows.shape[0]),
-    }
-    return prompts, layout, metrics
+    prompts, layout = b.prompt_batch(placed, self.micro_batches, vision=not packed)
+    return prompts, with_pixels(placed, rows) if packed else layout, metrics
 
   def rollout(self, state, batch: HostBatch, key: jax.Array, step: int) -> Round:
     """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet; with

@@ -35,8 +35,8 @@ KEYS = {
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
-  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "recompute_old_logprobs", "steps"]
-  + ["stream_judging"],
+  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "packing_min_saving"]
+  + ["recompute_old_logprobs", "steps", "stream_judging"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -48,8 +48,7 @@ KEYS = {
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
   "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batch_tokens", "micro_batches"]
-  + ["steps", "targets"]
-  + ["vqa_fraction"],
+  + ["packing_min_saving", "steps", "targets", "vqa_fraction"],
   "sft.optim": OPTIM,
   "train": ["collapse_steps", "max_skips", "max_update_ratio", "on_nonfinite"],
   "vision_warmup": ["batch_size", "lr", "steps"],
@@ -266,7 +265,7 @@ def test_resume_policies_of_the_schema():
     assert schema.resume_policy(key) == SHAPE, key
   assert schema.resume_policy("model.lora.alpha") == ALTERS
   allowed = ("rl.steps", "eval.every", "checkpoint.max_to_keep", "mesh.shape.fsdp", "judge.endpoints", "model.remat")
-  for key in (*allowed, "rl.micro_batch_tokens"):
+  for key in (*allowed, "rl.micro_batch_tokens", "rl.packing_min_saving", "sft.packing_min_saving"):
     assert schema.resume_policy(key) == ALLOWED, key
   for key in ("seed", "rl.optim.lr", "reward.caprl.preset", "reward.rubicap", "model.dtype", "judge.kind") + (
     "rl.filter_groups",

@@ -65,14 +65,16 @@ def _loader_position(workdir):
 def test_packed_micro_batches_give_the_padded_runs_steps(uninterrupted, tmp_path):
   """rl.micro_batch_tokens with the filter: the packed inputs are built from the assembled batch (the refilled
   groups' prompts and completion lengths), so every step equals the padded run's to float rounding, the same
-  refills are drawn and the loader ends at the same position."""
-  launch("caprl", *RUN, "--config.rl.micro_batch_tokens=256", workdir=tmp_path, script=SCRIPT)
+  refills are drawn and the loader ends at the same position. (Every step packed: at these lengths packing saves
+  less than rl.packing_min_saving's default, and the steps would run the padded programs.)"""
+  packed = ("--config.rl.micro_batch_tokens=256", "--config.rl.packing_min_saving=-1")
+  launch("caprl", *RUN, *packed, workdir=tmp_path, script=SCRIPT)
   want = [r for r in _metrics(uninterrupted) if r["phase"] == "rl" and "loss" in r]
   got = [r for r in _metrics(tmp_path) if r["phase"] == "rl" and "loss" in r]
   assert [r["step"] for r in got] == [r["step"] for r in want]
   assert any(r["filter/rounds"] == 2.0 and r["filter/unfilled"] < r["filter/dropped"] for r in got)  # groups moved
   for g, w in zip(got, want):
-    assert g["packing/micro_batches"] >= 1 and "packing/micro_batches" not in w
+    assert g["packing/micro_batches"] >= 1 and g["packing/packed"] == 1 and "packing/micro_batches" not in w
     for k in set(w) - {"num_tokens"}:  # a micro-batch's token count depends on the split
       exact = k.startswith("filter/") or not isinstance(w[k], float)
       assert g[k] == (w[k] if exact else pytest.approx(w[k], rel=1e-4, abs=1e-6, nan_ok=True)), k

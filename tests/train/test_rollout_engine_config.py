@@ -64,7 +64,9 @@ def test_rl_run_with_the_paged_engine_and_packed_micro_batches(tmp_path):
   from processes import compiles
 
   engine = {"rollout.engine": "paged", "rollout.slots": 3, "rollout.page_size": 8}
+  # every step packed: at the tiny run's lengths packing saves less than the default packing_min_saving
   packed = {"rl.micro_batch_tokens": 256, "sft.micro_batch_tokens": 256}
+  packed |= {"rl.packing_min_saving": -1, "sft.packing_min_saving": -1}
   env = cpu_env(2, JAX_LOG_COMPILES="1")
   out = launch("caprl", *tiny_run({**engine, **packed, "rl.loss.policy": "gspo"}), workdir=tmp_path, env=env)
   assert json.loads((tmp_path / "config.json").read_text())["config"]["rl"]["loss"]["policy"] == "gspo"
@@ -75,11 +77,12 @@ def test_rl_run_with_the_paged_engine_and_packed_micro_batches(tmp_path):
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   sft = [r for r in rows if r.get("phase") == "sft" and "loss" in r]
   assert len(sft) == 2 and all(0 <= r["packing/padding_share"] < 0.5 and np.isfinite(r["loss"]) for r in sft)
+  assert all(r["packing/packed"] == 1 for r in sft)
   rl = [r for r in rows if "length/mean" in r]
   assert len(rl) == 2 and all(0 < r["length/mean"] <= 8 and np.isfinite(r["loss"]) for r in rl)
   assert rl[0]["time/compiles"] > rl[1]["time/compiles"] >= 0
   for r in rl:
-    assert 0 <= r["packing/padding_share"] < 0.5 and r["packing/micro_batches"] >= 1
+    assert 0 <= r["packing/padding_share"] < 0.5 and r["packing/micro_batches"] >= 1 and r["packing/packed"] == 1
     assert np.isfinite(r["grad_norm"])
     assert abs(r["rollout_corr/kl_k1"]) < 1e-5 and abs(r["rollout_corr/log_ppl_abs_diff"]) < 1e-4, r
     assert r["rollout_corr/training_log_ppl"] == pytest.approx(r["rollout_corr/rollout_log_ppl"], abs=1e-4)

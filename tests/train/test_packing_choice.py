@@ -1,0 +1,120 @@
+"""Packed or padded, per step (`rl.packing_min_saving`, jaxcap.train.packing.packing_pays): a step whose packing
+saves less than the minimum share of its padded token slots runs the padded programs (a packed slot costs more:
+gathers, attention in blocks), unless a padded slice would not fit the token budget; the run's `ByLayout` programs
+dispatch on the layout the step hands them, and both layouts give the same log-probs."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from PIL import Image
+
+import jaxcap.models as M
+from jaxcap.data.records import ImageRecord
+from jaxcap.processing import Processor, word_tokenizer
+from jaxcap.sampling import Sampler, SamplingConfig
+from jaxcap.sharding import make_mesh
+from jaxcap.train.batches import HostBatch
+from jaxcap.train.batching import Batcher
+from jaxcap.train.config import base_config
+from jaxcap.train.packed import PackedInputs
+from jaxcap.train.packing import PackedRows, packing_pays
+from jaxcap.train.programs import ByLayout, RunPrograms
+from jaxcap.train.sft_update import SFTUpdate
+from jaxcap.train.updates import RLUpdate
+
+CFG = M.tiny()
+PROMPT = "describe the image in detail ."
+G, C = 2, 24
+
+
+def _rows(m, r, length) -> PackedRows:
+  z = np.zeros((m, r, length), np.int32)
+  return PackedRows(z, z, z, np.zeros((m, 1), np.int32), np.zeros((m, 1), np.int32), z[:, :1, 0], z[:, :1, 0] > 0)
+
+
+def test_packing_pays_on_hand_counted_slots():
+  padded = (16, 50)  # 16 sequences of 50 slots: 800
+  # 1 x 8 x 92 = 736 slots, 8% fewer: under a 10% minimum the step runs padded, over a 5% one packed
+  assert not packing_pays(_rows(1, 8, 92), padded, 1, 800, 0.1)
+  assert packing_pays(_rows(1, 8, 92), padded, 1, 800, 0.05)
+  assert packing_pays(_rows(1, 8, 90), padded, 1, 800, 0.1)  # 720 slots: 10% fewer, at least the minimum
+  assert not packing_pays(_rows(1, 8, 101), padded, 1, 800, 0.0)  # more slots than padded
+  assert packing_pays(_rows(2, 8, 100), padded, 1, 800, -1.0)  # < 0: always packed, even at more slots
+  # a padded slice must fit the token budget: 800 slots in one slice exceed a budget of 736, in two they do not
+  assert packing_pays(_rows(1, 8, 92), padded, 1, 736, 0.1)
+  assert not packing_pays(_rows(1, 8, 92), padded, 2, 736, 0.1)
+  assert packing_pays(_rows(1, 8, 92), (15, 50), 2, 399, 0.1)  # 8 of 15 sequences in the larger slice: 400 > 399
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+  d = tmp_path_factory.mktemp("images")
+  records = []
+  for i in range(4):
+    path = d / f"{i}.png"
+    Image.fromarray((np.random.RandomState(i).rand(40, 60, 3) * 255).astype(np.uint8)).save(path)
+    records.append(ImageRecord(id=str(i), image=str(path)))
+  config = base_config()
+  config.data.prompt, config.data.image_size = PROMPT, 56
+  config.rl.update(dict(micro_batch_tokens=1024, micro_batches=1, num_samples=G))
+  processor = Processor(word_tokenizer(PROMPT.split(), CFG), CFG)
+  return records, config, processor, M.Qwen25VL(CFG, rngs=nnx.Rngs(0))
+
+
+def test_a_step_runs_packed_only_where_packing_pays_and_both_layouts_agree(parts):
+  """Uniform completions as wide as the rollout arrays (prompts of one size: nothing to pack away) run padded;
+  long-tailed ones packed. The run's log-prob program is a `ByLayout` pair and gives the same values either way."""
+  records, config, processor, model = parts
+  graphdef, params = nnx.split(model)
+  mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+  batcher = Batcher(processor, config, mesh, media_threads=1)
+  sampler = Sampler(model, processor=processor, sampling=SamplingConfig(max_new_tokens=C))
+  update = RLUpdate(batcher, sampler, None, None, G, 1, True, micro_batch_tokens=1024)
+  logprobs = RunPrograms(config, graphdef).logprobs()
+  assert isinstance(logprobs, ByLayout)
+  host = sampler.bucket(batcher.inputs(records))
+  n = len(records) * G
+  tokens = jax.numpy.asarray(np.random.RandomState(0).randint(0, CFG.text.vocab_size, (1, n, C)).astype(np.int32))
+  real_prompt = int(np.asarray(host.prompts.attention_mask)[: host.rows].sum())
+  width = host.prompts.input_ids.shape[1] + C
+  with jax.set_mesh(mesh):
+    placed = sampler.place(host)
+    uniform, long_tailed = np.full(n, C), np.array([C, 1, 2, 1, 3, 1, 1, 2])
+    got = {}
+    for name, lengths in (("uniform", uniform), ("long-tailed", long_tailed)):
+      prompts, layout, metrics = update.inputs(HostBatch(records, host), placed, lengths, tokens)
+      packed = isinstance(layout, PackedInputs)
+      assert packed == (name == "long-tailed") and metrics["packing/packed"] == float(packed), (name, metrics)
+      if not packed:  # the padded layout's own share: prompt padding only
+        share = 1 - (G * real_prompt + lengths.sum()) / (n * width)
+        assert metrics["packing/padding_share"] == pytest.approx(share) and metrics["packing/micro_batches"] == 1
+      got[name] = np.asarray(logprobs(params, prompts, layout, tokens))
+      # the other layout of the same step: forced packed (min saving < 0) or padded (no packing)
+      other = dataclasses.replace(update, packing_min_saving=-1.0) if not packed else update
+      if packed:
+        prompts_o, layout_o = batcher.prompt_batch(placed, 1)
+      else:
+        prompts_o, layout_o, m = other.inputs(HostBatch(records, host), placed, lengths, tokens)
+        assert isinstance(layout_o, PackedInputs) and m["packing/packed"] == 1.0
+      want = np.asarray(logprobs(params, prompts_o, layout_o, tokens))
+      mask = np.arange(C)[None] < lengths[:, None]
+      np.testing.assert_allclose(got[name][0][mask], want[0][mask], rtol=1e-5, atol=1e-6, err_msg=name)
+  batcher.close()
+
+
+def test_sft_steps_choose_the_same_way(parts):
+  """SFT's update decides per step as RL's: full-length targets of one-size prompts run padded, short ones packed;
+  and under a budget a padded slice would exceed, packed whatever the saving."""
+  records, config, processor, model = parts
+  batcher = Batcher(processor, config, make_mesh({"fsdp": 1}, devices=jax.devices()[:1]), media_threads=1)
+  t = 24
+  update = SFTUpdate(batcher, None, processor.tokenizer, CFG.eos_token_id, 1, t, micro_batch_tokens=1024)
+  host = HostBatch(records, batcher.host_prompts(batcher.inputs(records), 1))
+  width = host.prompts.prompts.input_ids.shape[1] + t
+  for lengths, budget, want in (([t] * 4, 1024, False), ([t, 2, 3, 1], 1024, True), ([t] * 4, 4 * width - 1, True)):
+    _, layout, metrics = dataclasses.replace(update, micro_batch_tokens=budget).inputs(host, np.array(lengths), t)
+    assert isinstance(layout, PackedInputs) == want and metrics["packing/packed"] == float(want), (lengths, budget)
+  batcher.close()
