@@ -17,7 +17,7 @@ holding the longest sequence (`jaxcap.models.segment_attention`; 0: dense over t
 `--vs_dense` also times it against the same rows with dense attention, interleaved. Both sides' programs come from
 `RunPrograms` (`jaxcap.train.programs`) of one run config differing only in rl.micro_batch_tokens; the inputs from
 the trainer's `Batcher` and `packed_inputs`. As in the trainer, the packed run's step runs its padded layout when
-packing saves less than `rl.packing_min_saving` of the padded slots (`packing_metrics`; `--min_saving -1`: always
+packing saves less than `rl.packing_min_saving` of the padded pass's decoder FLOPs (`packing_metrics`; `--min_saving -1`: always
 the packed rows); the host time of packing the step and choosing is printed (the trainer pays it every step).
 
 Real tokens = each sequence's real prompt tokens + its completion's tokens (a prompt counts once per completion, as
@@ -80,7 +80,7 @@ def main():
     type=float,
     default=None,
     help="rl.packing_min_saving of the packed run (default: the config's): a step whose packing saves less of the "
-    "padded slots runs the padded programs, as the trainer does; -1: always the packed rows",
+    "padded pass's decoder FLOPs runs the padded programs, as the trainer does; -1: always the packed rows",
   )
   ap.add_argument(
     "--vs_dense",
@@ -152,8 +152,8 @@ def main():
     packed = packed_inputs(host, placed, lengths, width, budget, cfg, batcher.bucket_steps)
     rows = packed.rows
     # the trainer's choice for this step (RLUpdate.inputs): its packed rows, or its padded layout if packing saves
-    # less than rl.packing_min_saving of the padded slots
-    metrics, pays = packing_metrics(rows, host, lengths, width, m, budget, c.rl.packing_min_saving)
+    # less than rl.packing_min_saving of the padded pass's decoder FLOPs
+    metrics, pays = packing_metrics(rows, host, lengths, width, m, budget, c.rl.packing_min_saving, cfg)
     host_ms = 1e3 * (time.perf_counter() - t0)
     real = int(np.repeat(prompt_real, g).sum() + lengths.sum())
     share = {"padded": 1 - real / (n * (p_len + width)), "packed": rows.padding_share()}
@@ -162,7 +162,8 @@ def main():
       f"{width}; packed: {rows.shape[0]} micro-batches x {rows.shape[1]} rows x {rows.shape[2]} tokens (budget "
       f"{budget}), attention {_window(rows.window)}; padding share padded {share['padded']:.3f}, packed rows "
       f"{share['packed']:.3f}; packing saves {1 - rows.source.size / (n * (p_len + width)):.1%} of the padded "
-      f"slots: with rl.packing_min_saving={c.rl.packing_min_saving} the packed run's step runs "
+      f"slots, {metrics['packing/saving']:.1%} of its decoder FLOPs: with rl.packing_min_saving="
+      f"{c.rl.packing_min_saving} the packed run's step runs "
       f"{'packed' if pays else 'padded'} (host: packing and the choice {host_ms:.1f} ms)"
     )
     share["packed"] = metrics["packing/padding_share"]

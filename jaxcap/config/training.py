@@ -74,11 +74,12 @@ class Phase(Block):
 
 
 def _packing_min_saving(phase: str):
-  """`<phase>.packing_min_saving` (jaxcap.train.packing.packing_pays): a packed slot costs more than a padded one
-  (gathers, attention in blocks), so a step whose packing saves a few percent (uniform lengths) runs padded."""
+  """`<phase>.packing_min_saving` (jaxcap.train.packing.packing_pays): a packed slot costs more than its FLOPs
+  (gathers, the attention window's scatter), so a step whose packing saves a few percent (uniform lengths) runs
+  padded."""
   return field(
     0.1,
-    "a step runs packed only when packing saves at least this share of its padded layout's token slots",
+    "a step runs packed only when packing saves at least this share of its padded pass's decoder FLOPs",
     lt=1,
     resume=ALLOWED,
     hint=f"else that step runs the padded programs, if a padded {phase}.micro_batches slice also fits "

@@ -60,6 +60,20 @@ def param_counts(params) -> dict[str, int]:
   return counts
 
 
+def decoder_pass_flops(text_cfg, *, slots: int, head_positions: int, attention_pairs: int) -> float:
+  """Forward FLOPs of a decoder pass (text config `text_cfg`) over `slots` token slots, the LM head at
+  `head_positions`, and attention over `attention_pairs` (query, key) pairs computed, masked ones included: what
+  decides a step's layout (`jaxcap.train.packing.packing_pays`); a backward scales every term alike."""
+  t = text_cfg
+  q, kv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+  layer = t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size
+  return (
+    2.0 * layer * t.num_hidden_layers * slots
+    + 2.0 * t.hidden_size * t.vocab_size * head_positions
+    + 4.0 * t.num_hidden_layers * q * attention_pairs
+  )
+
+
 def model_flops(
   cfg, counts: dict, *, sequences: int, prompt: int, completion: int, images: int, patches_per_image: int
 ) -> dict[str, float]:

@@ -81,25 +81,25 @@ def packing_metrics(
   micro_batches: int,
   budget: int,
   min_saving: float,
+  cfg,
 ) -> tuple[dict[str, float], bool]:
   """(packing/* metrics, whether the step runs packed) of a step with packed `rows` of `host`'s prompts and
-  completions of `lengths` [rows * G]; its padded layout is `micro_batches` slices of rows P + `completion_len` wide
-  (`packing_pays`). packing/packed 1 or 0; packing/padding_share the share of the decoder's token slots holding no
-  token in the layout that runs; packing/micro_batches its micro-batch count."""
+  completions of `lengths` [rows * G]; its padded layout is `micro_batches` slices of rows P + `completion_len` wide;
+  `cfg` the model's config (`packing_pays`). packing/packed 1 or 0; packing/saving the share of the padded pass's
+  decoder FLOPs packing saves (whichever ran); packing/padding_share the share of the decoder's token slots holding
+  no token in the layout that runs; packing/micro_batches its micro-batch count."""
   lengths = np.asarray(lengths).reshape(-1)
-  width = host.prompts.input_ids.shape[1] + completion_len
-  packed = packing_pays(rows, (len(lengths), width), micro_batches, budget, min_saving)
+  p_len = host.prompts.input_ids.shape[1]
+  shape = (len(lengths), p_len, completion_len)
+  packed, saving = packing_pays(rows, shape, micro_batches, budget, min_saving, cfg.text)
   if packed:
     share, micro = rows.padding_share(), rows.shape[0]
   else:
     group = len(lengths) // host.rows
     real = group * int(np.asarray(host.prompts.attention_mask)[: host.rows].sum()) + int(lengths.sum())
-    share, micro = 1.0 - real / (len(lengths) * width), micro_batches
-  return {
-    "packing/packed": float(packed),
-    "packing/padding_share": share,
-    "packing/micro_batches": float(micro),
-  }, packed
+    share, micro = 1.0 - real / (len(lengths) * (p_len + completion_len)), micro_batches
+  metrics = {"packing/packed": float(packed), "packing/saving": saving, "packing/padding_share": share}
+  return {**metrics, "packing/micro_batches": float(micro)}, packed
 
 
 def with_pixels(placed: SamplerBatch, rows: PackedRows) -> PackedInputs:

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxcap.buckets import DEFAULT_STEPS, ladder
 from jaxcap.models.families import layout_for, layout_shape_for
+from jaxcap.models.flops import decoder_pass_flops
 from jaxcap.models.segment_attention import SegmentWindow, segment_window
 from jaxcap.models.vision import VisionLayout, stack_layouts
 from jaxcap.train.row_assignment import assign
@@ -75,17 +76,35 @@ class PackedRows:
     return float(np.mean(self.segments == 0))
 
 
-def packing_pays(rows: PackedRows, padded_shape: tuple[int, int], micro_batches: int, budget: int, min_saving: float):
-  """Whether a step runs its packed `rows` rather than its padded layout: `padded_shape` (sequences, prompt width +
-  completion width) token slots in `micro_batches` slices. Packed, unless packing computes less than `min_saving`
-  fewer slots and a padded slice fits the token `budget` too (the budget bounds memory: a run that set it cannot
-  fall back to slices larger than it). A packed slot costs more than a padded one (gathers, attention in blocks over
-  a window), so a few percent fewer slots run slower (uniform lengths); `min_saving` < 0: always packed."""
-  sequences, width = padded_shape
+def packing_pays(
+  rows: PackedRows,
+  padded_shape: tuple[int, int, int],
+  micro_batches: int,
+  budget: int,
+  min_saving: float,
+  text_cfg,
+) -> tuple[bool, float]:
+  """(whether a step runs its packed `rows` rather than its padded layout, the share of the padded pass's decoder
+  FLOPs packing saves). `padded_shape` = (sequences, prompt width, completion width) in `micro_batches` slices;
+  FLOPs as `jaxcap.models.flops.decoder_pass_flops` counts them for `text_cfg`: token slots through the layers,
+  LM-head positions (padded: every completion slot; packed: the K targets) and attention pairs (padded rows dense;
+  packed rows their key window). Packed, unless packing saves less than `min_saving` and a padded slice fits the
+  token `budget` too (the budget bounds memory: a run that set it cannot fall back to slices larger than it). A
+  packed slot costs more than its FLOPs (gathers, the window's scatter in the backward), so a few percent saved
+  runs slower (uniform lengths); `min_saving` < 0: always packed."""
+  sequences, prompt, completion = padded_shape
+  width = prompt + completion
+  padded = decoder_pass_flops(
+    text_cfg, slots=sequences * width, head_positions=sequences * completion, attention_pairs=sequences * width**2
+  )
+  keys = rows.shape[2] if rows.window is None else rows.window.blocks * rows.window.block
+  packed = decoder_pass_flops(
+    text_cfg, slots=rows.source.size, head_positions=rows.target_index.size, attention_pairs=rows.source.size * keys
+  )
+  saving = 1.0 - packed / padded
   if min_saving < 0 or -(-sequences // micro_batches) * width > budget:
-    return True
-  padded = sequences * width
-  return padded - rows.source.size >= min_saving * padded
+    return True, saving
+  return saving >= min_saving, saving
 
 
 def pack(

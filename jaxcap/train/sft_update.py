@@ -72,7 +72,9 @@ class SFTUpdate:
       return prompts, layout, {}
     budget = self.micro_batch_tokens
     rows = packed_rows(batch.prompts, lengths, target_len, budget, b.processor.cfg, b.bucket_steps)
-    metrics, packed = packing_metrics(rows, batch.prompts, lengths, target_len, m, budget, self.packing_min_saving)
+    metrics, packed = packing_metrics(
+      rows, batch.prompts, lengths, target_len, m, budget, self.packing_min_saving, b.processor.cfg
+    )
     placed = b.place_prompts(batch.prompts)
     prompts, layout = b.prompt_batch(placed, m, vision=not packed)
     return prompts, with_pixels(placed, rows) if packed else layout, metrics

@@ -107,7 +107,7 @@ class RLUpdate:
     c_len, budget = tokens.shape[-1], self.micro_batch_tokens
     rows = packed_rows(batch.prompts, lengths, c_len, budget, b.processor.cfg, b.bucket_steps)
     metrics, packed = packing_metrics(
-      rows, batch.prompts, lengths, c_len, self.micro_batches, budget, self.packing_min_saving
+      rows, batch.prompts, lengths, c_len, self.micro_batches, budget, self.packing_min_saving, b.processor.cfg
     )
     prompts, layout = b.prompt_batch(placed, self.micro_batches, vision=not packed)
     return prompts, with_pixels(placed, rows) if packed else layout, metrics

@@ -1,9 +1,10 @@
 """Packed or padded, per step (`rl.packing_min_saving`, jaxcap.train.packing.packing_pays): a step whose packing
-saves less than the minimum share of its padded token slots runs the padded programs (a packed slot costs more:
-gathers, attention in blocks), unless a padded slice would not fit the token budget; the run's `ByLayout` programs
-dispatch on the layout the step hands them, and both layouts give the same log-probs."""
+saves less than the minimum share of its padded pass's decoder FLOPs runs the padded programs (a packed slot costs
+more than its FLOPs: gathers, attention in blocks), unless a padded slice would not fit the token budget; the run's
+`ByLayout` programs dispatch on the layout the step hands them, and both layouts give the same log-probs."""
 
 import dataclasses
+import types
 
 import jax
 import numpy as np
@@ -13,6 +14,8 @@ from PIL import Image
 
 import jaxcap.models as M
 from jaxcap.data.records import ImageRecord
+from jaxcap.models.flops import decoder_pass_flops, param_counts
+from jaxcap.models.segment_attention import SegmentWindow
 from jaxcap.processing import Processor, word_tokenizer
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sharding import make_mesh
@@ -30,23 +33,47 @@ PROMPT = "describe the image in detail ."
 G, C = 2, 24
 
 
-def _rows(m, r, length) -> PackedRows:
-  z = np.zeros((m, r, length), np.int32)
-  return PackedRows(z, z, z, np.zeros((m, 1), np.int32), np.zeros((m, 1), np.int32), z[:, :1, 0], z[:, :1, 0] > 0)
+def _rows(slots_shape, targets, window=None) -> PackedRows:
+  z = np.zeros(slots_shape, np.int32)
+  m = slots_shape[0]
+  t = np.zeros((m, targets), np.int32)
+  return PackedRows(z, z, z, t, t, z[:, :1, 0], z[:, :1, 0] > 0, window=window)
 
 
-def test_packing_pays_on_hand_counted_slots():
-  padded = (16, 50)  # 16 sequences of 50 slots: 800
-  # 1 x 8 x 92 = 736 slots, 8% fewer: under a 10% minimum the step runs padded, over a 5% one packed
-  assert not packing_pays(_rows(1, 8, 92), padded, 1, 800, 0.1)
-  assert packing_pays(_rows(1, 8, 92), padded, 1, 800, 0.05)
-  assert packing_pays(_rows(1, 8, 90), padded, 1, 800, 0.1)  # 720 slots: 10% fewer, at least the minimum
-  assert not packing_pays(_rows(1, 8, 101), padded, 1, 800, 0.0)  # more slots than padded
-  assert packing_pays(_rows(2, 8, 100), padded, 1, 800, -1.0)  # < 0: always packed, even at more slots
-  # a padded slice must fit the token budget: 800 slots in one slice exceed a budget of 736, in two they do not
-  assert packing_pays(_rows(1, 8, 92), padded, 1, 736, 0.1)
-  assert not packing_pays(_rows(1, 8, 92), padded, 2, 736, 0.1)
-  assert packing_pays(_rows(1, 8, 92), (15, 50), 2, 399, 0.1)  # 8 of 15 sequences in the larger slice: 400 > 399
+# a decoder layer of 304 weights (q, k, v, o: 4 x 1 x 1; MLP 3 x 1 x 100): 608 FLOPs a slot; head 2 x 100 a
+# position; attention 4 a (query, key) pair
+TEXT = types.SimpleNamespace(
+  hidden_size=1, num_attention_heads=1, head_dim=1, num_key_value_heads=1, intermediate_size=100,
+  num_hidden_layers=1, vocab_size=100,
+)  # fmt: skip
+
+
+def test_decoder_pass_flops_hand_counted_and_against_the_params():
+  assert decoder_pass_flops(TEXT, slots=3, head_positions=2, attention_pairs=7) == 3 * 608 + 2 * 200 + 7 * 4
+  # a real config: 2 FLOPs per decoder weight a slot (norms and biases left out: within 2%)
+  _, params = nnx.split(M.Qwen25VL(CFG, rngs=nnx.Rngs(0)))
+  want = 2 * param_counts(params)["decoder"]
+  assert decoder_pass_flops(CFG.text, slots=1, head_positions=0, attention_pairs=0) == pytest.approx(want, rel=0.02)
+
+
+def test_packing_pays_on_hand_counted_flops():
+  padded = (16, 10, 40)  # 16 sequences, prompts 10 wide, completions 40: 800 slots, 640 head positions, 16 x 50^2 pairs
+  padded_flops = 800 * 608 + 640 * 200 + 40000 * 4  # 774,400
+  window = SegmentWindow(block=4, blocks=13)  # 52 keys a query
+  rows = _rows((1, 8, 92), 640, window)  # 736 slots, 640 targets, 736 x 52 pairs: 728,576, 5.9% saved
+  pays, saving = packing_pays(rows, padded, 1, 800, 0.1, TEXT)
+  assert saving == pytest.approx(1 - (736 * 608 + 640 * 200 + 736 * 52 * 4) / padded_flops) and not pays
+  assert packing_pays(rows, padded, 1, 800, 0.05, TEXT)[0]
+  # half the completion slots are targets: the LM head runs at 320 positions, 14.2% saved
+  pays, saving = packing_pays(_rows((1, 8, 92), 320, window), padded, 1, 800, 0.1, TEXT)
+  assert pays and saving == pytest.approx(1 - 664576 / padded_flops)
+  # dense rows: every slot attends the whole row (92 keys), more than the padded pass computes
+  assert packing_pays(_rows((1, 8, 92), 640), padded, 1, 800, 0.0, TEXT) == (False, pytest.approx(1 - 846336 / 774400))
+  assert packing_pays(_rows((1, 8, 92), 640), padded, 1, 800, -1.0, TEXT)[0]  # < 0: always packed
+  # a padded slice must fit the token budget: 800 slots in one slice exceed 736, in two slices of 400 they do not
+  assert packing_pays(rows, padded, 1, 736, 0.1, TEXT)[0]
+  assert not packing_pays(rows, padded, 2, 736, 0.1, TEXT)[0]
+  assert packing_pays(rows, (15, 10, 40), 2, 399, 0.1, TEXT)[0]  # 8 of 15 sequences in the larger slice: 400 > 399
 
 
 @pytest.fixture(scope="module")
