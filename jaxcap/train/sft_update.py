@@ -38,7 +38,7 @@ class SFTUpdate:
   vqa_fraction: float | None = None  # None: the run config's sft.vqa_fraction
   seed: int | None = None  # of the VQA draws; None: the run config's seed
   micro_batch_tokens: int = 0  # sft.micro_batch_tokens: > 0 packs the step's (prompt, target) sequences
-  packing_min_saving: float = 0.1  # sft.packing_min_saving: a step packs only if that saves this share of its slots
+  packing_min_saving: float = 0.1  # sft.packing_min_saving: packed only if that saves this share of FLOPs
 
   def __post_init__(self):
     config = self.batcher.config

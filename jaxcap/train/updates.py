@@ -43,8 +43,8 @@ class RLUpdate:
   from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
   `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
   `PackedInputs` where the padded ones take the micro-batches' vision layouts, and a step whose packing saves less
-  than `packing_min_saving` of its padded slots runs the padded programs (`packing_pays`); metrics
-  `packing/packed`, `packing/padding_share` (of the layout that ran) and `packing/micro_batches`.
+  than `packing_min_saving` of its padded pass's decoder FLOPs runs the padded programs (`packing_pays`); metrics
+  `packing/packed`, `packing/saving`, `packing/padding_share` (of the layout that ran), `packing/micro_batches`.
 
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
   batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
@@ -65,7 +65,7 @@ class RLUpdate:
   rollout_correction: bool = False  # rl_step corrects: hand it the sampler's log-probs (rl.rollout_correction)
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
-  packing_min_saving: float = 0.1  # rl.packing_min_saving: a step packs only if that saves this share of its slots
+  packing_min_saving: float = 0.1  # rl.packing_min_saving: packed only if that saves this share of FLOPs
   group_filter: GroupFilter | None = None
   draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
   off_policy_steps: int = 0  # rl.off_policy_steps: 1 = each step trains on rollouts queued by the step before
