@@ -10,10 +10,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from PIL import Image
 
 import jaxcap.models as M
-from jaxcap.data.records import ImageRecord
 from jaxcap.models.flops import decoder_pass_flops, param_counts
 from jaxcap.models.segment_attention import SegmentWindow
 from jaxcap.processing import Processor, word_tokenizer
@@ -22,6 +20,7 @@ from jaxcap.sharding import make_mesh
 from jaxcap.train.batches import HostBatch
 from jaxcap.train.batching import Batcher
 from jaxcap.train.config import base_config
+from image_records import random_image_records
 from jaxcap.train.packed import PackedInputs
 from jaxcap.train.packing import PackedRows, packing_pays
 from jaxcap.train.programs import ByLayout, RunPrograms
@@ -78,12 +77,7 @@ def test_packing_pays_on_hand_counted_flops():
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
-  d = tmp_path_factory.mktemp("images")
-  records = []
-  for i in range(4):
-    path = d / f"{i}.png"
-    Image.fromarray((np.random.RandomState(i).rand(40, 60, 3) * 255).astype(np.uint8)).save(path)
-    records.append(ImageRecord(id=str(i), image=str(path)))
+  records = random_image_records(tmp_path_factory.mktemp("images"), 4)
   config = base_config()
   config.data.prompt, config.data.image_size = PROMPT, 56
   config.rl.update(dict(micro_batch_tokens=1024, micro_batches=1, num_samples=G))

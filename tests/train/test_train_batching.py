@@ -20,6 +20,7 @@ from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sharding import make_mesh
 from jaxcap.train.batching import Batcher, micro_major
 from jaxcap.train.config import base_config
+from image_records import random_image_records
 from jaxcap.train.data import record_loader
 from jaxcap.train.logprobs import completion_logprobs
 from jaxcap.train.metrics import PendingMetrics
@@ -31,12 +32,7 @@ PROMPT = "describe the image in detail ."
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
-  d = tmp_path_factory.mktemp("images")
-  records = []
-  for i in range(8):
-    path = d / f"{i}.png"
-    Image.fromarray((np.random.RandomState(i).rand(40, 60, 3) * 255).astype(np.uint8)).save(path)
-    records.append(ImageRecord(id=str(i), image=str(path)))
+  records = random_image_records(tmp_path_factory.mktemp("images"), 8)
   config = base_config()
   config.data.prompt, config.data.image_size = PROMPT, 56
   processor = Processor(word_tokenizer(PROMPT.split(), CFG), CFG)
