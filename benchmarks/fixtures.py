@@ -1,5 +1,5 @@
 """What the benchmarks build their cases from: random-init `transformers` Qwen2.5-VL references saved as tiny
-checkpoints and loaded into jaxcap, one-image prompts, and run configs for `jaxcap.train.programs`.
+checkpoints and loaded into jaxcap, one-image prompts, and run configs for `jaxcap.train.steps.programs`.
 
 torch and transformers are imported only by the helpers that need them, so GPU/TPU benchmarks without them can
 use the rest."""
@@ -20,14 +20,14 @@ WORDS = (
 def run_config(
   phase: str | None = None, lr: float = 1e-5, steps: int = 1000, max_new_tokens: int | None = None, **sampling
 ):
-  """`jaxcap.train.config.base_config()` set up as the benchmarks time a run's programs. `phase` ("sft" or "rl"):
+  """`jaxcap.config_files.base_config()` set up as the benchmarks time a run's programs. `phase` ("sft" or "rl"):
   its optimizer is AdamW at a constant `lr` for `steps` updates, no warm-up, no weight decay, global-norm clip 1.0,
   nothing frozen, exact master updates; RL also gets the GRPO estimator and `PolicyLossConfig`'s default loss (clip
   0.2 both sides, dual clip 3, token-mean, no KL or entropy term, so no reference policy). Sampling: temperature 1,
   no top-k / top-p, unless `sampling` (temperature, top_p, top_k) says otherwise; `max_new_tokens` is the sampling
   budget and so the loss's Dr.GRPO constant."""
   from jaxcap.rl import PolicyLossConfig
-  from jaxcap.train.config import base_config
+  from jaxcap.config_files import base_config
 
   c = base_config()
   c.sampling.update(dict(temperature=1.0, top_p=1.0, top_k=0) | sampling)

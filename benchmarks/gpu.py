@@ -5,7 +5,7 @@ tokens/s of rollouts. A few minutes on one accelerator; prints a JSON summary.
     python -m benchmarks.gpu --peak_tflops 989    # when the device kind is not in the table
     python -m benchmarks.gpu --smoke              # tiny() shapes, runs on CPU in seconds (the test uses this)
 
-(a) Update: the trainer's `rl_step` (`RunPrograms.step_fn("rl", ...)` of `jaxcap.train.programs`, jitted, state
+(a) Update: the trainer's `rl_step` (`RunPrograms.step_fn("rl", ...)` of `jaxcap.train.steps.programs`, jitted, state
 donated) on random prompts + rollouts: --prompts images of --image px with a short instruction, G = --group
 completions of --completion tokens each, split into --micro micro-batches (gradient accumulation), AdamW (constant
 lr 1e-6, clip 1.0), GRPO with the default clipped loss and no KL, remat as --remat. Timed over --steps steps after

@@ -14,7 +14,7 @@ def bench_rollouts(model, args) -> dict:
   import jax
 
   from jaxcap.sampling import Sampler
-  from jaxcap.train.programs import sampling_config
+  from jaxcap.train.steps.programs import sampling_config
 
   proc, batch = image_batch(model.cfg, args.rollout_images, args.image, 2)
   n = args.new_tokens

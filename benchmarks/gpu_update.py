@@ -22,9 +22,9 @@ def bench_update(model, args) -> dict:
   from flax import nnx
 
   from jaxcap.models.vision import vision_layout
-  from jaxcap.train.programs import RunPrograms
-  from jaxcap.train.state import init_train_state
-  from jaxcap.train.step import PromptBatch, RolloutBatch
+  from jaxcap.train.steps.programs import RunPrograms
+  from jaxcap.train.steps.state import init_train_state
+  from jaxcap.train.steps.updates import PromptBatch, RolloutBatch
 
   cfg = model.cfg
   b, g, m, c = args.prompts, args.group, args.micro, args.completion

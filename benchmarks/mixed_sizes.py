@@ -110,7 +110,7 @@ def main():
   stream = {}
   print(f"stream of {args.images} COCO-like images, {args.batch} per step, 3B geometry:")
   print("  bucket_steps  group_by_size  prefill  decode  update programs  patches padded/real  tokens padded/real")
-  from jaxcap.train.size_groups import size_grouped_order
+  from jaxcap.train.rollouts.size_groups import size_grouped_order
 
   cfg3b = M.qwen25vl_3b()
   patches = np.array([h * w for h, w in sizes])  # the grouping key: any monotone size will do

@@ -15,7 +15,7 @@ packs the same step under a budget of `--budget` tokens per micro-batch (0: the 
 both hold the same tokens at once); its attention runs in query blocks of `--block` slots over a key window
 holding the longest sequence (`jaxcap.models.segment_attention`; 0: dense over the row, as before the window);
 `--vs_dense` also times it against the same rows with dense attention, interleaved. Both sides' programs come from
-`RunPrograms` (`jaxcap.train.programs`) of one run config differing only in rl.micro_batch_tokens; the inputs from
+`RunPrograms` (`jaxcap.train.steps.programs`) of one run config differing only in rl.micro_batch_tokens; the inputs from
 the trainer's `Batcher` and `packed_inputs`. As in the trainer, the packed run's step runs its padded layout when
 packing saves less than `rl.packing_min_saving` of the padded pass's decoder FLOPs (`packing_metrics`; `--min_saving -1`: always
 the packed rows); the host time of packing the step and choosing is printed (the trainer pays it every step).
@@ -107,11 +107,11 @@ def main():
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling.sampler import place_batch
   from jaxcap.sharding import make_mesh
-  from jaxcap.train.batching import Batcher
-  from jaxcap.train.packed_batch import packed_inputs, packing_metrics
-  from jaxcap.train.programs import RunPrograms
-  from jaxcap.train.state import init_train_state
-  from jaxcap.train.step import RolloutBatch
+  from jaxcap.train.rollouts.batching import Batcher
+  from jaxcap.train.packing.batch import packed_inputs, packing_metrics
+  from jaxcap.train.steps.programs import RunPrograms
+  from jaxcap.train.steps.state import init_train_state
+  from jaxcap.train.steps.updates import RolloutBatch
 
   if args.block is not None:  # the packer's choice of window (`packing.pack` reads it)
     segment_attention.BLOCK = args.block or 1 << 30

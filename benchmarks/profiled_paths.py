@@ -46,9 +46,9 @@ def update_path(scanned: bool):
   from flax import nnx
 
   from jaxcap.models.vision import vision_layout
-  from jaxcap.train.programs import RunPrograms
-  from jaxcap.train.state import init_train_state
-  from jaxcap.train.step import PromptBatch
+  from jaxcap.train.steps.programs import RunPrograms
+  from jaxcap.train.steps.state import init_train_state
+  from jaxcap.train.steps.updates import PromptBatch
 
   cfg, model, processor = _model(scanned)
   batch = _batch(processor, 8)
@@ -107,7 +107,7 @@ def decode_path(scanned: bool, images: int = 8, samples: int = 4, new_tokens: in
   import jax
 
   from jaxcap.sampling import Sampler
-  from jaxcap.train.programs import sampling_config
+  from jaxcap.train.steps.programs import sampling_config
 
   cfg, model, processor = _model(scanned)
   batch = _batch(processor, images)

@@ -37,8 +37,8 @@ class _TimedFuture:
 
 def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) -> dict:
   from jaxcap.rewards import caprl
-  from jaxcap.train import loop
-  from jaxcap.train.updates import RLUpdate
+  from jaxcap.train.shell import trainer as loop
+  from jaxcap.train.learner.rl import RLUpdate
 
   stream, off_policy = ARMS[arm]
   workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")

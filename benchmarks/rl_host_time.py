@@ -127,7 +127,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   import jaxcap
-  from jaxcap.train import loop
+  from jaxcap.train.shell import trainer as loop
 
   workdir = args.workdir or tempfile.mkdtemp(prefix="rl_host_time_")
   trace_dir = os.path.join(workdir, "trace")

@@ -69,7 +69,7 @@ def main():
   from jaxcap.models import mid
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import Sampler
-  from jaxcap.train.programs import sampling_config
+  from jaxcap.train.steps.programs import sampling_config
 
   cfg = mid()
   torch.manual_seed(0)
@@ -99,7 +99,7 @@ def main():
     f"tokens; jax {jax.__version__} on {jax.devices()[0].platform}, torch threads {torch.get_num_threads()}"
   )
 
-  # temperature 1, no top-k / top-p, no stop tokens: every sequence runs to n_new (jaxcap.train.programs)
+  # temperature 1, no top-k / top-p, no stop tokens: every sequence runs to n_new (jaxcap.train.steps.programs)
   config = run_config(max_new_tokens=n_new)
   sampler = Sampler(model, processor=processor, sampling=sampling_config(config, stop_ids=()))
   keys = itertools.count()  # a fresh key per call: same shapes, so the same compiled bucket

@@ -1,4 +1,4 @@
-"""Rollout records' size and write time per recorded step (jaxcap.train.rollout_records), at the embedded default's
+"""Rollout records' size and write time per recorded step (jaxcap.train.logs.rollout_records), at the embedded default's
 batch and at the `:paper` configs' batches.
 
 What a recorded step pays on the training loop's thread: choosing the groups, the host advantages over the step's
@@ -30,7 +30,7 @@ if not __package__:  # run as a file (python benchmarks/rollout_records.py): the
 from benchmarks.machine import cpu_model, usable_cores
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.batch import RewardBatch
-from jaxcap.train.rollout_records import RolloutRecorder, record_path
+from jaxcap.train.logs.rollout_records import RolloutRecorder, record_path
 
 WORDS = "red blue green circle square triangle large small left right top bottom near above below the a of".split()
 

@@ -7,7 +7,7 @@ Same `mid()` config and random weights on both sides (the HF model is saved and 
 `--targets` target tokens), float32, same CPU, one process. One update = forward over prompt + targets, token-mean
 NLL of the targets, backward, global-norm clip 1.0 and one AdamW step (lr 1e-5, no weight decay); jaxcap runs it
 as one compiled function with the state donated (the trainer's `RunPrograms.update("sft", ...)` of
-`jaxcap.train.programs`, from a run config set to those hyper-parameters), transformers as
+`jaxcap.train.steps.programs`, from a run config set to those hyper-parameters), transformers as
 `loss.backward(); clip_grad_norm_; opt.step()`.
 
 tokens/s counts every token the forward sees (vision + text prompt + targets) per update. The first-step losses
@@ -57,9 +57,9 @@ def main():
 
   import jaxcap.models as M
   from jaxcap.models.vision import vision_layout
-  from jaxcap.train.programs import RunPrograms
-  from jaxcap.train.state import init_train_state
-  from jaxcap.train.step import PromptBatch
+  from jaxcap.train.steps.programs import RunPrograms
+  from jaxcap.train.steps.state import init_train_state
+  from jaxcap.train.steps.updates import PromptBatch
 
   torch.set_num_threads(args.threads)
   cfg = M.mid()

@@ -5,7 +5,7 @@ Default: the embedded synthetic world with the rule-based judge. `configs/balcap
 cosine, batch 256, no KL, dual-clip PPO (c = 3), "token-sum, sequence-mean" aggregation, weights 0.1/0.3/0.3.
 """
 
-from jaxcap.train.config import base_config, optim, real_model_run
+from jaxcap.config_files import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):

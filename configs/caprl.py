@@ -6,7 +6,7 @@ Qwen2.5-VL-3B: G = 8, RLOO with KL 0 as released (the paper says GRPO + KL), act
 temperature 1.0, 8 questions drawn with replacement, options shuffled with a "cannot answer" option, reward x2.
 """
 
-from jaxcap.train.config import base_config, optim, real_model_run
+from jaxcap.config_files import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):

@@ -4,7 +4,7 @@ Default: synthetic clips of moving objects (frames at 2 fps, temporal patch 2). 
 configs/caprl.py:paper with video inputs.
 """
 
-from jaxcap.train.config import base_config, optim, real_model_run
+from jaxcap.config_files import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):

@@ -10,7 +10,7 @@ cosine with warm-up ratio 0.01, 4 rollouts per image, max generation 1024, one e
 780 steps), judge Qwen2.5-7B-Instruct.
 """
 
-from jaxcap.train.config import base_config, optim, real_model_run
+from jaxcap.config_files import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):

@@ -4,7 +4,7 @@ Default: the synthetic world's dense reference captions. `:paper`: lr 1e-5 cosin
 epoch, on the manifest's `reference_caption` field of a real model's data.
 """
 
-from jaxcap.train.config import base_config, optim, real_model_run
+from jaxcap.config_files import base_config, optim, real_model_run
 
 
 def get_config(variant: str = "default"):

@@ -7,7 +7,7 @@ Multi-host: set --config.distributed.* or run under a cluster that jax.distribut
 A workdir holds one run: its resolved config is saved as <workdir>/config.json at the first start, and a rerun
 resumes from the latest checkpoint. A rerun whose config alters the run (model, data, reward, optimiser, batch
 shapes, seed, number of processes, ...) is refused with the list of changes unless --config.resume_changes=allow;
-more steps, evaluation / checkpoint cadence and judge endpoints may change freely (jaxcap/train/resume.py).
+more steps, evaluation / checkpoint cadence and judge endpoints may change freely (jaxcap/train/shell/resume.py).
 The workdir is locked (<workdir>/jaxcap.lock) while a trainer runs in it.
 
 On an error the checkpoint being written is completed (or removed), the error is printed as one line with its
@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from jaxcap.config import cli as config_cli
 from jaxcap.registry import describe
-from jaxcap.train.config import REGISTRIES
+from jaxcap.config_files import REGISTRIES
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -187,7 +187,7 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
-  from jaxcap.train.config import validate
+  from jaxcap.config_files import validate
 
   config = config_cli.loaded(config)
   try:
@@ -200,7 +200,7 @@ def main(argv):
   try:
     enable_compilation_cache(config)
     init_distributed(config.distributed)
-    from jaxcap.train.loop import Trainer
+    from jaxcap.train.shell.trainer import Trainer
 
     summary = Trainer(config).run()
   except (Exception, KeyboardInterrupt, Terminated) as e:

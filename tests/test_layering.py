@@ -18,6 +18,7 @@ LAYERS = [
   {"world", "config"},  # the embedded synthetic world; the run config's schema (over the registries below)
   {"train"},
   {"eval"},
+  {"config_files"},  # the file format of configs/*.py and their --config.x.y= overrides (ml-collections)
   {
     "experiments",
     "launch",

@@ -5,7 +5,7 @@ import pytest
 
 from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.plan import GIB, format_plan, plan
-from jaxcap.train.config import base_config
+from jaxcap.config_files import base_config
 from processes import cli
 
 

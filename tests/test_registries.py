@@ -18,7 +18,7 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.registry import Registry
 from jaxcap.rewards import REWARD_FAMILIES, LengthMaskedReward, build_reward, reward_family
 from jaxcap.rewards.batch import make_batch
-from jaxcap.train.config import REGISTRIES, base_config, validate
+from jaxcap.config_files import REGISTRIES, base_config, validate
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def test_source_map_walks_each_op_back_to_the_jitted_function():
       "vision MLP activation silu(gate) * up (backward)",
     ),
     (
-      [("/x/optax/_src/transform.py", "update_fn"), ("/r/jaxcap/train/step.py", "_apply")],
+      [("/x/optax/_src/transform.py", "update_fn"), ("/r/jaxcap/train/steps/updates.py", "_apply")],
       False,
       "",
       "optimizer: clip + AdamW",
@@ -83,7 +83,7 @@ def test_source_map_walks_each_op_back_to_the_jitted_function():
       "layer stack: per-layer weight slices, gradient stacking",
     ),
     (
-      [("/r/jaxcap/models/qwen25vl.py", "Qwen25VL.logits"), ("/r/jaxcap/train/logprobs.py", "_token_stats")],
+      [("/r/jaxcap/models/qwen25vl.py", "Qwen25VL.logits"), ("/r/jaxcap/train/steps/logprobs.py", "_token_stats")],
       True,
       "jit(f)/transpose(jvp(nd,vd->nv))/dot_general",
       "LM head matmul (backward)",

@@ -13,7 +13,7 @@ def tiny_world(train_scenes: int = 8, eval_scenes: int = 6):
   default's world (every record has curated questions) and a one-layer random student over its tokenizer."""
   from jaxcap.data.manifest import read_manifest
   from jaxcap.world import student as embedded
-  from jaxcap.train.config import base_config
+  from jaxcap.config_files import base_config
 
   c = base_config()
   c.world.train_scenes, c.world.eval_scenes = train_scenes, eval_scenes

@@ -8,8 +8,8 @@ default, one-line doc, validation and resume policy.
   judging    judge, rubrics
   run        eval, checkpoint, export, mesh, distributed, and `Run`, the whole tree (with the reward block)
   schema     validate(), the defaults, the registries configs choose from, the resume policy of a key
-  changes    differences between two saved configs, leaf by leaf (jaxcap.train.resume)
+  changes    differences between two saved configs, leaf by leaf (jaxcap.train.shell.resume)
 
-ml-collections stays the file format and the `--config.x.y=` override layer (jaxcap.train.config builds the
+ml-collections stays the file format and the `--config.x.y=` override layer (jaxcap.config_files builds the
 ConfigDict from these defaults). Fixed choice lists live in `jaxcap.choices`, which every layer may import.
 """

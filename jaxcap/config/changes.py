@@ -1,4 +1,4 @@
-"""Differences between two saved run configs (`jaxcap.train.resume.resolved()` dicts), leaf by leaf."""
+"""Differences between two saved run configs (`jaxcap.train.shell.resume.resolved()` dicts), leaf by leaf."""
 
 from __future__ import annotations
 

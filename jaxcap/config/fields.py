@@ -10,7 +10,7 @@ Validation: the field's type, then (only where its `when(block, run)` holds and 
 (`ge` / `gt` / `le` / `lt`) or `choices` (a tuple, or a `Registry`: for a dict field, of its keys), then the block's
 `check(run, at)` for what involves more than one field. A message reads `path=value: rule (hint)`.
 
-Resume policy (jaxcap.train.resume): ALLOWED changes leave what is trained the same, ALTERS ones are refused on
+Resume policy (jaxcap.train.shell.resume): ALLOWED changes leave what is trained the same, ALTERS ones are refused on
 resume unless resume_changes=allow, SHAPE ones change parameter shapes and are always refused.
 """
 
@@ -158,7 +158,7 @@ def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str
       default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
       has = default is not dataclasses.MISSING
       fix = f"add it (default {default.to_dict() if isinstance(default, Block) else default!r})" if has else "add it"
-      errors.append(f"{path}: missing field; {fix}, or start the config from jaxcap.train.config.base_config()")
+      errors.append(f"{path}: missing field; {fix}, or start the config from jaxcap.config_files.base_config()")
       bad.add(path)
     elif is_block(tp) and isinstance(data[f.name], dict):
       values[f.name] = build(tp, data[f.name], path + ".", errors, bad)

@@ -49,7 +49,7 @@ class Lora(Block):
   """Low-rank adapters on the frozen base (qwix, `jaxcap.models.lora`): only the adapters train and hold optimizer
   state; with `weight_qtype` the frozen base is quantized (QLoRA). rank 0 = full fine-tuning. The embedded student
   (no model.checkpoint) has no pretrained base: its SFT trains the base with the adapters held, its RL the adapters
-  (`jaxcap.train.adapters.trains_base`)."""
+  (`jaxcap.train.steps.adapters.trains_base`)."""
 
   RESUME = SHAPE
 
@@ -150,7 +150,7 @@ class Data(Block):
     2, "padded sizes per octave of prompt / vision-pack length (jaxcap.buckets)", ge=1, resume=ALLOWED
   )
   group_by_size: int = field(
-    0, "> 1: windows of this many batches sorted by image size (jaxcap.train.size_groups); 0 = shuffled", ge=0
+    0, "> 1: windows of this many batches sorted by image size (jaxcap.train.rollouts.size_groups); 0 = shuffled", ge=0
   )
   check_media: bool = field(
     True, "decode every image / frame before training (False: only check they exist)", resume=ALLOWED

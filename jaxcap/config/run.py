@@ -52,7 +52,7 @@ class Export(Block):
   peft: bool = field(False, "with LoRA: also the adapters alone in PEFT's layout, in <workdir>/export_adapters")
 
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")  # jaxcap.train.trackers builds each
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # jaxcap.train.logs.trackers builds each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Mesh(Block):
 @dataclasses.dataclass(frozen=True)
 class Distributed(Block):
   """Where the processes meet (jax.distributed); how many there are is runtime.process_count (which alters the
-  run, jaxcap.train.resume.RUNTIME)."""
+  run, jaxcap.train.shell.resume.RUNTIME)."""
 
   RESUME = ALLOWED
 

@@ -18,7 +18,7 @@ def _trains(block, run) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Optim(Block):
-  """A phase's AdamW optimiser and learning-rate schedule (`jaxcap.train.config.optim` builds one)."""
+  """A phase's AdamW optimiser and learning-rate schedule (`jaxcap.config_files.optim` builds one)."""
 
   lr: float = field(doc="peak learning rate", gt=0)
   warmup_ratio: float = field(0.0, "linear warm-up over this share of the phase's steps", ge=0, lt=1)
@@ -29,7 +29,7 @@ class Optim(Block):
   b2: float = field(0.999, "Adam's second-moment decay rate", ge=0, lt=1)
   eps: float = field(1e-8, "Adam's epsilon", gt=0)
   grad_clip: float = field(1.0, "global gradient-norm clip", ge=0, hint="0 = no clipping")
-  # how updates land on bfloat16 master weights (jaxcap.train.precision): "exact" rounds to nearest (needs
+  # how updates land on bfloat16 master weights (jaxcap.train.steps.precision): "exact" rounds to nearest (needs
   # model.param_dtype float32 at fine-tuning learning rates), "stochastic_rounding" is unbiased (bfloat16 masters)
   master_update: str = field(
     "exact",
@@ -74,7 +74,7 @@ class Phase(Block):
 
 
 def _packing_min_saving(phase: str):
-  """`<phase>.packing_min_saving` (jaxcap.train.packing.packing_pays): a packed slot costs more than its FLOPs
+  """`<phase>.packing_min_saving` (jaxcap.train.packing.rows.packing_pays): a packed slot costs more than its FLOPs
   (gathers, the attention window's scatter), so a step whose packing saves a few percent (uniform lengths) runs
   padded."""
   return field(
@@ -92,7 +92,7 @@ class Sft(Phase):
   """Supervised fine-tuning on target captions (the warm start for RL)."""
 
   # more steps may come on resume; a phase cut below its checkpoint, or SFT changed after it ended, is refused by
-  # jaxcap.train.resume
+  # jaxcap.train.shell.resume
   steps: int = field(1600, "SFT steps (0 = no SFT)", ge=0, resume=ALLOWED)
   batch_size: int = field(16, "records per process per SFT step", ge=1, hint="records per process per step")
   micro_batches: int = field(1, "gradient-accumulation slices of a batch", ge=1, hint="1 = no accumulation")
@@ -107,7 +107,7 @@ class Sft(Phase):
     1.0, "incomplete targets name at most this share of the objects", gt=0, le=1, when=_trains
   )
   optim: Optim = field(Optim(2e-3, warmup_steps=20), "the SFT optimiser")
-  # Packed rows (jaxcap.train.packing), as rl.micro_batch_tokens: each (prompt, target) at its own length, several per
+  # Packed rows (jaxcap.train.packing.rows), as rl.micro_batch_tokens: each (prompt, target) at its own length, several per
   # row; the loss and gradients equal the padded step's to float rounding, so a resume may change it.
   micro_batch_tokens: int = field(
     0,
@@ -147,7 +147,7 @@ class Rl(Phase):
     8, "captions sampled per image (the group)", ge=2, rule="group advantages need >= 2", when=_trains
   )
   micro_batches: int = field(1, "gradient-accumulation slices of a batch", ge=1, hint="1 = no accumulation")
-  # Packed rows (jaxcap.train.packing): the log-prob passes and the update see each (prompt, completion) at its own
+  # Packed rows (jaxcap.train.packing.rows): the log-prob passes and the update see each (prompt, completion) at its own
   # length, several per row, instead of every row padded to the longest prompt plus the longest caption. The values
   # equal the padded path's to float rounding (tests/train/test_packed_update.py), so a resume may change it.
   micro_batch_tokens: int = field(
@@ -182,7 +182,7 @@ class Rl(Phase):
     ge=0,
     hint="a multiple of rl.batch_size; 0 = drop without refilling",
   )
-  # one-step off-policy (jaxcap.train.off_policy): the next step's rollouts are generated from the current weights
+  # one-step off-policy (jaxcap.train.rollouts.off_policy): the next step's rollouts are generated from the current weights
   # while this step's judgments finish and its update runs; the sampler's log-probs are the behaviour policy's
   off_policy_steps: int = field(
     0,
@@ -235,7 +235,7 @@ class VisionWarmup(Block):
 
 @dataclasses.dataclass(frozen=True)
 class Train(Block):
-  """What a run does about an update step that goes wrong (jaxcap.train.guard). A step whose loss, gradients or
+  """What a run does about an update step that goes wrong (jaxcap.train.steps.guard). A step whose loss, gradients or
   update is non-finite, or whose update diverged (its norm above `max_update_ratio` x the parameters' norm), is
   never applied: the run stops naming the step and the last good checkpoint, or skips it."""
 

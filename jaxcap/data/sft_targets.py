@@ -3,7 +3,7 @@
 run draws the same targets).
 
 `reference` (the manifest's reference captions) is registered here; the synthetic world's `incomplete` and
-`complete` captions are registered by `jaxcap.world.student`, which `jaxcap.train.config` imports.
+`complete` captions are registered by `jaxcap.world.student`, which `jaxcap.config_files` imports.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from jaxcap.processing.vqa import letter_token_ids, max_options, option_answer, 
 from jaxcap.sampling.prompts import bucket_prompts, pad_length, pad_patches
 from jaxcap.sampling.placement import SamplerBatch, place_batch
 from jaxcap.processing.tokenizer import encode_targets
-from jaxcap.train.logprobs import completion_logprobs
+from jaxcap.train.steps.logprobs import completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +164,8 @@ class _MediaCache:
     self._item: Any = None
 
   def conversation(self, record: ImageRecord, prompt: str) -> list[dict]:
-    """The SFT conversation (`jaxcap.train.data.conversation`): one user turn, the record's media then `prompt`."""
-    from jaxcap.train import data as data_lib
+    """The SFT conversation (`jaxcap.train.rollouts.loader.conversation`): one user turn, the record's media then `prompt`."""
+    from jaxcap.train.rollouts import loader as data_lib
 
     if record is not self._record:
       conv = data_lib.conversation(

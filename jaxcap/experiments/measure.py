@@ -24,7 +24,7 @@ from jaxcap.eval.metrics import RatioMetric, SuiteResult
 from jaxcap.eval.redteam import ATTACKS, RedTeamConfig, make_attacks
 from jaxcap.judges.protocol import Judge
 from jaxcap.rewards.mix import build_reward
-from jaxcap.train.heldout import HELDOUT_QA
+from jaxcap.train.shell.heldout import HELDOUT_QA
 
 HACK_REWARDS: dict[str, dict] = {
   "caprl": {"caprl": {"preset": "paper"}},

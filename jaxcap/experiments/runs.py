@@ -98,7 +98,7 @@ def _train(config: ml_collections.ConfigDict) -> float:
 
   import jax
 
-  from jaxcap.train.loop import Trainer
+  from jaxcap.train.shell.trainer import Trainer
 
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ and config.compile_cache:  # as the launcher does
     jax.config.update("jax_compilation_cache_dir", config.compile_cache)

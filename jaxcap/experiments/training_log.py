@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from jaxcap.train.metrics import is_number
+from jaxcap.train.logs.metrics import is_number
 
 
 def rl_rows(workdir: Path) -> list[dict]:

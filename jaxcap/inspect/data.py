@@ -2,7 +2,7 @@
 now (a run in progress has a metrics.jsonl whose last line may be half written, and no RL-end captions yet):
 
     metrics.jsonl            -> curves: {phase: {key: [[step, value], ...]}} (finite numbers only)
-    rollouts/step_*.jsonl    -> steps: [{step, groups}] (jaxcap.train.rollout_records), captions flagged
+    rollouts/step_*.jsonl    -> steps: [{step, groups}] (jaxcap.train.logs.rollout_records), captions flagged
     captions/<phase>_<tag>.jsonl -> held-out: per image, the SFT-end caption beside the RL-end one, with scores
     **/report.json (jaxcap.eval) -> evals: per image, each captioner's headline metrics (and captions)
 """
@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from jaxcap.inspect.flags import caption_flags
 from jaxcap.inspect.media import Thumbnails
-from jaxcap.train.rollout_records import FILE_RE
+from jaxcap.train.logs.rollout_records import FILE_RE
 
 # The held-out caption sets the comparison view pairs, in order of preference for each side.
 BEFORE = ("sft_end", "rl_start", "sft_start")
@@ -171,7 +171,7 @@ def load_run(workdir: Path, site: Path, eval_reports_extra: list[Path] = ()) -> 
   """The page's document for `workdir`, thumbnails written under `site`/media."""
   workdir = Path(workdir).resolve()
   saved = json.loads((workdir / "config.json").read_text()) if (workdir / "config.json").exists() else {}
-  config = saved.get("config", saved)  # jaxcap.train.resume.record's {"config": ..., "runtime": ...}
+  config = saved.get("config", saved)  # jaxcap.train.shell.resume.record's {"config": ..., "runtime": ...}
   thumbs = Thumbnails(site, [workdir, Path.cwd()])
   summary = json.loads((workdir / "summary.json").read_text()) if (workdir / "summary.json").exists() else None
   return {

@@ -4,7 +4,7 @@ the site opens from disk with no server and fetches nothing (no CDN, no fetch():
 from __future__ import annotations
 
 import html
-from jaxcap.train.metrics import to_json
+from jaxcap.train.logs.metrics import to_json
 from pathlib import Path
 from typing import Any
 

@@ -63,7 +63,7 @@ def param_counts(params) -> dict[str, int]:
 def decoder_pass_flops(text_cfg, *, slots: int, head_positions: int, attention_pairs: int) -> float:
   """Forward FLOPs of a decoder pass (text config `text_cfg`) over `slots` token slots, the LM head at
   `head_positions`, and attention over `attention_pairs` (query, key) pairs computed, masked ones included: what
-  decides a step's layout (`jaxcap.train.packing.packing_pays`); a backward scales every term alike."""
+  decides a step's layout (`jaxcap.train.packing.rows.packing_pays`); a backward scales every term alike."""
   t = text_cfg
   q, kv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
   layer = t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size

@@ -128,7 +128,7 @@ class Qwen25VL(nnx.Module):
     """Runs the decoder on embeddings x [B, T, D] at mRoPE `positions` int [3, B, T].
 
     Without a cache: `attention_mask` bool [B, T] marks real tokens; attention is causal over the T tokens, and
-    with `segments` int [B, T] (packed rows, jaxcap.train.packing) only within a token's own segment; with a
+    with `segments` int [B, T] (packed rows, jaxcap.train.packing.rows) only within a token's own segment; with a
     static `segment_window` too (`segment_attention.segment_window`: no segment longer than its span), in query
     blocks over a key window (cost T x window, not T x T); on TPU / GPU through a fused kernel (`packed_attention`).
     With a cache: the T new tokens are written at slots [cache_index, cache_index + T) and `attention_mask` is

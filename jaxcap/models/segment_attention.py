@@ -1,4 +1,4 @@
-"""Causal attention within the segments of packed rows (several sequences end to end per row, `jaxcap.train.packing`)
+"""Causal attention within the segments of packed rows (several sequences end to end per row, `jaxcap.train.packing.rows`)
 at a cost that follows the segments, not the row length.
 
 In a row of T slots whose segments (contiguous, each attended causally within itself only) are at most `span`

@@ -23,10 +23,10 @@ from jaxcap.plan.report import GIB, advice
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
 from jaxcap.sharding import logical_to_spec, make_mesh
-from jaxcap.train.adapters import state_breakdown, with_run_lora
-from jaxcap.train.packed import PackedInputs
-from jaxcap.train.packed_batch import planned_rows
-from jaxcap.train.programs import RunPrograms, packs, rollout_engine
+from jaxcap.train.steps.adapters import state_breakdown, with_run_lora
+from jaxcap.train.packing.inputs import PackedInputs
+from jaxcap.train.packing.batch import planned_rows
+from jaxcap.train.steps.programs import RunPrograms, packs, rollout_engine
 from jaxcap.plan.engine import engine_inputs, engine_programs, engine_shards, slots_that_fit
 
 

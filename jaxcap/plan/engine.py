@@ -37,7 +37,7 @@ from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_ji
 from jaxcap.sampling.paged_slots import Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
 from jaxcap.sharding import logical_to_spec
-from jaxcap.train.programs import rollout_engine
+from jaxcap.train.steps.programs import rollout_engine
 
 
 @dataclasses.dataclass(frozen=True)

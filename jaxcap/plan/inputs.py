@@ -13,10 +13,10 @@ from jaxcap.models.families import layout_for
 from jaxcap.models.qwen25vl import CACHE_AXES
 from jaxcap.plan.topology import image_grid
 from jaxcap.sharding import logical_to_spec
-from jaxcap.train.adapters import trains_base
-from jaxcap.train.programs import rollout_correction_config, with_reference
-from jaxcap.train.state import _fresh_state, train_state_shardings
-from jaxcap.train.step import PromptBatch, RolloutBatch
+from jaxcap.train.steps.adapters import trains_base
+from jaxcap.train.steps.programs import rollout_correction_config, with_reference
+from jaxcap.train.steps.state import _fresh_state, train_state_shardings
+from jaxcap.train.steps.updates import PromptBatch, RolloutBatch
 
 
 def per_device_bytes(tree) -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jaxcap.train.adapters import format_breakdown, lora_advice
-from jaxcap.train.programs import packs
+from jaxcap.train.steps.adapters import format_breakdown, lora_advice
+from jaxcap.train.steps.programs import packs
 
 GIB = 2**30
 

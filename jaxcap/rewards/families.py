@@ -4,7 +4,7 @@
     def caprl_reward(judge, *, preset="paper", **options) -> RewardFunction: ...
 
 A config's `reward` block names families and their options ({"caprl": {"weight": 1.0, "preset": "paper"}});
-`jaxcap.rewards.mix.build_reward` builds them and `jaxcap.train.config.validate` checks the names and options
+`jaxcap.rewards.mix.build_reward` builds them and `jaxcap.config_files.validate` checks the names and options
 against this registry. A family may also hook into the run:
   prepare_records(run_config, records) -> records   when the run's records are read (e.g. drop stale rubrics)
   before_rl(RLStart) -> (train_records, eval_records) as RL starts or resumes (e.g. write rubrics against the

@@ -2,7 +2,7 @@
 captions carry a signal. A group whose valid rewards are all equal has zero advantages under every group-relative
 estimator: it costs a rollout and an update for no gradient.
 
-Host numpy only: the trainer decides on the judged rewards before the update (jaxcap.train.refill)."""
+Host numpy only: the trainer decides on the judged rewards before the update (jaxcap.train.rollouts.refill)."""
 
 from __future__ import annotations
 

@@ -111,8 +111,8 @@ def test_decompression_bomb_names_its_record(tmp_path, monkeypatch):
 
 def test_training_setup_checks_media_before_any_compute(tmp_path, monkeypatch):
   """The trainer's setup runs the check on the manifests it reads (the student is stubbed: no model is built)."""
-  from jaxcap.train import setup
-  from jaxcap.train.config import base_config
+  from jaxcap.train.shell import setup
+  from jaxcap.config_files import base_config
 
   _jpeg(tmp_path / "ok.jpg")
   _truncated_jpeg(tmp_path / "cut.jpg")

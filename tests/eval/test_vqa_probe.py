@@ -22,7 +22,7 @@ from jaxcap.eval.vqa import vqa_answers, vqa_scores
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing.vqa import option_answer, vqa_prompt
 from jaxcap.sharding import make_mesh, param_shardings
-from jaxcap.train import data as data_lib
+from jaxcap.train.rollouts import loader as data_lib
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from jaxcap.experiments.runs import Settings, Start, arm_config, config_hash
 from jaxcap.experiments.spec import SUITES, arm, claim, experiment, load_experiment, merge, method_config
 from jaxcap.experiments.summary import verdict
 from jaxcap.experiments.training_log import pool_step_metrics, training_extras
-from jaxcap.train.config import validate
+from jaxcap.config_files import validate
 
 
 @pytest.mark.parametrize("name", SUITES["papers"])

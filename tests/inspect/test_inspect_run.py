@@ -159,7 +159,7 @@ def test_mlflow_file_store_scalars_equal_metrics_jsonl(run, monkeypatch):
   monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
   from mlflow.tracking import MlflowClient
 
-  from jaxcap.train.trackers import mlflow_key
+  from jaxcap.train.logs.trackers import mlflow_key
 
   client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
   run_id = (run / "trackers" / "mlflow_run_id").read_text().strip()

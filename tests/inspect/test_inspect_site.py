@@ -13,7 +13,7 @@ from jaxcap.eval.redteam import GENERIC_FILLER, META_COMMENTARY, PROMPT_INJECTIO
 from jaxcap.inspect.cli import build_site
 from jaxcap.inspect.flags import caption_flags
 from jaxcap.rewards.batch import RewardBatch
-from jaxcap.train.rollout_records import RolloutRecorder
+from jaxcap.train.logs.rollout_records import RolloutRecorder
 
 HONEST = "There is a large red circle in the top left. A small blue square sits at the top right."
 

@@ -16,8 +16,8 @@ from jaxcap.models import lora
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.sharding import make_mesh, param_logical_axes, param_shardings, reshard
-from jaxcap.train.accumulate import accumulate, apply_update
-from jaxcap.train.state import init_train_state, make_optimizer
+from jaxcap.train.steps.accumulate import accumulate, apply_update
+from jaxcap.train.steps.state import init_train_state, make_optimizer
 from hf_reference import hf_inputs, save_tiny_checkpoint
 
 RANK, ALPHA = 4, 8.0

@@ -415,7 +415,7 @@ def test_samplers_and_update_logprobs_equal_transformers(request, kind, variant)
   of transformers' logits on prompt + completion."""
   from jaxcap.sampling import Sampler, SamplingConfig
   from jaxcap.sampling.engine import EngineConfig, PagedSampler
-  from jaxcap.train.logprobs import completion_logprobs
+  from jaxcap.train.steps.logprobs import completion_logprobs
 
   ref, ours, _ = request.getfixturevalue(variant)
   steps = 6

@@ -15,7 +15,7 @@ from jaxcap.processing import Processor
 from jaxcap.processing.chat import IMAGE_PAD, render_chat
 from jaxcap.processing.tokenizer import SPECIAL_TOKENS, word_tokenizer
 from jaxcap.processing.vqa import vqa_prompt
-from jaxcap.train import data as data_lib
+from jaxcap.train.rollouts import loader as data_lib
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.world.student import build_tokenizer
 

@@ -23,7 +23,7 @@ from jaxcap.processing import (
   read_image_size,
   word_tokenizer,
 )
-from jaxcap.train import data as data_lib
+from jaxcap.train.rollouts import loader as data_lib
 
 CFG = M.tiny()
 
@@ -169,7 +169,7 @@ def test_video_files_in_manifests_and_conversations(tmp_path):
 def test_trainer_pixel_budget_overrides_the_checkpoints_where_set():
   import ml_collections
 
-  from jaxcap.train.setup import with_pixel_budget
+  from jaxcap.train.shell.setup import with_pixel_budget
 
   ckpt = VisionPreprocessConfig(min_pixels=3136, max_pixels=12845056)
   data = ml_collections.ConfigDict(dict(min_pixels=0, max_pixels=448 * 448))

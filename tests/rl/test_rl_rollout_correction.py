@@ -9,7 +9,7 @@ import torch
 
 from jaxcap import rl
 from jaxcap.rl import rollout_correction as rc
-from jaxcap.train.updates import SAMPLER_OLD_MISMATCH
+from jaxcap.train.learner.rl import SAMPLER_OLD_MISMATCH
 from tests.rl import verl_reference as verl
 
 LENGTHS = [7, 3, 5, 1, 6, 4]

@@ -34,8 +34,8 @@ from jaxcap.sampling.engine import EngineConfig, PagedSampler
 from jaxcap.sampling.mesh_shards import on
 from jaxcap.sampling.scheduler import generate
 from jaxcap.sharding import make_mesh
-from jaxcap.train.batching import Batcher
-from jaxcap.train.config import base_config
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.config_files import base_config
 
 PROMPT = "describe the image in detail . a red blue green square circle triangle"
 SIZES = [(40, 60), (70, 50), (120, 100), (30, 30)]  # process 1's images take more patches and tokens

@@ -15,7 +15,7 @@ from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
 from jaxcap.processing.model_inputs import ModelInputs
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
-from jaxcap.train.logprobs import completion_logprobs
+from jaxcap.train.steps.logprobs import completion_logprobs
 
 NEW, G = 6, 2
 CONFIGS = {"qwen2_5_vl": M.tiny, "qwen3_vl": qwen3vl_tiny}

@@ -208,7 +208,7 @@ def test_the_segment_compiles_with_the_tpu_kernel_for_a_tpu_topology(monkeypatch
   from jaxcap.plan import engine as plan_engine
   from jaxcap.plan import format_plan, plan
   from jaxcap.plan.topology import topology_devices
-  from jaxcap.train.config import base_config
+  from jaxcap.config_files import base_config
 
   c = base_config()
   c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full"))

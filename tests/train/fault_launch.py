@@ -12,7 +12,7 @@ import threading
 from absl import app
 
 from jaxcap import launch
-from jaxcap.train import checkpointing
+from jaxcap.train.shell import checkpointing
 
 AFTER_SAVE = int(os.environ.get("JAXCAP_FAULT_AFTER_SAVE", "-1"))
 _save = checkpointing.RunCheckpointer.save

@@ -26,8 +26,8 @@ from jaxcap.sharding import (  # noqa: E402
   put_replicated_value,
   replicated_leaves,
 )  # noqa: E402
-from jaxcap.train.state import make_optimizer, phase_train_state  # noqa: E402
-from jaxcap.train.step import PromptBatch, sft_step  # noqa: E402
+from jaxcap.train.steps.state import make_optimizer, phase_train_state  # noqa: E402
+from jaxcap.train.steps.updates import PromptBatch, sft_step  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 from hf_reference import image_conversations  # noqa: E402

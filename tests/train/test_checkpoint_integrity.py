@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxcap.train import integrity
-from jaxcap.train.checkpointing import RunCheckpointer
-from jaxcap.train.integrity import CheckpointDamagedError
-from jaxcap.train.state import init_train_state, make_optimizer
+from jaxcap.train.shell import integrity
+from jaxcap.train.shell.checkpointing import RunCheckpointer
+from jaxcap.train.shell.integrity import CheckpointDamagedError
+from jaxcap.train.steps.state import init_train_state, make_optimizer
 from processes import load_config
 
 
@@ -78,7 +78,7 @@ def test_saved_tree_fits_the_same_state_and_not_a_changed_one(saved):
 
 
 def _rundir(workdir):
-  from jaxcap.train.rundir import RunDirectory
+  from jaxcap.train.shell.rundir import RunDirectory
 
   return RunDirectory(load_config("caprl", workdir=str(workdir), **{"sft.steps": 4, "rl.steps": 0}))
 
@@ -104,7 +104,7 @@ def test_unreadable_latest_checkpoint_is_moved_aside_and_the_run_opens_at_the_on
 
 
 def test_truncated_data_is_damage_at_the_restore_and_the_run_falls_back(workdir, capfd):
-  from jaxcap.train.resume import ConfigChangedError
+  from jaxcap.train.shell.resume import ConfigChangedError
 
   _damage(workdir / "checkpoints" / "2", "truncated data")
   run = _rundir(workdir)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxcap.train.config import validate
+from jaxcap.config_files import validate
 from processes import load_config
 
 

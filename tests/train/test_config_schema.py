@@ -13,7 +13,7 @@ from jaxcap.config.fields import ALLOWED, ALTERS, POLICIES, SHAPE, docs, lookup
 from jaxcap.config.run import Run
 from jaxcap.judges.factory import judge_config
 from jaxcap.models.layers import remat
-from jaxcap.train.config import base_config, optim, validate
+from jaxcap.config_files import base_config, optim, validate
 
 OPTIM = ["b1", "b2", "eps", "grad_clip", "lr", "master_update", "schedule", "warmup_ratio", "warmup_steps"]
 OPTIM += ["weight_decay"]

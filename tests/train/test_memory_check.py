@@ -1,4 +1,4 @@
-"""The trainer's memory check (jaxcap.train.memory_check): the footprint's parts counted by hand on the tiny model,
+"""The trainer's memory check (jaxcap.train.shell.memory_check): the footprint's parts counted by hand on the tiny model,
 and a run that cannot fit refused before its checkpoint is read, with the numbers and settings that would fit."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import jaxcap.models as M
 from jaxcap.config.cli import ConfigError
 from jaxcap.sampling.footprint import param_sizes
-from jaxcap.train.memory_check import check_train_memory, size, train_footprint
+from jaxcap.train.shell.memory_check import check_train_memory, size, train_footprint
 from processes import cpu_env, launch, load_config, tiny_run
 
 CFG = M.tiny()

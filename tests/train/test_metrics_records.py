@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from jaxcap.train.metrics import MetricsWriter, to_json
-from jaxcap.train.reward_metrics import reward_metrics
+from jaxcap.train.logs.metrics import MetricsWriter, to_json
+from jaxcap.train.logs.reward_metrics import reward_metrics
 
 
 def _strict(text):

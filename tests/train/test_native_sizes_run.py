@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from jaxcap.train.config import base_config
+from jaxcap.config_files import base_config
 from jaxcap.world.student import build_world_manifests
 from processes import SMALL, compiles, cpu_env, launch, tiny_run
 

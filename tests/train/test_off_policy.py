@@ -1,4 +1,4 @@
-"""One-step off-policy RL (rl.off_policy_steps, jaxcap.train.off_policy): the loader's look-ahead and its saved
+"""One-step off-policy RL (rl.off_policy_steps, jaxcap.train.rollouts.off_policy): the loader's look-ahead and its saved
 position, which steps queue the next round, and the main job end to end (staleness logged, a resumed run repeats
 the uninterrupted one, and judging each group as soon as it is decoded changes nothing). Two processes queueing in
 step: tests/train/test_train_distributed.py."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxcap.train.off_policy import Lookahead, queues_after
+from jaxcap.train.rollouts.off_policy import Lookahead, queues_after
 
 
 class _Loader:

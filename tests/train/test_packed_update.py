@@ -1,4 +1,4 @@
-"""Packed micro-batches (jaxcap.train.packing / packed / packed_step / packed_batch): log-probs, loss and gradients
+"""Packed micro-batches (jaxcap.train.packing.rows / packed / packed_step / packed_batch): log-probs, loss and gradients
 equal the padded path's (f32) on mixed image sizes, a video and a text-only prompt, for every aggregation mode,
 across micro-batch splits, and with rollout correction, mask_truncated and the KL term. The main job with packed
 micro-batches end to end: tests/train/test_rollout_engine_config.py."""
@@ -20,12 +20,12 @@ from jaxcap.models.rope_index import rope_index
 from jaxcap.models.vision import vision_layout
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
-from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
-from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
-from jaxcap.train.packing import VisionItem, pack
-from jaxcap.train.row_assignment import assign, fill_rows
-from jaxcap.train.state import init_train_state
-from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
+from jaxcap.train.packing.inputs import PackedInputs, packed_sequence_logprobs
+from jaxcap.train.packing.steps import packed_rl_step, packed_sft_step
+from jaxcap.train.packing.rows import VisionItem, pack
+from jaxcap.train.packing.assignment import assign, fill_rows
+from jaxcap.train.steps.state import init_train_state
+from jaxcap.train.steps.updates import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 
 CFG = M.tiny()
 G, C = 2, 9

@@ -1,4 +1,4 @@
-"""Packed or padded, per step (`rl.packing_min_saving`, jaxcap.train.packing.packing_pays): a step whose packing
+"""Packed or padded, per step (`rl.packing_min_saving`, jaxcap.train.packing.rows.packing_pays): a step whose packing
 saves less than the minimum share of its padded pass's decoder FLOPs runs the padded programs (a packed slot costs
 more than its FLOPs: gathers, attention in blocks), unless a padded slice would not fit the token budget; the run's
 `ByLayout` programs dispatch on the layout the step hands them, and both layouts give the same log-probs."""
@@ -17,15 +17,15 @@ from jaxcap.models.segment_attention import SegmentWindow
 from jaxcap.processing import Processor, word_tokenizer
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sharding import make_mesh
-from jaxcap.train.batches import HostBatch
-from jaxcap.train.batching import Batcher
-from jaxcap.train.config import base_config
+from jaxcap.train.steps.batches import HostBatch
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.config_files import base_config
 from image_records import random_image_records
-from jaxcap.train.packed import PackedInputs
-from jaxcap.train.packing import PackedRows, packing_pays
-from jaxcap.train.programs import ByLayout, RunPrograms
-from jaxcap.train.sft_update import SFTUpdate
-from jaxcap.train.updates import RLUpdate
+from jaxcap.train.packing.inputs import PackedInputs
+from jaxcap.train.packing.rows import PackedRows, packing_pays
+from jaxcap.train.steps.programs import ByLayout, RunPrograms
+from jaxcap.train.learner.sft import SFTUpdate
+from jaxcap.train.learner.rl import RLUpdate
 
 CFG = M.tiny()
 PROMPT = "describe the image in detail ."

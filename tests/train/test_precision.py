@@ -11,10 +11,10 @@ from flax import nnx
 
 import jaxcap.models as M
 from jaxcap.models.vision import vision_layout
-from jaxcap.train import precision
-from jaxcap.train.config import base_config, real_model_run, validate
-from jaxcap.train.state import init_train_state, make_optimizer
-from jaxcap.train.step import PromptBatch, sft_step
+from jaxcap.train.steps import precision
+from jaxcap.config_files import base_config, real_model_run, validate
+from jaxcap.train.steps.state import init_train_state, make_optimizer
+from jaxcap.train.steps.updates import PromptBatch, sft_step
 
 CFG = M.tiny()
 B, P, C = 4, 12, 6

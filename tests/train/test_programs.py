@@ -12,8 +12,8 @@ from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.plan import plan, program_fingerprint, rl_step_inputs
 from jaxcap.sharding import make_mesh
-from jaxcap.train.phases import RLPhase
-from jaxcap.train.programs import RunPrograms, phase_optimizer
+from jaxcap.train.shell.phases import RLPhase
+from jaxcap.train.steps.programs import RunPrograms, phase_optimizer
 from processes import load_config
 
 

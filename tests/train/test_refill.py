@@ -1,4 +1,4 @@
-"""Dynamic sampling's refill loop (jaxcap.train.refill): which slot takes which group, the rounds drawn within the
+"""Dynamic sampling's refill loop (jaxcap.train.rollouts.refill): which slot takes which group, the rounds drawn within the
 budget, the filter/* counts, the assembled rewards (unfilled slots masked) and the rows gathered on device."""
 
 import dataclasses
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from jaxcap.config.cli import ConfigError
-from jaxcap.train.config import base_config
-from jaxcap.train.phases import _group_filter
-from jaxcap.train.refill import GroupFilter, Round, SlotFill, assembled_rewards, gather_index, gather_rows
+from jaxcap.config_files import base_config
+from jaxcap.train.shell.phases import _group_filter
+from jaxcap.train.rollouts.refill import GroupFilter, Round, SlotFill, assembled_rewards, gather_index, gather_rows
 
 G = 2
 

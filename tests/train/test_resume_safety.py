@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxcap.train.config import validate
+from jaxcap.config_files import validate
 from processes import SFT_CHECKPOINTS, cpu_env, launch, load_config, run_command, tiny_run
 
-# jaxcap.locking and jaxcap.train.resume are imported inside the tests that use them, so that the other tests
+# jaxcap.locking and jaxcap.train.shell.resume are imported inside the tests that use them, so that the other tests
 # also run (and fail for what they check) against a checkout from before these modules existed.
 
 # 3 SFT steps, a checkpoint after each, no RL, no evaluation
@@ -143,7 +143,7 @@ def test_state_structure_change_is_refused_in_words_also_without_a_saved_config(
 
 def _saved(tmp_path, config, process_count=None):
   """A workdir whose run was started with `config` (and, if given, on `process_count` processes)."""
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
 
   resume.record(config, tmp_path, [])
   if process_count is not None:
@@ -154,13 +154,13 @@ def _saved(tmp_path, config, process_count=None):
 
 
 def _rl_step_2():
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
 
   return resume.Position("rl", 2, 1602)  # the default config: 1600 SFT steps, then RL
 
 
 def test_changed_model_data_reward_optimiser_and_world_size_are_listed(tmp_path):
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
 
   workdir = _saved(tmp_path, _config(), process_count=2)
   new = _config(
@@ -192,7 +192,7 @@ def test_changed_model_data_reward_optimiser_and_world_size_are_listed(tmp_path)
 
 
 def test_settings_that_do_not_alter_the_run_may_change(tmp_path):
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
 
   workdir = _saved(tmp_path, _config())
   new = _config(
@@ -220,7 +220,7 @@ def test_settings_that_do_not_alter_the_run_may_change(tmp_path):
 
 
 def test_phase_with_no_steps_left_and_kl_switched_off_are_refused_even_when_allowed(tmp_path):
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
 
   workdir = _saved(tmp_path, _config())
   new = _config(**{"sft.steps": 0, "resume_changes": "allow"})
@@ -245,7 +245,7 @@ def test_phase_with_no_steps_left_and_kl_switched_off_are_refused_even_when_allo
 
 def test_world_is_never_regenerated_under_a_checkpoint(tmp_path):
   """Also without a saved config (a workdir from before it was saved): the world on disk is compared."""
-  from jaxcap.train import resume
+  from jaxcap.train.shell import resume
   from jaxcap.world import student as embedded
 
   c = _config(**{"world.train_scenes": 4, "world.eval_scenes": 2})

@@ -11,7 +11,7 @@ import pytest
 
 from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
-from jaxcap.train.step import RolloutBatch, rl_step, sequence_logprobs
+from jaxcap.train.steps.updates import RolloutBatch, rl_step, sequence_logprobs
 from tests.train.test_train_step import B, C, G, _prompts, _state
 
 pytestmark = pytest.mark.slow  # seven compiles of the full RL step; the loss formulas are tested in tests/rl

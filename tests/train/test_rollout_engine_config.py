@@ -9,8 +9,8 @@ from jaxcap.choices import ROLLOUT_ENGINES
 from jaxcap.config import schema
 from jaxcap.config.sampling import Rollout
 from jaxcap.sampling.engine import EngineConfig
-from jaxcap.train.config import base_config
-from jaxcap.train.programs import rollout_engine
+from jaxcap.config_files import base_config
+from jaxcap.train.steps.programs import rollout_engine
 from processes import cpu_env, launch, tiny_run
 
 

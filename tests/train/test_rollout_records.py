@@ -1,4 +1,4 @@
-"""Rollout records (jaxcap.train.rollout_records): which groups a file holds, what each caption's row says (hand
+"""Rollout records (jaxcap.train.logs.rollout_records): which groups a file holds, what each caption's row says (hand
 computed rewards and GRPO advantages, stop reasons, the judge's evidence), bounded strict JSON, and resume."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.batch import RewardBatch
 from jaxcap.rewards.caprl import CapRLReward
-from jaxcap.train.rollout_records import RolloutRecorder, pick_groups, recorded_steps
+from jaxcap.train.logs.rollout_records import RolloutRecorder, pick_groups, recorded_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
 import rewards_world as W  # noqa: E402

@@ -16,14 +16,14 @@ from jaxcap.processing import word_tokenizer
 from jaxcap.processing.vqa import letter_token_ids, vqa_prompt, vqa_target
 from jaxcap.sharding import make_mesh
 from jaxcap.processing.tokenizer import encode_targets
-from jaxcap.train.batching import Batcher
-from jaxcap.train.config import validate
-from jaxcap.train.data import record_loader
-from jaxcap.train.state import init_train_state, make_optimizer
-from jaxcap.train.step import sft_step
-from jaxcap.train.sft_update import SFTUpdate
-from jaxcap.train.batches import HostBatch
-from jaxcap.train.vqa import vqa_questions
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.config_files import validate
+from jaxcap.train.rollouts.loader import record_loader
+from jaxcap.train.steps.state import init_train_state, make_optimizer
+from jaxcap.train.steps.updates import sft_step
+from jaxcap.train.learner.sft import SFTUpdate
+from jaxcap.train.steps.batches import HostBatch
+from jaxcap.train.learner.vqa import vqa_questions
 
 
 def _targets(rec, rng):

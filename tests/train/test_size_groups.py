@@ -5,8 +5,8 @@ import numpy as np
 
 from jaxcap.data.records import ImageRecord
 from jaxcap.processing import VisionPreprocessConfig
-from jaxcap.train.data import record_loader
-from jaxcap.train.size_groups import record_patches, size_grouped_order
+from jaxcap.train.rollouts.loader import record_loader
+from jaxcap.train.rollouts.size_groups import record_patches, size_grouped_order
 
 
 def _padding(sizes, order, batch):

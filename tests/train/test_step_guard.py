@@ -14,13 +14,13 @@ from flax import nnx
 
 import jaxcap.models as M
 from jaxcap.models.vision import vision_layout
-from jaxcap.train import guard
-from jaxcap.train.config import validate
-from jaxcap.train.guard import HEALTH, NonFiniteError, StepGuard, step_health
-from jaxcap.train.metrics import MetricsWriter, PendingMetrics, read_metrics, to_json
-from jaxcap.train.state import init_train_state, make_optimizer
-from jaxcap.train.accumulate import apply_update
-from jaxcap.train.step import PromptBatch, sft_step
+from jaxcap.train.steps import guard
+from jaxcap.config_files import validate
+from jaxcap.train.steps.guard import HEALTH, NonFiniteError, StepGuard, step_health
+from jaxcap.train.logs.metrics import MetricsWriter, PendingMetrics, read_metrics, to_json
+from jaxcap.train.steps.state import init_train_state, make_optimizer
+from jaxcap.train.steps.accumulate import apply_update
+from jaxcap.train.steps.updates import PromptBatch, sft_step
 from processes import load_config
 
 CFG = M.tiny()

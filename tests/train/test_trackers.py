@@ -1,12 +1,12 @@
-"""Experiment trackers behind MetricsWriter (jaxcap.train.trackers): a tracker that fails to start or to log is one
+"""Experiment trackers behind MetricsWriter (jaxcap.train.logs.trackers): a tracker that fails to start or to log is one
 warning line and is dropped, never the run's end; the log stays complete; only process 0 opens any."""
 
 import json
 
 import pytest
 
-from jaxcap.train import trackers as T
-from jaxcap.train.metrics import MetricsWriter
+from jaxcap.train.logs import trackers as T
+from jaxcap.train.logs.metrics import MetricsWriter
 
 
 class Recording:

@@ -18,13 +18,13 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.processing import Processor, word_tokenizer
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sharding import make_mesh
-from jaxcap.train.batching import Batcher, micro_major
-from jaxcap.train.config import base_config
+from jaxcap.train.rollouts.batching import Batcher, micro_major
+from jaxcap.config_files import base_config
 from image_records import random_image_records
-from jaxcap.train.data import record_loader
-from jaxcap.train.logprobs import completion_logprobs
-from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.step import sequence_logprobs
+from jaxcap.train.rollouts.loader import record_loader
+from jaxcap.train.steps.logprobs import completion_logprobs
+from jaxcap.train.logs.metrics import PendingMetrics
+from jaxcap.train.steps.updates import sequence_logprobs
 
 CFG = M.tiny()
 PROMPT = "describe the image in detail ."

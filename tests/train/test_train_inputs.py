@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from jaxcap.train.config import base_config, validate
+from jaxcap.config_files import base_config, validate
 from jaxcap.data.manifest import ManifestError, check_media, read_manifest
-from jaxcap.train.data import record_loader
+from jaxcap.train.rollouts.loader import record_loader
 
 
 def _manifest(tmp_path, rows):

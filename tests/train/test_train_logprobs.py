@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 
 import jaxcap.models as M
-from jaxcap.train.logprobs import token_logprobs
+from jaxcap.train.steps.logprobs import token_logprobs
 
 
 def test_chunked_token_logprobs_equal_direct_values_and_grads():

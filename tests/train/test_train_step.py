@@ -9,8 +9,8 @@ from flax import nnx
 import jaxcap.models as M
 from jaxcap.models.vision import vision_layout
 from jaxcap.rl import PolicyLossConfig
-from jaxcap.train.state import init_train_state, make_optimizer
-from jaxcap.train.step import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
+from jaxcap.train.steps.state import init_train_state, make_optimizer
+from jaxcap.train.steps.updates import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
 
 CFG = M.tiny()
 B, P, C, G = 4, 12, 6, 2

@@ -134,7 +134,7 @@ def assembled_rewards(fill: SlotFill, rounds: Sequence[Round], num_samples: int)
 def gather_index(fill: SlotFill, rows: int, num_samples: int, num_micro: int) -> np.ndarray:
   """int32 [B*G]: for each of this process's filled rows (slot-major), its row in the rounds' update-layout arrays
   stacked and flattened ([R, M, P*b*G] -> [R*M*P*b*G]; micro-batch m holds every process's rows m*b..(m+1)*b-1,
-  process by process: `jaxcap.train.batching.micro_major`)."""
+  process by process: `jaxcap.train.rollouts.batching.micro_major`)."""
   g, mb = num_samples, rows // num_micro
   procs, p = jax.process_count(), jax.process_index()
   per_micro = procs * mb * g

@@ -3,7 +3,7 @@ completion) sequences from the sampler's host batch and the rollout's lengths, a
 whether the step runs them or its padded layout (`packing_metrics`).
 
 The update's prompts [M0, b, P] flattened are the sampler batch's real rows in order (one process), and its
-rollouts [M0, b*G, C] flattened are row * G + g, so `jaxcap.train.packing.pack` indexes both directly. Only the
+rollouts [M0, b*G, C] flattened are row * G + g, so `jaxcap.train.packing.rows.pack` indexes both directly. Only the
 prompts' ids and masks, the vision items and the completions' lengths are read on the host.
 """
 
@@ -13,8 +13,8 @@ import numpy as np
 
 from jaxcap.sampling.prompts import VisionItems
 from jaxcap.sampling.sampler import SamplerBatch
-from jaxcap.train.packed import PackedInputs
-from jaxcap.train.packing import PackedRows, VisionItem, pack, packing_pays
+from jaxcap.train.packing.inputs import PackedInputs
+from jaxcap.train.packing.rows import PackedRows, VisionItem, pack, packing_pays
 
 
 def vision_items(items: VisionItems, input_ids: np.ndarray, cfg, real_rows: int) -> list[VisionItem]:

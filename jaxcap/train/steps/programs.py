@@ -30,11 +30,11 @@ from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.sampling import generate
 from jaxcap.sampling.distribution import SamplingConfig
-from jaxcap.train.adapters import lora_rank
-from jaxcap.train.packed import PackedInputs, packed_sequence_logprobs
-from jaxcap.train.packed_step import packed_rl_step, packed_sft_step
-from jaxcap.train.state import make_optimizer
-from jaxcap.train.step import rl_step, sequence_logprobs, sft_step
+from jaxcap.train.steps.adapters import lora_rank
+from jaxcap.train.packing.inputs import PackedInputs, packed_sequence_logprobs
+from jaxcap.train.packing.steps import packed_rl_step, packed_sft_step
+from jaxcap.train.steps.state import make_optimizer
+from jaxcap.train.steps.updates import rl_step, sequence_logprobs, sft_step
 
 PHASES = ("sft", "rl")
 
@@ -123,7 +123,7 @@ def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class ByLayout:
   """A packing phase's program: `packed` for a call given the step's `PackedInputs`, `padded` for one given its
-  padded layout (a step whose packing does not pay, `jaxcap.train.packing.packing_pays`); `.lower` the same."""
+  padded layout (a step whose packing does not pay, `jaxcap.train.packing.rows.packing_pays`); `.lower` the same."""
 
   packed: Callable
   padded: Callable

@@ -13,8 +13,8 @@ from jaxcap.models import lora
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.models.vision import VisionLayout
 from jaxcap.sharding import shard_like_params
-from jaxcap.train import guard, precision
-from jaxcap.train.state import TrainState
+from jaxcap.train.steps import guard, precision
+from jaxcap.train.steps.state import TrainState
 
 
 def micro(tree, i):
@@ -90,8 +90,8 @@ def apply_update(
   loss: jax.Array | None = None,
   max_update_ratio: float = 0.0,
 ) -> tuple[TrainState, dict]:
-  """One optimizer update; `master_update` says how it lands on bfloat16 params (jaxcap.train.precision), with
-  stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.guard): a step whose
+  """One optimizer update; `master_update` says how it lands on bfloat16 params (jaxcap.train.steps.precision), with
+  stochastic rounding drawing its bits from the state's key and step. Guarded (jaxcap.train.steps.guard): a step whose
   `loss`, gradients or update is non-finite, or whose update diverged, keeps the params and optimizer state (the
   step counter still advances, with the data position) and says so in metrics[guard.HEALTH]."""
   # with LoRA: the adapters (the base stays as it is), or with state.trains_base the base (the adapters held)

@@ -28,8 +28,8 @@ from jaxcap.sampling.prompts import bucket_prompts
 from jaxcap.sampling.placement import SamplerBatch, place_batch
 from jaxcap.sampling.rollouts import SampledArrays
 from jaxcap.sharding import logical_to_spec
-from jaxcap.train import data as data_lib
-from jaxcap.train.step import PromptBatch
+from jaxcap.train.rollouts import loader as data_lib
+from jaxcap.train.steps.updates import PromptBatch
 
 # Logical axes of a PromptBatch's fields; whole images per device when the micro-batch divides the batch axes.
 PROMPT_AXES = {

@@ -25,7 +25,7 @@ def optim(
   master_update: str = Optim.master_update,
 ) -> ml_collections.ConfigDict:
   """A phase's optimiser block (jaxcap.config.training.Optim). `master_update` says how updates land on bfloat16
-  master weights (jaxcap.train.precision): "exact" (round to nearest; needs model.param_dtype float32 at fine-tuning
+  master weights (jaxcap.train.steps.precision): "exact" (round to nearest; needs model.param_dtype float32 at fine-tuning
   learning rates, where most bfloat16 updates round away) or "stochastic_rounding" (unbiased, for bfloat16 masters)."""
   o = Optim(
     lr=lr,
@@ -50,7 +50,7 @@ def real_model_run(
 ) -> None:
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
   float32 master weights and optimizer state with bfloat16 compute (as maxtext's weight_dtype / dtype; bfloat16
-  masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.precision) and full remat, images at their
+  masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.steps.precision) and full remat, images at their
   native size and aspect within `max_pixels` (448 x 448: at most 256 visual tokens per image, what the README's
   memory plan assumes), batches grouped by size, and (for RL) an LLM judge fleet over HTTP with no KL term (BalCapRL states none, CapRL's
   released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""

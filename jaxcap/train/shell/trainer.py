@@ -17,20 +17,20 @@ from jaxcap.config.cli import ConfigError
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
-from jaxcap.train.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
-from jaxcap.train.batching import Batcher
-from jaxcap.train.data import record_loader
-from jaxcap.train.guard import StepGuard
-from jaxcap.train.heldout import HELDOUT_QA, HeldOutEval
-from jaxcap.train.integrity import CheckpointDamagedError
-from jaxcap.train.curves import plot_curves
-from jaxcap.train.metrics import MetricsWriter, StepLog, to_json
-from jaxcap.train.phases import Phase, run_phases
-from jaxcap.train.programs import RunPrograms, build_sampler
-from jaxcap.train.rollout_records import RolloutRecorder
-from jaxcap.train.rundir import RunDirectory
-from jaxcap.train.setup import build
-from jaxcap.train.size_groups import record_patches
+from jaxcap.train.shell.abort import ABORT_CLOSE_WAIT_S, bounded, close_judge
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.rollouts.loader import record_loader
+from jaxcap.train.steps.guard import StepGuard
+from jaxcap.train.shell.heldout import HELDOUT_QA, HeldOutEval
+from jaxcap.train.shell.integrity import CheckpointDamagedError
+from jaxcap.train.logs.curves import plot_curves
+from jaxcap.train.logs.metrics import MetricsWriter, StepLog, to_json
+from jaxcap.train.shell.phases import Phase, run_phases
+from jaxcap.train.steps.programs import RunPrograms, build_sampler
+from jaxcap.train.logs.rollout_records import RolloutRecorder
+from jaxcap.train.shell.rundir import RunDirectory
+from jaxcap.train.shell.setup import build
+from jaxcap.train.rollouts.size_groups import record_patches
 from jaxcap.world import vision_warmup
 
 

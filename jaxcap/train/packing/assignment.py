@@ -1,5 +1,5 @@
 """Which micro-batch and row each of a step's packed sequences takes (host side, pure Python over lengths), for
-`jaxcap.train.packing`.
+`jaxcap.train.packing.rows`.
 
 A step's sequences are N = Np * G: sequence n is completion n of prompt n // G. Each prompt's G sequences go to one
 micro-batch where they fit (first-fit decreasing over prompts by tokens, so each micro-batch embeds its prompts'
@@ -38,7 +38,7 @@ def assign(
 
   The row length is the ladder size, from the longest sequence's up to the budget, whose packing computes the
   fewest token slots (micro-batches x rows used x row length, each count up the ladder as
-  `jaxcap.train.packing.pack` compiles them; ties: the shorter rows, whose attention is cheaper): rows as long as
+  `jaxcap.train.packing.rows.pack` compiles them; ties: the shorter rows, whose attention is cheaper): rows as long as
   the longest sequence hold one sequence each when every sequence is a little over half of it."""
   seq_lens = [int(prompt_lens[n // group]) + int(completion_lens[n]) for n in range(len(completion_lens))]
   longest = max(seq_lens, default=1)

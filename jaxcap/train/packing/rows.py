@@ -2,13 +2,13 @@
 token budget, with segment ids, instead of every sequence padded to the longest prompt plus the longest completion.
 
 A step's sequences are N = Np * G: sequence n is completion n of prompt n // G (the padded layout's flattened
-order). Which micro-batch and row each sequence takes, and the row length, is `jaxcap.train.row_assignment`'s
+order). Which micro-batch and row each sequence takes, and the row length, is `jaxcap.train.packing.assignment`'s
 (first-fit decreasing, each prompt's G sequences in one micro-batch, so it embeds its prompts' images once). At
 most `budget // row_len` rows per micro-batch (fewer when the step uses fewer: the most any micro-batch uses, up the
 ladder); micro-batch count, rows, sequence slots and target count are rounded up the same `jaxcap.buckets.ladder`,
 so a stream of steps compiles a handful of programs.
 
-The device side (`jaxcap.train.packed`) gathers every packed array from the step's padded arrays through these
+The device side (`jaxcap.train.packing.inputs`) gathers every packed array from the step's padded arrays through these
 indexes: only lengths and vision items are read on the host.
 """
 
@@ -25,7 +25,7 @@ from jaxcap.models.families import layout_for, layout_shape_for
 from jaxcap.models.flops import decoder_pass_flops
 from jaxcap.models.segment_attention import SegmentWindow, segment_window
 from jaxcap.models.vision import VisionLayout, stack_layouts
-from jaxcap.train.row_assignment import assign
+from jaxcap.train.packing.assignment import assign
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,14 +22,14 @@ from flax import nnx
 from jaxcap.checkpoint import save_hf_checkpoint
 from jaxcap.checkpoint.peft import save_peft_adapters
 from jaxcap.models import lora
-from jaxcap.train.adapters import saved_part, with_base
+from jaxcap.train.steps.adapters import saved_part, with_base
 from jaxcap.locking import lock_workdir
 from jaxcap.multihost import first_process_then_others, is_lead_process
-from jaxcap.train import integrity
-from jaxcap.train import resume as resume_check
-from jaxcap.train.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
-from jaxcap.train.checkpointing import RunCheckpointer
-from jaxcap.train.guard import nonfinite_weights
+from jaxcap.train.shell import integrity
+from jaxcap.train.shell import resume as resume_check
+from jaxcap.train.shell.abort import ABORT_CHECKPOINT_WAIT_S, ABORT_CLOSE_WAIT_S, bounded, remove_partial_checkpoints
+from jaxcap.train.shell.checkpointing import RunCheckpointer
+from jaxcap.train.steps.guard import nonfinite_weights
 
 Closer = tuple[str, Callable[[], Any] | None]  # (what it closes, for the warning line; close function or None)
 
@@ -71,7 +71,7 @@ class RunDirectory:
   # -- damaged checkpoints -----------------------------------------------------------------------------------
 
   def _set_aside_unreadable(self) -> list[str]:
-    """Moves aside each newest checkpoint whose files cannot be read (jaxcap.train.integrity) until an intact one
+    """Moves aside each newest checkpoint whose files cannot be read (jaxcap.train.shell.integrity) until an intact one
     is the latest; returns a note for each."""
     damaged = []
     for step_dir in integrity.step_dirs(self.path / "checkpoints"):

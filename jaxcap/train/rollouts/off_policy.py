@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxcap.train.refill import Round
+from jaxcap.train.rollouts.refill import Round
 
 
 class Lookahead:

@@ -1,4 +1,4 @@
-"""RL's update: host batching around the pure, jitted steps in step.py (SFT's: `jaxcap.train.sft_update`).
+"""RL's update: host batching around the pure, jitted steps in step.py (SFT's: `jaxcap.train.learner.sft`).
 
 Each update has a `prepare(records)` that runs on the loader's thread ahead of its step (images decoded and
 processed, prompts padded: numpy only) and a `__call__` that runs the step from that host batch. RL: the step's
@@ -27,14 +27,14 @@ from jaxcap.models import lora
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.sampling import Sampler
-from jaxcap.train.batches import HostBatch
-from jaxcap.train.batching import Batcher
-from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.refill import GroupFilter, Round, filtered_step
-from jaxcap.train.reward_metrics import reward_metrics
-from jaxcap.train.off_policy import off_policy_step
-from jaxcap.train.packed_batch import packed_rows, packing_metrics, with_pixels
-from jaxcap.train.step import RolloutBatch
+from jaxcap.train.steps.batches import HostBatch
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.logs.metrics import PendingMetrics
+from jaxcap.train.rollouts.refill import GroupFilter, Round, filtered_step
+from jaxcap.train.logs.reward_metrics import reward_metrics
+from jaxcap.train.rollouts.off_policy import off_policy_step
+from jaxcap.train.packing.batch import packed_rows, packing_metrics, with_pixels
+from jaxcap.train.steps.updates import RolloutBatch
 
 
 @dataclasses.dataclass
@@ -47,9 +47,9 @@ class RLUpdate:
   `packing/packed`, `packing/saving`, `packing/padding_share` (of the layout that ran), `packing/micro_batches`.
 
   With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
-  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.refill); the
+  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.rollouts.refill); the
   packed inputs are then those of the assembled batch. With `off_policy_steps` = 1 each step trains on rollouts
-  generated from the weights before the last update (jaxcap.train.off_policy). With `stream_judging` and a
+  generated from the weights before the last update (jaxcap.train.rollouts.off_policy). With `stream_judging` and a
   sampler that hands over finished groups (the paged engine), each prompt's G captions go to the judge as soon as
   they are decoded (jaxcap.rewards.streaming), and the rewards equal those of judging the whole batch after the
   rollout; the static sampler finishes every group at once, so there it judges the batch after the rollout, as
@@ -72,7 +72,7 @@ class RLUpdate:
   peek: Callable[[], HostBatch] | None = None  # off-policy: the loader's next batch, drawn ahead (Lookahead.peek)
   queues: Callable[[int], bool] | None = None  # off-policy: whether a step queues the next one's round
   queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
-  recorder: Any = None  # jaxcap.train.rollout_records.RolloutRecorder: rollout records at its steps
+  recorder: Any = None  # jaxcap.train.logs.rollout_records.RolloutRecorder: rollout records at its steps
   reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
   stream_judging: bool = False  # rl.stream_judging: groups judged as the paged engine finishes them
 

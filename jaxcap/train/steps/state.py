@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.models import lora
 from jaxcap.sharding import param_shardings, reshard, warn_replicated
-from jaxcap.train.precision import float32_state
+from jaxcap.train.steps.precision import float32_state
 
 
 @jax.tree_util.register_dataclass
@@ -158,7 +158,7 @@ def train_state_shardings(abstract_state: TrainState, mesh) -> TrainState:
 def phase_train_state(
   optimizer: optax.GradientTransformation, params, key, mesh, *, with_reference: bool = False, trains_base: bool = False
 ):
-  """A phase's fresh TrainState for `optimizer` (`jaxcap.train.programs.phase_optimizer`) around `params`
+  """A phase's fresh TrainState for `optimizer` (`jaxcap.train.steps.programs.phase_optimizer`) around `params`
   (`trains_base`: see `TrainState`).
 
   Every leaf is created in (or moved to) its sharding on `mesh`, so the jitted steps see the same argument

@@ -15,10 +15,10 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.batch import RewardFunction
 from jaxcap.sampling import Sampler, SamplingConfig
-from jaxcap.train.batching import Batcher
-from jaxcap.train.metrics import to_json
-from jaxcap.train.reward_metrics import weighted_mean
-from jaxcap.train.rollout_records import sample_rewards
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.logs.metrics import to_json
+from jaxcap.train.logs.reward_metrics import weighted_mean
+from jaxcap.train.logs.rollout_records import sample_rewards
 
 # Held-out QA: every question of each image (CapRL's paper preset), whatever the run's reward.
 HELDOUT_QA = {"caprl": {"preset": "paper", "questions_per_caption": 64, "seed": 12345}}

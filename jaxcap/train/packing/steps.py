@@ -1,4 +1,4 @@
-"""The RL and SFT updates over packed micro-batches (`jaxcap.train.packing`): `rl_step`'s and `sft_step`'s loss
+"""The RL and SFT updates over packed micro-batches (`jaxcap.train.packing.rows`): `rl_step`'s and `sft_step`'s loss
 and gradients, with each micro-batch's sequences packed into rows instead of padded.
 
 Advantages, masks and rollout correction are computed over the whole step in the update's padded layout, exactly
@@ -17,11 +17,11 @@ from flax import nnx
 
 from jaxcap.rl import POLICY_LOSSES, PolicyLossConfig, policy_loss
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
-from jaxcap.train.accumulate import accumulate, apply_update
-from jaxcap.train.batches import PromptBatch, RolloutBatch
-from jaxcap.train.packed import PackedInputs, flat_prompts, gather_sequences, packed_logprobs, token_source
-from jaxcap.train.state import TrainState
-from jaxcap.train.step import micro_weights, rl_terms, surrogate_keys
+from jaxcap.train.steps.accumulate import accumulate, apply_update
+from jaxcap.train.steps.batches import PromptBatch, RolloutBatch
+from jaxcap.train.packing.inputs import PackedInputs, flat_prompts, gather_sequences, packed_logprobs, token_source
+from jaxcap.train.steps.state import TrainState
+from jaxcap.train.steps.updates import micro_weights, rl_terms, surrogate_keys
 
 
 def packed_rl_step(

@@ -13,11 +13,11 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
-from jaxcap.train.batching import Batcher
-from jaxcap.train.metrics import PendingMetrics
-from jaxcap.train.packed_batch import packed_rows, packing_metrics, with_pixels
-from jaxcap.train.batches import HostBatch
-from jaxcap.train.vqa import vqa_questions
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.logs.metrics import PendingMetrics
+from jaxcap.train.packing.batch import packed_rows, packing_metrics, with_pixels
+from jaxcap.train.steps.batches import HostBatch
+from jaxcap.train.learner.vqa import vqa_questions
 
 
 @dataclasses.dataclass
@@ -25,7 +25,7 @@ class SFTUpdate:
   """`update(step_fn, state, batch, rng) -> (state, PendingMetrics)` with `step_fn = jit(sft_step)`.
 
   With `vqa_fraction` > 0 (default: the run config's `sft.vqa_fraction`), that share of the records with questions
-  are VQA examples (`jaxcap.train.vqa`): the prompt is the image + one of the record's questions, lettered, and the
+  are VQA examples (`jaxcap.train.learner.vqa`): the prompt is the image + one of the record's questions, lettered, and the
   target its answer (`jaxcap.processing.vqa`); which records and questions is drawn from (`seed`, step, record), so
   `prepare` needs the step (the loader passes each batch's index, which is the step)."""
 

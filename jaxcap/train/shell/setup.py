@@ -23,8 +23,8 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
-from jaxcap.train.adapters import lora_rank, with_run_lora
-from jaxcap.train.memory_check import check_train_memory
+from jaxcap.train.steps.adapters import lora_rank, with_run_lora
+from jaxcap.train.shell.memory_check import check_train_memory
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 

@@ -1,4 +1,4 @@
-"""Metrics sinks: a JSONL log (the source of truth) mirrored to the experiment trackers (jaxcap.train.trackers)."""
+"""Metrics sinks: a JSONL log (the source of truth) mirrored to the experiment trackers (jaxcap.train.logs.trackers)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxcap.train.trackers import open_trackers, scalars, warn
+from jaxcap.train.logs.trackers import open_trackers, scalars, warn
 
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -81,7 +81,7 @@ class StepLog:
   dispatched, so fetching them never leaves the device idle; `flush` writes the held one (with its wall time,
   time/step_s, and time/compiles: the XLA compiles made between the previous step's `defer` and its own, i.e.
   while its rollout and update ran and dispatched) to `writer` and advances the progress bar. `check(phase, step, row) -> (row, error or None)` (the
-  step guard, jaxcap.train.guard) sees each record first; its error is raised once the record is written."""
+  step guard, jaxcap.train.steps.guard) sees each record first; its error is raised once the record is written."""
 
   def __init__(
     self,
@@ -131,7 +131,7 @@ class StepLog:
 
 class MetricsWriter:
   """Appends one JSON object per record to `metrics.jsonl` and mirrors scalars to the experiment trackers
-  (jaxcap.train.trackers; TensorBoard by default), process 0 only.
+  (jaxcap.train.logs.trackers; TensorBoard by default), process 0 only.
 
   Strict JSON: a value not measured (NaN, e.g. no valid judgment) is null, a measured non-finite one (`measured`)
   the string "nan", "inf" or "-inf"; neither reaches the trackers. TensorBoard is rebuilt from the log whenever
@@ -204,7 +204,7 @@ class MetricsWriter:
     self._each("log", phase, step, scalars(metrics))
 
   def log_rollouts(self, step: int, groups: list[dict]) -> None:
-    """A rollout record file's groups (jaxcap.train.rollout_records) as the trackers' tables."""
+    """A rollout record file's groups (jaxcap.train.logs.rollout_records) as the trackers' tables."""
     if self.enabled:
       self._each("log_rollouts", step, groups)
 

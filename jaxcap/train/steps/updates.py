@@ -15,10 +15,10 @@ from flax import nnx
 from jaxcap.models.vision import VisionLayout
 from jaxcap.rl import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, PolicyLossConfig, group_advantages, policy_loss
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig, rollout_correction
-from jaxcap.train.accumulate import accumulate, apply_update, per_micro, vision_input
-from jaxcap.train.batches import PromptBatch, RolloutBatch
-from jaxcap.train.logprobs import completion_logprobs
-from jaxcap.train.state import TrainState
+from jaxcap.train.steps.accumulate import accumulate, apply_update, per_micro, vision_input
+from jaxcap.train.steps.batches import PromptBatch, RolloutBatch
+from jaxcap.train.steps.logprobs import completion_logprobs
+from jaxcap.train.steps.state import TrainState
 
 __all__ = ["PromptBatch", "RolloutBatch", "rl_advantages", "rl_step", "sequence_logprobs", "sft_step"]
 

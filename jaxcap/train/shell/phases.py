@@ -2,7 +2,7 @@
 
 A `Phase` owns its jitted step (built by `RunPrograms` from the config), its train state, the per-step argument
 its update takes, its update (`SFTUpdate` / `RLUpdate`), its evaluation cadence and its start hook. A new phase
-kind is one subclass registered in `PHASE_KINDS`. Hooks take the `Trainer` (jaxcap.train.loop) that runs them.
+kind is one subclass registered in `PHASE_KINDS`. Hooks take the `Trainer` (jaxcap.train.shell.trainer) that runs them.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from jaxcap.config.cli import ConfigError
 from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rl.group_filter import OFF, SPREAD
-from jaxcap.train.adapters import trains_base
-from jaxcap.train.off_policy import Lookahead, queues_after
-from jaxcap.train.programs import reference_is_base, rollout_correction_config, with_reference
-from jaxcap.train.refill import GroupFilter
-from jaxcap.train.state import phase_train_state
-from jaxcap.train.sft_update import SFTUpdate
-from jaxcap.train.updates import RLUpdate
+from jaxcap.train.steps.adapters import trains_base
+from jaxcap.train.rollouts.off_policy import Lookahead, queues_after
+from jaxcap.train.steps.programs import reference_is_base, rollout_correction_config, with_reference
+from jaxcap.train.rollouts.refill import GroupFilter
+from jaxcap.train.steps.state import phase_train_state
+from jaxcap.train.learner.sft import SFTUpdate
+from jaxcap.train.learner.rl import RLUpdate
 
-Trainer = Any  # jaxcap.train.loop.Trainer, which imports this module
+Trainer = Any  # jaxcap.train.shell.trainer.Trainer, which imports this module
 PHASE_KINDS: Registry[type["Phase"]] = Registry("training phase")
 
 

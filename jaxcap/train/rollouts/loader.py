@@ -42,7 +42,7 @@ def record_loader(
   saved position are the same as without it.
 
   With `sizes` (e.g. vision patches per record) and `group` > 1, each window of `group` global batches of an
-  epoch holds records sorted by size (`jaxcap.train.size_groups`): batches of similar sizes pad less.
+  epoch holds records sorted by size (`jaxcap.train.rollouts.size_groups`): batches of similar sizes pad less.
   """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
@@ -53,7 +53,7 @@ def record_loader(
     )
   lo, hi = process_index * batch_size, (process_index + 1) * batch_size
   if sizes is not None and group > 1:
-    from jaxcap.train.size_groups import grouped_records
+    from jaxcap.train.rollouts.size_groups import grouped_records
 
     pick = grouped_records(list(records), sizes, batch_size * process_count, group, seed)
     ds = grain.MapDataset.range(len(records)).repeat().map_with_index(pick)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxcap.train.metrics import is_number, read_metrics
+from jaxcap.train.logs.metrics import is_number, read_metrics
 
 
 def plot_curves(

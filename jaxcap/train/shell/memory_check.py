@@ -29,7 +29,7 @@ from jaxcap.config.cli import ConfigError
 from jaxcap.host_memory import BUDGET, available_memory
 from jaxcap.processing.vision import smart_resize
 from jaxcap.sampling.footprint import param_sizes, sampling_footprint
-from jaxcap.train.programs import with_reference
+from jaxcap.train.steps.programs import with_reference
 
 GIB = 1024**3
 QTYPE_BYTES = {"int8": 1.0, "int4": 0.5, "nf4": 0.5}

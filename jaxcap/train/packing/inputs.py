@@ -1,4 +1,4 @@
-"""Teacher-forced log-probs over packed rows (`jaxcap.train.packing`): the padded pass's values without its padding.
+"""Teacher-forced log-probs over packed rows (`jaxcap.train.packing.rows`): the padded pass's values without its padding.
 
 Every packed array is gathered on device from the step's padded arrays: prompts [Np, P] (flattened from the update's
 [M, b, P]), completions [N, C], the step's pixels. The decoder sees each row's sequences as independent segments
@@ -17,16 +17,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models.qwen25vl import Qwen25VL
-from jaxcap.train.batches import PromptBatch
-from jaxcap.train.logprobs import completion_positions, token_logprobs
-from jaxcap.train.packing import PackedRows
+from jaxcap.train.steps.batches import PromptBatch
+from jaxcap.train.steps.logprobs import completion_positions, token_logprobs
+from jaxcap.train.packing.rows import PackedRows
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PackedInputs:
   """What the packed passes take besides the prompts and tokens: the step's vision pack `pixels` [Lp, patch_dim]
-  (None without vision) and its packed micro-batches `rows` [M, ...] (`jaxcap.train.packing.pack`). It stands where
+  (None without vision) and its packed micro-batches `rows` [M, ...] (`jaxcap.train.packing.rows.pack`). It stands where
   the padded passes take their micro-batches' VisionLayouts, so the trainer calls either program the same way."""
 
   pixels: jax.Array | None
@@ -101,7 +101,7 @@ def scatter_sequences(per_slot: jax.Array, rows: PackedRows, like_shape) -> jax.
 
 
 def packed_sequence_logprobs(graphdef, params, prompts: PromptBatch, packed: PackedInputs, tokens: jax.Array):
-  """`jaxcap.train.step.sequence_logprobs` over packed rows: log-probs [M0, b*G, C] in the padded layout (0 off
+  """`jaxcap.train.steps.updates.sequence_logprobs` over packed rows: log-probs [M0, b*G, C] in the padded layout (0 off
   each completion's tokens), one packed micro-batch at a time (no grad). `prompts.pixel_values` is not read."""
   source = token_source(*flat_prompts(prompts), tokens.reshape(-1, tokens.shape[-1]))
   pixels, rows = packed.pixels, packed.rows
