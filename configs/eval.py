@@ -3,13 +3,13 @@
 Defaults evaluate the synthetic world's reference captions, its five teachers, the weak student and empty
 captions with the rule-based judge. For real captioners point `manifest` at a dataset manifest, pick a judge
 (judge.kind='http' with judge.endpoints=URL[,URL], or judge.kind='factory' with judge.factory='module:function'
-and judge.options={...}; the fields are `jaxcap.judges.factory.judge_config`'s) and pass
+and judge.options={...}; the fields are `jaxcap.judges.settings.JudgeConfig`'s) and pass
 --captioner NAME=jsonl:PATH (repeatable; `python -m jaxcap.caption` writes such JSONL files).
 """
 
 import ml_collections
 
-from jaxcap.judges.factory import judge_config
+from jaxcap.judges.settings import JudgeConfig
 
 
 def get_config():
@@ -19,7 +19,7 @@ def get_config():
   c.num_images = 0
   c.synthetic = dict(num_scenes=24, seed=0, questions_per_scene=5)
   c.out_dir = "eval_report"
-  c.judge = judge_config()  # jaxcap.judges.factory: rule_based, http (endpoints / fleet_config) or factory
+  c.judge = JudgeConfig().to_dict()  # jaxcap.judges.factory: rule_based, http (endpoints / fleet_config) or factory
   # NAME=SPEC, compared in this order (specs: builtin:<name>, jsonl:<path>, callable:<module>:<fn>).
   c.captioners = (
     "reference=builtin:reference",

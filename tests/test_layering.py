@@ -8,7 +8,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest first. A package may import packages of lower layers only; packages of one layer are independent.
 LAYERS = [
-  {"registry", "choices", "multihost", "buckets", "locking", "host_memory"},  # foundation
+  {
+    "registry",
+    "choices",
+    "multihost",
+    "buckets",
+    "locking",
+    "host_memory",
+    "fields",
+  },  # foundation; fields: the config schema's machinery, so a package can declare its own block
   {"sharding", "rl", "data"},
   {"models"},
   {"checkpoint"},

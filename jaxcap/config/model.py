@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.choices import DTYPES, REMAT_POLICIES
-from jaxcap.config.fields import ALLOWED, ALTERS, SHAPE, Block, field
+from jaxcap.fields import ALLOWED, ALTERS, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
 from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.families import FAMILIES

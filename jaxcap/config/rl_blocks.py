@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.config.fields import Block, field
+from jaxcap.fields import Block, field
 from jaxcap.rl import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from jaxcap.rl.rollout_correction import IS_LEVELS, REJECTIONS
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.choices import RESUME_CHANGES
-from jaxcap.config.fields import ALLOWED, Block, field
+from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.config.judging import Judge, Rubrics
 from jaxcap.config.model import Data, Model, World
 from jaxcap.config.sampling import Rollout, Sampling

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.choices import ROLLOUT_ATTENTION, ROLLOUT_ENGINES
-from jaxcap.config.fields import ALLOWED, ALTERS, Block, field
+from jaxcap.fields import ALLOWED, ALTERS, Block, field
 
 
 @dataclasses.dataclass(frozen=True)

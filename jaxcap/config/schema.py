@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxcap.config import fields
+from jaxcap import fields
 from jaxcap.config.cli import ConfigError
-from jaxcap.config.fields import Block
+from jaxcap.fields import Block
 from jaxcap.config.run import Run
 from jaxcap.registry import Registry
 
@@ -45,6 +45,19 @@ def validate(config: Any) -> Run:
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
   return run
+
+
+def block(cls: type[Block], data: Any, at: str) -> Block:
+  """One typed block (e.g. an eval config's `judge`, at='judge.') from a ConfigDict or dict section, validated as
+  `validate` validates a run's; fields the section leaves out take their defaults."""
+  data = data.to_dict() if hasattr(data, "to_dict") else dict(data or {})
+  errors: list[str] = []
+  bad: set[str] = set()
+  built = fields.build(cls, {**cls().to_dict(), **data}, at, errors, bad)
+  fields.check_tree(built, None, at, errors, bad)
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return built
 
 
 def resume_policy(key: str) -> str:

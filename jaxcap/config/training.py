@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.choices import MASTER_UPDATES, NONFINITE_ACTIONS, SCHEDULES
-from jaxcap.config.fields import ALLOWED, Block, field
+from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
 from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection
 from jaxcap.rl import ADVANTAGE_ESTIMATORS

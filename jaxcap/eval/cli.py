@@ -24,8 +24,10 @@ from jaxcap.eval.prism import PrismConfig
 from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.render import write_report
 from jaxcap.eval.vqa_probe import probe_options, run_probe
+from jaxcap.config import schema
 from jaxcap.judges.factory import build_judge, judge_name
 from jaxcap.judges.preflight import preflight_judge
+from jaxcap.judges.settings import JudgeConfig
 
 
 def _plain(value: Any) -> Any:
@@ -142,7 +144,7 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
   records, scenes = read_manifest(manifest, require_media=False)
   manifest_size = len(records)
   records = records[:num_images] if num_images else records
-  judge_cfg = config.get("judge", {})
+  judge_cfg = schema.block(JudgeConfig, config.get("judge", {}), "judge.")
   judge = preflight_judge(build_judge(judge_cfg, scenes=scenes, records=records), judge_cfg, records=records)
   specs = dict(captioner_overrides) if captioner_overrides else parse_captioner_flags(config["captioners"])
   if not specs:

@@ -71,12 +71,13 @@ class SuiteRunner:
     key = str(start.workdir)
     if key not in self._eval:
       from jaxcap.data.manifest import read_manifest
-      from jaxcap.judges.factory import build_judge, judge_config
+      from jaxcap.judges.factory import build_judge
+      from jaxcap.judges.settings import JudgeConfig
 
       manifest = read_manifest(start.heldout_manifest)
       n = self.settings.eval_images if not self.settings.smoke else 32
       records = manifest.records[:n]
-      judge = build_judge(judge_config(), scenes=manifest.scenes, records=records, seed=0)
+      judge = build_judge(JudgeConfig(), scenes=manifest.scenes, records=records, seed=0)
       self._eval[key] = (records, judge, read_caption_jsonl(start.captions, name="start"))
     return self._eval[key]
 

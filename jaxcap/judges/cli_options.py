@@ -1,5 +1,5 @@
 """Command-line options that choose a judge for the CLIs; they fill the same judge config as the trainer's
-(`jaxcap.judges.factory.judge_config`) and go through the same factory."""
+(`jaxcap.judges.settings.JudgeConfig`) and go through the same factory."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import argparse
 import contextlib
 from typing import Iterator
 
-import ml_collections
-
-from jaxcap.judges.factory import JUDGE_KINDS, build_judge, judge_config, opened_judge
+from jaxcap.judges.factory import JUDGE_KINDS, build_judge, opened_judge
+from jaxcap.judges.settings import JudgeConfig
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,15 +34,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
 
 
-def judge_config_from_args(args: argparse.Namespace) -> ml_collections.ConfigDict:
+def judge_config_from_args(args: argparse.Namespace) -> JudgeConfig:
   """The judge config the flags describe."""
   if args.rule_based:
-    return judge_config(kind="rule_based")
+    return JudgeConfig(kind="rule_based")
   if getattr(args, "factory", None):
-    return judge_config(kind="factory", factory=args.factory)
+    return JudgeConfig(kind="factory", factory=args.factory)
   if not args.endpoint and not args.fleet_config:
     raise SystemExit("Choose a judge: --rule-based, --endpoint URL (repeatable), --fleet-config FILE or --factory.")
-  return judge_config(
+  return JudgeConfig(
     kind="http",
     endpoints=",".join(args.endpoint),
     fleet_config=args.fleet_config or "",

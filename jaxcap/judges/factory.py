@@ -19,8 +19,6 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import ml_collections
-
 from jaxcap.data.records import ImageRecord
 from jaxcap.judges.protocol import Judge
 from jaxcap.registry import Registry
@@ -29,42 +27,8 @@ from jaxcap.registry import Registry
 JUDGE_KINDS: Registry[Callable[..., Judge]] = Registry("judge kind", field="judge.kind")
 
 
-def judge_config(**overrides: Any) -> ml_collections.ConfigDict:
-  """Every judge field with its default; the run and eval configs embed this block as `judge`."""
-  c = ml_collections.ConfigDict(
-    dict(
-      kind="rule_based",
-      failure_rate=0.0,  # rule_based: share of judgments that fail (to exercise masking)
-      seed=0,  # rule_based: its failure draws (the trainer passes the run's seed)
-      # http: an OpenAI-compatible fleet
-      endpoints="",  # comma-separated base URLs, e.g. http://judge0:8000/v1,http://judge0:8001/v1
-      model="",
-      # the variable holding the servers' API key (launch/judge_fleet.sh and `python -m jaxcap.judge serve` start
-      # them with the key in the same variable); "" = servers without auth
-      api_key_env="JUDGE_API_KEY",
-      timeout_s=60.0,
-      max_concurrency=64,
-      fleet_config="",
-      send_images=False,
-      structured_output="json_schema",
-      # factory: 'package.module:function' called with `options`
-      factory="",
-      options={},
-      # Before any compute, every endpoint of every role answers one real judgment (jaxcap.judges.preflight);
-      # an unset key, refused connection, 401, unknown model or unparseable reply is an error naming the fix.
-      preflight=True,
-      # Failure budget (jaxcap.rewards.budget): stop the run when the share of valid judgments in an RL step is
-      # below min_valid_fraction for failure_patience consecutive steps (0 = off), with the failures by kind.
-      min_valid_fraction=0.5,
-      failure_patience=3,
-    )
-  )
-  c.update(overrides)
-  return c
-
-
 def build_judge(
-  config: Mapping[str, Any],
+  config,  # a jaxcap.judges.settings.JudgeConfig
   *,
   scenes: Mapping[str, Any] | None = None,
   records: Sequence[ImageRecord] = (),
@@ -72,15 +36,14 @@ def build_judge(
 ) -> Judge:
   """The judge `config.kind` names; `scenes` (id -> Scene) feed the rule-based judge, `records` tell an HTTP
   judge where each image is; `seed` overrides `config.seed`."""
-  config = dict(config)
-  build = JUDGE_KINDS[config.get("kind", "rule_based")]
-  seed = int(config.get("seed", 0) if seed is None else seed)
+  build = JUDGE_KINDS[config.kind]
+  seed = int(config.seed if seed is None else seed)
   return build(config, scenes=dict(scenes or {}), records=list(records), seed=seed)
 
 
-def judge_name(config: Mapping[str, Any]) -> str:
+def judge_name(config) -> str:
   """How reports name the judge: its kind, or the factory it came from."""
-  return str(config["factory"]) if config.get("kind") == "factory" else str(config.get("kind", "rule_based"))
+  return str(config.factory) if config.kind == "factory" else str(config.kind)
 
 
 @JUDGE_KINDS.register("http")
@@ -89,25 +52,25 @@ def http_judge(config, *, scenes, records, seed) -> Judge:
   from jaxcap.judges.fleet import JudgeFleet, RoleConfig
   from jaxcap.judges.http_judge import HttpJudge, images_from_records
 
-  if config.get("fleet_config"):
-    rows = json.loads(Path(config["fleet_config"]).read_text())
+  if config.fleet_config:
+    rows = json.loads(Path(config.fleet_config).read_text())
     roles = {name: RoleConfig.from_json(row) for name, row in rows.items()}
   else:
-    urls = [u.strip() for u in str(config.get("endpoints", "")).split(",") if u.strip()]
+    urls = [u.strip() for u in config.endpoints.split(",") if u.strip()]
     if not urls:
       raise ValueError(
         "judge.kind='http' needs judge.endpoints=http://host:port/v1[,...] or judge.fleet_config=FILE.json "
         "(on the command line: --config.judge.endpoints=... or --endpoint URL; see launch/ for starting a "
         "vLLM/SGLang fleet)"
       )
-    key_env = config.get("api_key_env") or None
+    key_env = config.api_key_env or None
     role = RoleConfig(
       endpoints=tuple(Endpoint(u, key_env) for u in urls),
-      model=config.get("model") or "judge",
-      timeout_s=float(config.get("timeout_s", 60.0)),
-      max_concurrency=int(config.get("max_concurrency", 64)),
-      send_images=bool(config.get("send_images", False)),
-      structured_output=config.get("structured_output", "json_schema"),
+      model=config.model or "judge",
+      timeout_s=float(config.timeout_s),
+      max_concurrency=int(config.max_concurrency),
+      send_images=bool(config.send_images),
+      structured_output=config.structured_output,
     )
     roles = {"judge": role}
   return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
@@ -115,13 +78,13 @@ def http_judge(config, *, scenes, records, seed) -> Judge:
 
 @JUDGE_KINDS.register("factory")
 def factory_judge(config, *, scenes, records, seed) -> Judge:
-  module, _, attr = str(config.get("factory", "")).rpartition(":")
+  module, _, attr = str(config.factory).rpartition(":")
   if not module:
-    raise ValueError(f"judge.factory={config.get('factory')!r}: write 'package.module:function'.")
-  judge = getattr(importlib.import_module(module), attr)(**dict(config.get("options") or {}))
+    raise ValueError(f"judge.factory={config.factory!r}: write 'package.module:function'.")
+  judge = getattr(importlib.import_module(module), attr)(**dict(config.options or {}))
   if not isinstance(judge, Judge):
     raise TypeError(
-      f"judge.factory {config['factory']!r} returned {type(judge).__name__}, which lacks the "
+      f"judge.factory {config.factory!r} returned {type(judge).__name__}, which lacks the "
       "jaxcap.judges.protocol.Judge methods."
     )
   return judge

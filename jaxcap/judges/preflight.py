@@ -85,7 +85,7 @@ def preflight_judge(
 ) -> Any:
   """Returns `judge` once every endpoint of its roles answered a probe judgment; raises JudgePreflightError
   otherwise. Skipped when `config.preflight` is false or the judge has no HTTP fleet."""
-  if config is not None and not config.get("preflight", True):
+  if config is not None and not config.preflight:
     return judge
   if not isinstance(judge, HttpJudge):
     return judge

@@ -187,5 +187,5 @@ class BudgetedReward(RewardStage):
 def judged_reward(reward_fn: Any, judge: Any, config: Mapping[str, Any]) -> BudgetedReward:
   """`reward_fn` under the failure budget the judge config sets (min_valid_fraction, failure_patience; a floor of
   0 never stops the run but still logs the failures by kind)."""
-  budget = FailureBudget(float(config.get("min_valid_fraction", 0.5)), config.get("failure_patience", 3))
+  budget = FailureBudget(float(config.min_valid_fraction), int(config.failure_patience))
   return BudgetedReward(reward_fn, judge, budget)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ml_collections
 
 from jaxcap.judges.protocol import Judge
 from jaxcap.rewards.batch import RewardFunction
@@ -41,15 +40,15 @@ class RewardPipeline:
     self.train.close()
 
 
-def masked_reward(config: ml_collections.ConfigDict, judge: Judge | Any, tokenize=None) -> RewardFunction:
-  """The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims, and
+def masked_reward(config, judge: Judge | Any, tokenize=None) -> RewardFunction:
+  """`config`: the run config (jaxcap.config.run.Run). The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims, and
   DAPO's overlong penalty (`rl.overlong`, needs `tokenize`: str -> token ids) when its buffer is > 0."""
-  reward = build_reward(config.reward.to_dict(), judge)
+  reward = build_reward(dict(config.reward), judge)
   lm = config.rl.length_mask
   if lm.dims:
     reward = LengthMaskedReward(reward, list(lm.dims), tau_low=lm.tau_low, tau_high=lm.tau_high)
-  ol = config.rl.get("overlong")
-  if ol is not None and ol.buffer > 0:
+  ol = config.rl.overlong
+  if ol.buffer > 0:
     if tokenize is None:
       raise ValueError("rl.overlong.buffer > 0 counts caption tokens: build the reward with a tokenize function")
     max_len = config.sampling.max_new_tokens
@@ -57,7 +56,7 @@ def masked_reward(config: ml_collections.ConfigDict, judge: Judge | Any, tokeniz
   return reward
 
 
-def build_reward_pipeline(config: ml_collections.ConfigDict, judge: Judge | Any, tokenize=None) -> RewardPipeline:
+def build_reward_pipeline(config, judge: Judge | Any, tokenize=None) -> RewardPipeline:
   """The pipeline of a run config (`reward`, `rl.length_mask`, `rl.overlong`, `judge` blocks) over `judge`."""
   reward = masked_reward(config, judge, tokenize)
   return RewardPipeline(train=OverlappedReward(judged_reward(reward, judge, config.judge)), evaluation=reward)

@@ -236,4 +236,4 @@ def rule_based_judge(config, *, scenes, records, seed) -> RuleBasedJudge:
       "judge.kind='rule_based' needs ground-truth scenes in the manifest (synthetic-world rows with a 'scene' "
       "field); for other data use judge.kind='http' (an LLM judge fleet) or judge.kind='factory'."
     )
-  return RuleBasedJudge(scenes, failure_rate=float(config.get("failure_rate", 0.0)), seed=seed)
+  return RuleBasedJudge(scenes, failure_rate=float(config.failure_rate), seed=seed)

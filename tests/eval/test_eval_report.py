@@ -132,20 +132,21 @@ def test_cli_compares_jsonl_captioners(tmp_path):
 
 
 def test_judge_factory_from_config():
-  from jaxcap.judges.factory import JUDGE_KINDS, build_judge, judge_config, judge_name
+  from jaxcap.judges.factory import JUDGE_KINDS, build_judge, judge_name
+  from jaxcap.judges.settings import JudgeConfig
   from jaxcap.world.judge import RuleBasedJudge
 
-  cfg = {"kind": "factory", "factory": "eval_world:make_world_judge", "options": {"failure_rate": 0.25}}
+  cfg = JudgeConfig(kind="factory", factory="eval_world:make_world_judge", options={"failure_rate": 0.25})
   judge = build_judge(cfg)
   assert isinstance(judge, RuleBasedJudge) and judge.failure_rate == 0.25
   assert judge_name(cfg) == "eval_world:make_world_judge"
   with pytest.raises(TypeError, match="lacks the jaxcap.judges.protocol.Judge methods"):
-    build_judge({"kind": "factory", "factory": "eval_world:make_not_a_judge"})
+    build_judge(JudgeConfig(kind="factory", factory="eval_world:make_not_a_judge"))
   with pytest.raises(ValueError, match="needs ground-truth scenes"):
-    build_judge({"kind": "rule_based"})
+    build_judge(JudgeConfig(kind="rule_based"))
   with pytest.raises(
     ValueError, match=r"judge.kind='llm': unknown judge kind; choose one of http, factory, rule_based"
   ):
-    build_judge({"kind": "llm"})
+    build_judge(JudgeConfig(kind="llm"))
   # the trainer's, eval's and the CLIs' judge blocks are one config with one vocabulary
-  assert set(JUDGE_KINDS) == {"rule_based", "http", "factory"} and judge_config().kind in JUDGE_KINDS
+  assert set(JUDGE_KINDS) == {"rule_based", "http", "factory"} and JudgeConfig().kind in JUDGE_KINDS

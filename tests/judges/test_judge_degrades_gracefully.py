@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from judge_servers import serve_in_thread
 
-from jaxcap.judges.factory import judge_config
+from jaxcap.judges.settings import JudgeConfig
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.judges.protocol import MultipleChoiceRequest
@@ -153,7 +153,7 @@ def test_the_budget_counts_slow_judgments_masked_and_numbers_steps_from_one(worl
     JudgeFleet({"answerer": RoleConfig((endpoint,), timeout_s=TIMEOUT_S)}) as fleet,
   ):
     judge = HttpJudge(fleet)
-    reward = judged_reward(build_reward({"caprl": {"questions_per_caption": 1}}, judge), judge, judge_config())
+    reward = judged_reward(build_reward({"caprl": {"questions_per_caption": 1}}, judge), judge, JudgeConfig())
     batches = [reward(captions, records, step=step) for step in range(3)]
     reward.budget.min_valid_fraction = 0.9  # now 70% valid is too few: the budget stops at the third step
     with pytest.raises(Exception) as stopped:

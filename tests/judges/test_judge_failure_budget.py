@@ -10,7 +10,7 @@ from judge_servers import closed_port_url, fixed_reply_app, serve_in_thread, slo
 from jaxcap.world.dataset import generate_dataset, judge_for_manifest
 from jaxcap.rewards.budget import FailureBudget, JudgeFailureBudgetError, judged_reward
 from jaxcap.judges.endpoint import Endpoint
-from jaxcap.judges.factory import judge_config
+from jaxcap.judges.settings import JudgeConfig
 from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.world.judge_server import rule_based_app_for_manifest
@@ -38,7 +38,7 @@ def _run_steps(fleet, world, steps, rewards=CAPRL, **budget):
   """Judges the world's captions once per step through the trainer's wrapping; returns the error, if any."""
   records, captions = world
   judge = HttpJudge(fleet)
-  reward = judged_reward(build_reward(rewards, judge), judge, judge_config(**budget))
+  reward = judged_reward(build_reward(rewards, judge), judge, JudgeConfig(**budget))
   with OverlappedReward(reward) as overlapped:
     for step in range(steps):
       try:
@@ -159,7 +159,7 @@ def test_budget_resets_on_a_good_step_and_ignores_steps_that_asked_nothing():
 def test_in_process_judge_failures_count_as_refused_and_zero_turns_the_budget_off(manifest, world):
   records, captions = world
   _, failing = judge_for_manifest(manifest, failure_rate=1.0)
-  reward = judged_reward(build_reward(CAPRL, failing), failing, judge_config(failure_patience=1))
+  reward = judged_reward(build_reward(CAPRL, failing), failing, JudgeConfig(failure_patience=1))
   with pytest.raises(
     JudgeFailureBudgetError,
     match=re.escape(
@@ -167,7 +167,7 @@ def test_in_process_judge_failures_count_as_refused_and_zero_turns_the_budget_of
     ),
   ):
     reward(captions, records, step=7)
-  off = judged_reward(build_reward(CAPRL, failing), failing, judge_config(min_valid_fraction=0.0))
+  off = judged_reward(build_reward(CAPRL, failing), failing, JudgeConfig(min_valid_fraction=0.0))
   for step in range(5):  # never stops, but the step's metrics still say what happened
     batch = off(captions, records, step=step)
   assert not batch.valid.any() and batch.extras["judge/valid_fraction"] == 0.0
@@ -183,7 +183,7 @@ def test_in_process_judge_failures_count_as_refused_and_zero_turns_the_budget_of
 )
 def test_bad_budget_settings_are_named(fields, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    judged_reward(build_reward(CAPRL, None), None, judge_config(**fields))
+    judged_reward(build_reward(CAPRL, None), None, JudgeConfig(**fields))
 
 
 def test_processes_agree_on_the_budget_with_summed_counts(monkeypatch, manifest, world):
@@ -208,7 +208,7 @@ def test_processes_agree_on_the_budget_with_summed_counts(monkeypatch, manifest,
       return [local, other]
 
     monkeypatch.setattr(jaxcap.multihost, "allgather_ints", allgather)
-    reward = judged_reward(build_reward(CAPRL, failing), failing, judge_config(failure_patience=3))
+    reward = judged_reward(build_reward(CAPRL, failing), failing, JudgeConfig(failure_patience=3))
     stopped = None
     for step in range(4):
       reward(captions, records, step=step)  # never raises on the reward thread
@@ -233,7 +233,7 @@ def test_settle_takes_the_calls_in_order(monkeypatch, manifest, world):
   _, failing = judge_for_manifest(manifest, failure_rate=1.0)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jaxcap.multihost, "allgather_ints", lambda local: [np.asarray(local)] * 2)
-  reward = judged_reward(build_reward(CAPRL, failing), failing, judge_config(failure_patience=3))
+  reward = judged_reward(build_reward(CAPRL, failing), failing, JudgeConfig(failure_patience=3))
   reward(captions, records, step=0)
   reward(captions, records, step=1)  # before step 0's settle
   reward.settle()

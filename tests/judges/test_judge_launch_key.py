@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxcap.judges.factory import judge_config
+from jaxcap.judges.settings import JudgeConfig
 
 SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "judge_fleet.sh"
 
@@ -27,7 +27,7 @@ def test_dry_run_serves_loopback_with_the_trainers_key_variable(engine):
   assert all("--host 127.0.0.1 " in s and s.rstrip().endswith("--api-key \\$JUDGE_API_KEY") for s in servers)
   assert "sk-never-printed" not in out.stdout + out.stderr
   assert "JUDGE_ENDPOINTS=http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1" in out.stdout
-  assert f"--config.judge.api_key_env={judge_config().api_key_env}" in out.stdout  # the trainer's default
+  assert f"--config.judge.api_key_env={JudgeConfig().api_key_env}" in out.stdout  # the trainer's default
 
 
 def test_a_missing_key_stops_the_script_before_anything_starts(tmp_path):
@@ -85,7 +85,7 @@ def test_servers_started_by_the_script_accept_the_trainers_key(tmp_path, monkeyp
   try:
     assert out.returncode == 0, out.stderr + (tmp_path / "logs" / f"vllm-{port}.log").read_text()
     assert f"JUDGE_ENDPOINTS=http://127.0.0.1:{port}/v1" in out.stdout
-    config = judge_config(kind="http", endpoints=f"http://127.0.0.1:{port}/v1")
+    config = JudgeConfig(kind="http", endpoints=f"http://127.0.0.1:{port}/v1")
     for key, ok in (("sk-shared", True), ("sk-other", False)):
       monkeypatch.setenv(config.api_key_env, key)
       judge = build_judge(config)

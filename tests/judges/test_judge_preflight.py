@@ -10,7 +10,8 @@ import pytest
 from judge_servers import closed_port_url, fixed_reply_app, serve_in_thread, slow_app
 
 from jaxcap.world.dataset import generate_dataset, judge_for_manifest
-from jaxcap.judges.factory import build_judge, judge_config
+from jaxcap.judges.factory import build_judge
+from jaxcap.judges.settings import JudgeConfig
 from jaxcap.judges.preflight import JudgePreflightError, preflight_judge
 from jaxcap.world.judge_server import rule_based_app_for_manifest
 
@@ -36,7 +37,7 @@ def keyed_server(manifest):
 
 
 def _preflight(records, **overrides):
-  config = judge_config(**{"kind": "http", "api_key_env": "JAXCAP_TEST_JUDGE_KEY", "timeout_s": 5.0, **overrides})
+  config = JudgeConfig(**{"kind": "http", "api_key_env": "JAXCAP_TEST_JUDGE_KEY", "timeout_s": 5.0, **overrides})
   judge = build_judge(config, records=records)
   try:
     return preflight_judge(judge, config, records=records)
@@ -138,9 +139,9 @@ def test_every_endpoint_of_every_role_answers_one_judgment(manifest, keyed_serve
 
 
 def test_in_process_and_disabled_preflights_send_nothing(records):
-  rule = build_judge(judge_config(), scenes={"x": None}, records=records)
-  assert preflight_judge(rule, judge_config()) is rule
-  config = judge_config(kind="http", endpoints=closed_port_url(), preflight=False)
+  rule = build_judge(JudgeConfig(), scenes={"x": None}, records=records)
+  assert preflight_judge(rule, JudgeConfig()) is rule
+  config = JudgeConfig(kind="http", endpoints=closed_port_url(), preflight=False)
   judge = build_judge(config, records=records)
   try:
     assert preflight_judge(judge, config) is judge  # skipped: the closed port is never tried

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from jaxcap.judges.settings import JudgeConfig
 from jaxcap.rewards.balcaprl import BalCapRLReward
 from jaxcap.rewards.batch import stack_rows
 from jaxcap.rewards.budget import JudgeFailureBudgetError, judged_reward
@@ -41,7 +42,7 @@ def _reward(failure_rate: float, min_valid: float = 0.5, patience: int = 3) -> t
   mix = RewardMix([(CapRLReward(judge, CapRLConfig.released_code()), 1.0), (BalCapRLReward(judge), 0.5)])
   masked = LengthMaskedReward(mix, ["balcaprl/linguistic"], tau_low=0.5, tau_high=1.5)
   overlong = OverlongPenalty(masked, str.split, max_len=24, buffer=8, penalty=1.0)
-  budget = {"min_valid_fraction": min_valid, "failure_patience": patience}
+  budget = JudgeConfig(min_valid_fraction=min_valid, failure_patience=patience)
   return OverlappedReward(judged_reward(overlong, judge, budget), group_workers=3), judge
 
 

@@ -28,7 +28,7 @@ import ml_collections
 
 from jaxcap.config import schema
 from jaxcap.config.changes import ABSENT as _ABSENT, Change, diff, flatten
-from jaxcap.config.fields import ALLOWED, ALTERS, SHAPE
+from jaxcap.fields import ALLOWED, ALTERS, SHAPE
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
