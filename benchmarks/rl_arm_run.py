@@ -37,6 +37,7 @@ class _TimedFuture:
 
 def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) -> dict:
   from jaxcap.rewards import caprl
+  from jaxcap.config_files import validate
   from jaxcap.train.shell import trainer as loop
   from jaxcap.train.learner.rl import RLUpdate
 
@@ -98,7 +99,7 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   if judge_url is None:
     caprl.CapRLReward.__call__ = slow_reward
   try:
-    loop.Trainer(config).run()
+    loop.Trainer(validate(config)).run()
   finally:
     RLUpdate.__call__, RLUpdate.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
     PagedSampler.__call__ = paged_call

@@ -127,6 +127,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   import jaxcap
+  from jaxcap.config_files import validate
   from jaxcap.train.shell import trainer as loop
 
   workdir = args.workdir or tempfile.mkdtemp(prefix="rl_host_time_")
@@ -177,7 +178,7 @@ def main(argv=None):
   loop.record_loader = lambda *a, **kw: Marked(record_loader(*a, **kw))
   loop.Trainer.run_phase = marked_run_phase
   try:
-    loop.Trainer(config).run()
+    loop.Trainer(validate(config)).run()
   finally:
     loop.record_loader, loop.Trainer.run_phase = record_loader, run_phase
   wall = marks["t1"] - marks["t0"]

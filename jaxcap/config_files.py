@@ -8,6 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from jaxcap.config import schema
+from jaxcap.config.run import Run
 from jaxcap.config.training import Optim
 from jaxcap.world import student as embedded  # noqa: F401  (registers the synthetic world's SFT target sources)
 
@@ -67,7 +68,8 @@ def real_model_run(
   c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True))
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-  """Fails before any compute with every error at once, each naming the field and the fix
+def validate(c: ml_collections.ConfigDict) -> Run:
+  """The typed run config, parsed once at the command line's boundary: every module below it takes the frozen
+  `Run`. Fails before any compute with every error at once, each naming the field and the fix
   (jaxcap.config.schema.validate: unknown keys, types, ranges, choices, cross-field checks)."""
-  schema.validate(c)
+  return schema.validate(c)

@@ -70,7 +70,7 @@ def enable_compilation_cache(config) -> str | None:
 
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return os.environ["JAX_COMPILATION_CACHE_DIR"] or None
-  where = config.get("compile_cache", "compile_cache")
+  where = config.compile_cache
   if not where:
     return None
   path = os.path.abspath(os.path.join(config.workdir, os.path.expanduser(where)))
@@ -189,9 +189,8 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
   from jaxcap.config_files import validate
 
-  config = config_cli.loaded(config)
   try:
-    validate(config)
+    config = validate(config_cli.loaded(config))  # the typed, frozen run config from here on
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(config_cli.CONFIG_ERROR_STATUS)

@@ -15,8 +15,8 @@ LAYERS = [
     "buckets",
     "locking",
     "host_memory",
-    "fields",
-  },  # foundation; fields: the config schema's machinery, so a package can declare its own block
+  },  # foundation
+  {"fields"},  # the config schema's machinery, so that a package below the schema declares its own block
   {"sharding", "rl", "data"},
   {"models"},
   {"checkpoint"},

@@ -33,6 +33,17 @@ def defaults() -> dict:
   return Run().to_dict()
 
 
+def parse(config: Any) -> Run:
+  """The typed run config from a ConfigDict (or its `to_dict()`), its structure checked (unknown and missing keys,
+  types) but not its ranges and cross-field rules: for programs that only plan or inspect a config (jaxcap.plan)."""
+  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  errors: list[str] = []
+  run = fields.build(Run, data, "", errors, set())
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return run
+
+
 def validate(config: Any) -> Run:
   """The typed run config from a ConfigDict (or its `to_dict()`); raises ConfigError("invalid config: ...") listing
   every unknown or missing key, wrong type, out-of-range value and inconsistent pair of fields, each naming the

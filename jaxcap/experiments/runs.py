@@ -98,12 +98,13 @@ def _train(config: ml_collections.ConfigDict) -> float:
 
   import jax
 
+  from jaxcap.config_files import validate
   from jaxcap.train.shell.trainer import Trainer
 
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ and config.compile_cache:  # as the launcher does
     jax.config.update("jax_compilation_cache_dir", config.compile_cache)
   t0 = time.perf_counter()
-  Trainer(config).run()
+  Trainer(validate(config)).run()  # parsed once, here at the boundary, as the launcher does
   return time.perf_counter() - t0
 
 

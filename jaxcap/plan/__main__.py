@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -36,6 +37,14 @@ def main(argv, f: dict):
   config = f["config"].value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/caprl.py:paper")
+  from jaxcap.config.cli import CONFIG_ERROR_STATUS, loaded
+  from jaxcap.config.schema import parse
+
+  try:
+    config = parse(loaded(config))  # typed from here on; a plan checks shapes, not a run's data or ranges
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(CONFIG_ERROR_STATUS)
 
   topology = f["topology"].value
   # the host runs on CPU whatever the target: a TPU target is only compiled for, never attached

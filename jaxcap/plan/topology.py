@@ -11,7 +11,7 @@ from jax.experimental import topologies
 
 from jaxcap.checkpoint import read_config
 from jaxcap.models.config import dtype_from_name
-from jaxcap.models.families import DEFAULT_FAMILY, preset_config, preset_names
+from jaxcap.models.families import preset_config, preset_names
 from jaxcap.processing.vision import smart_resize
 
 # HBM per chip, GiB, of the TPU generations libtpu compiles for
@@ -61,7 +61,7 @@ def model_config(config, name: str | None):
     scan_layers=m.scan_layers,
   )
   if name in preset_names():
-    return preset_config(name, m.get("family", DEFAULT_FAMILY), **kw)
+    return preset_config(name, m.family, **kw)
   if Path(name).is_dir():
     return read_config(name, **kw)
   raise SystemExit(f"--model={name!r}: not a preset ({', '.join(preset_names())}) nor a checkpoint directory")

@@ -68,7 +68,7 @@ def build_world_manifests(config, workdir: Path) -> tuple[Path, Path]:
       train_scenes=w.train_scenes,
       eval_scenes=w.eval_scenes,
       seed=int(config.seed),
-      curate_train=bool(w.get("curate_questions", True)),
+      curate_train=bool(w.curate_questions),
     ),
     "jaxcap-world",
   )

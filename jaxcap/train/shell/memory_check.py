@@ -22,7 +22,8 @@ import dataclasses
 import os
 
 import jax
-import ml_collections
+from jaxcap import fields
+from jaxcap.config.run import Run
 import numpy as np
 
 from jaxcap.config.cli import ConfigError
@@ -64,7 +65,7 @@ def size(n: float) -> str:
   return f"{n / 1024 ** '_KMG'.index(unit[0]):.2f} {unit}" if unit != "B" else f"{int(n)} B"
 
 
-def _adapted(path: str, lora: ml_collections.ConfigDict) -> bool:
+def _adapted(path: str, lora: Run) -> bool:
   """Whether the param at `path` (e.g. 'layers.self_attn.q_proj.kernel') is a kernel LoRA adapts."""
   parts = path.split(".")
   if parts[-1] != "kernel" or len(parts) < 2 or parts[-2] not in tuple(lora.targets):
@@ -72,12 +73,12 @@ def _adapted(path: str, lora: ml_collections.ConfigDict) -> bool:
   return parts[0] == "layers" or (bool(lora.vision) and parts[0] == "visual")
 
 
-def train_footprint(config: ml_collections.ConfigDict, cfg) -> TrainFootprint:
+def train_footprint(config: Run, cfg) -> TrainFootprint:
   """What the run of `config` on a model of `cfg` (the checkpoint's config at the run's dtypes) holds at once."""
   sizes = param_sizes(cfg)
   pbytes = np.dtype(cfg.param_dtype).itemsize
   count = lambda s: int(np.prod(s))
-  lora = config.model.get("lora")
+  lora = config.model.lora
   rank = int(lora.rank) if lora is not None else 0
   if rank > 0:
     qbytes = QTYPE_BYTES.get(str(lora.weight_qtype), pbytes)
@@ -107,12 +108,12 @@ def train_footprint(config: ml_collections.ConfigDict, cfg) -> TrainFootprint:
   return TrainFootprint(params, trainable * 4, 2 * trainable * tbytes, reference, rollouts)
 
 
-def _image_patches(config: ml_collections.ConfigDict, cfg) -> int:
+def _image_patches(config: Run, cfg) -> int:
   """Patches of the largest image a run feeds: `data.image_size` square, else one at the `data.max_pixels` budget;
   0 when neither is set (the checkpoint's own budget, unknown here: rollouts then count text only)."""
   v = cfg.vision
   factor = v.patch_size * v.spatial_merge_size
-  side, budget = int(config.data.image_size), int(config.data.get("max_pixels", 0))
+  side, budget = int(config.data.image_size), int(config.data.max_pixels)
   if side:
     h, w = smart_resize(side, side, factor)
   elif budget:
@@ -122,7 +123,7 @@ def _image_patches(config: ml_collections.ConfigDict, cfg) -> int:
   return (h // v.patch_size) * (w // v.patch_size)
 
 
-def check_train_memory(config: ml_collections.ConfigDict, cfg, available: tuple[int, str] | None = None) -> None:
+def check_train_memory(config: Run, cfg, available: tuple[int, str] | None = None) -> None:
   """Raises ConfigError (one message: the run's footprint by part, the memory available and where that figure
   comes from, and settings that would fit, with their footprints) when the run cannot fit; on CPU only, or where
   `JAXCAP_MEMORY_BUDGET` is set. `available`: (bytes, source), default `host_memory.available_memory()`."""
@@ -138,8 +139,7 @@ def check_train_memory(config: ml_collections.ConfigDict, cfg, available: tuple[
     return
   fixes = []
   for label, changes in _alternatives(config, cfg):
-    trial = config.copy_and_resolve_references()
-    trial.update_from_flattened_dict(changes)
+    trial = fields.replaced(config, changes)
     dtype = changes.get("model.param_dtype")
     trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(dtype)) if dtype else cfg
     smaller = train_footprint(trial, trial_cfg).total
@@ -152,9 +152,9 @@ def check_train_memory(config: ml_collections.ConfigDict, cfg, available: tuple[
   )
 
 
-def _alternatives(config: ml_collections.ConfigDict, cfg):
+def _alternatives(config: Run, cfg):
   """(flags, changes) that shrink the run, each tried alone against the footprint."""
-  lora = config.model.get("lora")
+  lora = config.model.lora
   if lora is not None and int(lora.rank) == 0:
     yield "--config.model.lora.rank=16", {"model.lora.rank": 16}
     if np.dtype(cfg.param_dtype).itemsize > 2:

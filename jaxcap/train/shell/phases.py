@@ -195,5 +195,5 @@ class RLPhase(Phase):
 
 def run_phases(trainer: Trainer) -> list[Phase]:
   """The phases with steps > 0, in order (SFT, then RL)."""
-  names = [p for p in PHASE_KINDS if trainer.config[p].steps > 0]
+  names = [p for p in PHASE_KINDS if getattr(trainer.config, p).steps > 0]
   return [PHASE_KINDS[name].build(trainer, i) for i, name in enumerate(names)]

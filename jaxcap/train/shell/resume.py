@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 import jax
-import ml_collections
+from jaxcap.config.run import Run
 
 from jaxcap.config import schema
 from jaxcap.config.changes import ABSENT as _ABSENT, Change, diff, flatten
@@ -54,7 +54,7 @@ class Position:
     return self.global_step - self.step if self.phase == "rl" else self.step
 
 
-def resolved(config: ml_collections.ConfigDict) -> dict:
+def resolved(config: Run) -> dict:
   """The config as saved: every field (JSON types) plus the runtime facts that shape the run."""
   return {
     "config": json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str)),
@@ -63,7 +63,7 @@ def resolved(config: ml_collections.ConfigDict) -> dict:
 
 
 def _phases(config) -> list[str]:
-  return [p for p in ("sft", "rl") if config[p].steps > 0]
+  return [p for p in ("sft", "rl") if getattr(config, p).steps > 0]
 
 
 def _position_problems(config, saved: dict | None, position: Position) -> list[Change]:
@@ -76,17 +76,17 @@ def _position_problems(config, saved: dict | None, position: Position) -> list[C
       Change(
         f"{phase}.steps",
         saved_config.get(phase, {}).get("steps", _ABSENT),
-        config[phase].steps,
-        f"the latest checkpoint is at {phase} step {step}, and {phase}.steps={config[phase].steps} would skip "
+        getattr(config, phase).steps,
+        f"the latest checkpoint is at {phase} step {step}, and {phase}.steps={getattr(config, phase).steps} would skip "
         f"that phase; keep --config.{phase}.steps >= {step}",
       )
     )
-  elif config[phase].steps < step:
+  elif getattr(config, phase).steps < step:
     out.append(
       Change(
         f"{phase}.steps",
         saved_config.get(phase, {}).get("steps", _ABSENT),
-        config[phase].steps,
+        getattr(config, phase).steps,
         f"the latest checkpoint is already at {phase} step {step}; keep --config.{phase}.steps >= {step}",
       )
     )
@@ -127,7 +127,7 @@ def _kind(change: Change, config, position: Position) -> str:
     change.why = f"the checkpoint's optimizer state {'has none' if change.old else 'has one'} for the vision tower"
     return "impossible"
   if policy == ALLOWED:
-    o = config[phase].optim if key == f"{phase}.steps" else None
+    o = getattr(config, phase).optim if key == f"{phase}.steps" else None
     if o is not None and (o.schedule != "constant" or o.warmup_ratio > 0):
       change.why = f"the {o.schedule} learning-rate schedule now spans {change.new} steps"
     return "allowed"
@@ -136,7 +136,7 @@ def _kind(change: Change, config, position: Position) -> str:
   return "alters"
 
 
-def check(config: ml_collections.ConfigDict, workdir: Path, position: Position | None) -> list[str]:
+def check(config: Run, workdir: Path, position: Position | None) -> list[str]:
   """Raises ConfigChangedError when `config` may not continue the run in `workdir` (latest checkpoint at
   `position`, None without one); returns lines to print about what changed. Call before anything is built."""
   workdir = Path(workdir)
@@ -223,7 +223,7 @@ def _world_problems(config, workdir: Path) -> list[Change]:
   return out
 
 
-def record(config: ml_collections.ConfigDict, workdir: Path, notes: list[str]) -> None:
+def record(config: Run, workdir: Path, notes: list[str]) -> None:
   """Saves the config as `<workdir>/config.json` (atomically) and, when it replaces a different one, appends what
   changed to `config_changes.jsonl`. Process 0 only."""
   workdir = Path(workdir)

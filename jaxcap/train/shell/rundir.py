@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
+from jaxcap.config.run import Run
 from flax import nnx
 
 from jaxcap.checkpoint import save_hf_checkpoint
@@ -41,7 +41,7 @@ class RunDirectory:
   not be regenerated under the saved loader state); the config is recorded at a fresh start, or once a checkpoint
   restored under it, so a refused or failed resume leaves the saved config as it was."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: Run):
     self.config = config
     self.path = Path(config.workdir)
     self.path.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ class RunDirectory:
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
     model = nnx.merge(graphdef, params)
     save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
-    if c.export.get("peft") and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
+    if c.export.peft and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
       save_peft_adapters(model, self.path / "export_adapters", base_model=c.model.checkpoint)
     if is_lead_process():
       processor.save_prompt_settings(self.path / "export")

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import ml_collections
+from jaxcap.config.run import Run
 from flax import nnx
 
 from jaxcap.checkpoint import load_hf_checkpoint, read_config
@@ -41,7 +41,7 @@ class Setup:
   mesh: Any
 
 
-def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
+def build(config: Run, workdir: Path) -> Setup:
   mesh = make_mesh(dict(config.mesh.shape))
   if config.data.train_manifest:
     train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
@@ -71,7 +71,7 @@ def build(config: ml_collections.ConfigDict, workdir: Path) -> Setup:
 def with_pixel_budget(vision_cfg, data):
   """The processor's image settings with `data.min_pixels` / `data.max_pixels` where set (0 keeps the checkpoint's
   budget, from its preprocessor_config.json)."""
-  budget = {k: int(data[k]) for k in ("min_pixels", "max_pixels") if int(data[k]) > 0}
+  budget = {k: int(getattr(data, k)) for k in ("min_pixels", "max_pixels") if int(getattr(data, k)) > 0}
   return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 
@@ -97,7 +97,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   return with_lora(model, config, mesh), processor
 
 
-def with_lora(model: Qwen25VL, config: ml_collections.ConfigDict, mesh) -> Qwen25VL:
+def with_lora(model: Qwen25VL, config: Run, mesh) -> Qwen25VL:
   """`model` with the run's LoRA adapters (and QLoRA's quantized base) when `model.lora.rank` > 0, every param
   in its sharding on `mesh` (`jaxcap.sharding.param_shardings`: adapters by their kernel's rules); else `model`."""
   if lora_rank(config) <= 0:

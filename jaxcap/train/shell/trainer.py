@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
+from jaxcap.config.run import Run
 from flax import nnx
 
 from jaxcap.config.cli import ConfigError
@@ -37,7 +37,7 @@ from jaxcap.world import vision_warmup
 class Trainer:
   """Runs one config in `config.workdir`, resuming from its latest checkpoint if there is one."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: Run):
     self.config = config
     self.rundir = RunDirectory(config)  # locks the workdir and checks a resume before anything is built
     try:

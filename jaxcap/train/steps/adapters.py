@@ -7,7 +7,7 @@ frozen base, the trainable params, the optimizer moments and the KL reference, w
 from __future__ import annotations
 
 import jax
-import ml_collections
+from jaxcap.config.run import Run
 import numpy as np
 from flax import nnx
 
@@ -16,13 +16,12 @@ from jaxcap.models import lora
 GIB = 2**30
 
 
-def lora_rank(config: ml_collections.ConfigDict) -> int:
-  """`model.lora.rank` (0: full fine-tuning; configs from before LoRA have no such key)."""
-  block = config.model.get("lora")
-  return int(block.rank) if block is not None else 0
+def lora_rank(config: Run) -> int:
+  """`model.lora.rank` (0: full fine-tuning)."""
+  return int(config.model.lora.rank)
 
 
-def trains_base(config: ml_collections.ConfigDict, phase: str) -> bool:
+def trains_base(config: Run, phase: str) -> bool:
   """Whether `phase` trains the base rather than the adapters under LoRA: the embedded student's SFT (no
   `model.checkpoint`). That student has no pretrained base; its vision warm-up and SFT build the one the RL
   adapters then sit on (with B = 0 the adapters leave it as it is), so RL starts from the SFT policy and its KL
@@ -31,7 +30,7 @@ def trains_base(config: ml_collections.ConfigDict, phase: str) -> bool:
   return lora_rank(config) > 0 and phase == "sft" and not config.model.checkpoint
 
 
-def with_run_lora(model: nnx.Module, config: ml_collections.ConfigDict) -> nnx.Module:
+def with_run_lora(model: nnx.Module, config: Run) -> nnx.Module:
   """`model` with the adapters of `model.lora` (the base quantized per `weight_qtype`), or `model` itself with rank
   0. Works on abstract models too (inside `nnx.eval_shape`). Adapters are seeded from the run's seed."""
   if lora_rank(config) <= 0:
@@ -48,7 +47,7 @@ def with_run_lora(model: nnx.Module, config: ml_collections.ConfigDict) -> nnx.M
   )
 
 
-def saved_part(state, config: ml_collections.ConfigDict):
+def saved_part(state, config: Run):
   """(what a checkpoint holds of TrainState `state`, the frozen base it leaves out or None). With LoRA on a
   checkpoint (`model.checkpoint`), the base is left out: a resume reads it again from that directory. The embedded
   student's base (built and vision-warmed by the run itself) is saved whole."""
@@ -68,7 +67,7 @@ def _bytes(x) -> int:
   return int(np.prod(shape)) * jax.dtypes.itemsize_bits(x.dtype) // 8  # int4 / nf4 values: half a byte
 
 
-def state_breakdown(state, config: ml_collections.ConfigDict) -> dict:
+def state_breakdown(state, config: Run) -> dict:
   """GiB per device of a (possibly abstract, sharded) TrainState's parts: `base` (params that do not train: with
   LoRA the frozen, possibly quantized, weights; without, 0), `trainable` (the params the optimizer updates),
   `optimizer` (its moments), `reference` (a KL reference copy; with LoRA none, the base being the reference), the
@@ -98,7 +97,7 @@ def format_breakdown(parts: dict) -> str:
   )
 
 
-def lora_advice(config: ml_collections.ConfigDict) -> str:
+def lora_advice(config: Run) -> str:
   """The plan's advice clause when the train state is too large: adapters, or a quantized base."""
   if lora_rank(config) <= 0:
     return (

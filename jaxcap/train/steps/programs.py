@@ -23,7 +23,7 @@ import functools
 from typing import Any, Callable
 
 import jax
-import ml_collections
+from jaxcap.config.run import Run
 import optax
 
 from jaxcap.rl import PolicyLossConfig
@@ -39,10 +39,10 @@ from jaxcap.train.steps.updates import rl_step, sequence_logprobs, sft_step
 PHASES = ("sft", "rl")
 
 
-def phase_optimizer(config: ml_collections.ConfigDict, phase: str, steps: int | None = None):
+def phase_optimizer(config: Run, phase: str, steps: int | None = None):
   """AdamW + clipping + schedule of `phase` from its `optim` block, for `steps` updates (default: the phase's
   steps); the vision tower frozen when `<phase>.freeze_vision`."""
-  p = config[phase]
+  p = getattr(config, phase)
   o = p.optim
   return make_optimizer(
     o.lr,
@@ -59,14 +59,14 @@ def phase_optimizer(config: ml_collections.ConfigDict, phase: str, steps: int | 
   )
 
 
-def sampling_config(config: ml_collections.ConfigDict, **overrides) -> SamplingConfig:
+def sampling_config(config: Run, **overrides) -> SamplingConfig:
   """The rollout distribution (`sampling` block); `overrides` e.g. temperature=0.0 for held-out greedy captions."""
   s = config.sampling
   fields = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens)
   return SamplingConfig(**(fields | overrides))
 
 
-def rollout_engine(config: ml_collections.ConfigDict):
+def rollout_engine(config: Run):
   """The paged engine's settings (`rollout` block) or None for rollout.engine='static'."""
   from jaxcap.sampling.engine import EngineConfig
 
@@ -78,7 +78,7 @@ def rollout_engine(config: ml_collections.ConfigDict):
   )
 
 
-def build_sampler(config: ml_collections.ConfigDict, model, processor, sampling, bucket_steps):
+def build_sampler(config: Run, model, processor, sampling, bucket_steps):
   """The run's rollout sampler: the static-batch `Sampler`, or the paged engine (`rollout.engine=paged`)."""
   from jaxcap.sampling import Sampler
   from jaxcap.sampling.engine import PagedSampler
@@ -94,28 +94,28 @@ def build_sampler(config: ml_collections.ConfigDict, model, processor, sampling,
   )
 
 
-def policy_loss_config(config: ml_collections.ConfigDict) -> PolicyLossConfig:
+def policy_loss_config(config: Run) -> PolicyLossConfig:
   """The policy-gradient loss (`rl.loss`), with Dr.GRPO's constant set by the completion budget."""
   return PolicyLossConfig(max_gen_len=config.sampling.max_new_tokens, **config.rl.loss.to_dict())
 
 
-def rollout_correction_config(config: ml_collections.ConfigDict) -> RolloutCorrectionConfig:
+def rollout_correction_config(config: Run) -> RolloutCorrectionConfig:
   """The behaviour / trainer correction (`rl.rollout_correction`)."""
   return RolloutCorrectionConfig(**config.rl.rollout_correction.to_dict())
 
 
-def packs(config: ml_collections.ConfigDict, phase: str = "rl") -> bool:
+def packs(config: Run, phase: str = "rl") -> bool:
   """Whether `phase`'s update (and RL's log-prob passes) run on packed rows (`<phase>.micro_batch_tokens` > 0)."""
-  return int(config[phase].get("micro_batch_tokens", 0)) > 0
+  return getattr(config, phase).micro_batch_tokens > 0
 
 
-def with_reference(config: ml_collections.ConfigDict, phase: str) -> bool:
+def with_reference(config: Run, phase: str) -> bool:
   """Whether `phase`'s train state carries the frozen reference policy (RL with a KL term, without LoRA: with
   LoRA the reference is the base, the same params with the adapters off, `reference_is_base`)."""
   return phase == "rl" and config.rl.loss.kl_coef > 0 and not lora_rank(config)
 
 
-def reference_is_base(config: ml_collections.ConfigDict, phase: str) -> bool:
+def reference_is_base(config: Run, phase: str) -> bool:
   """Whether `phase`'s KL reference is the policy's own base with its LoRA adapters off (no copy)."""
   return phase == "rl" and config.rl.loss.kl_coef > 0 and lora_rank(config) > 0
 
@@ -142,7 +142,7 @@ class ByLayout:
 class RunPrograms:
   """The jitted programs of a run: `config` (the run config) and `graphdef` (the policy's nnx graph)."""
 
-  config: ml_collections.ConfigDict
+  config: Run
   graphdef: Any
 
   def optimizer(self, phase: str, steps: int | None = None) -> optax.GradientTransformation:
