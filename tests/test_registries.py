@@ -19,6 +19,7 @@ from jaxcap.registry import Registry
 from jaxcap.rewards import REWARD_FAMILIES, LengthMaskedReward, build_reward, reward_family
 from jaxcap.rewards.batch import make_batch
 from jaxcap.config_files import REGISTRIES, base_config, validate
+from loss_configs import plain_loss
 
 
 @pytest.fixture
@@ -70,8 +71,8 @@ def test_a_new_policy_loss_is_one_function_and_one_decorator(scratch):
   scratch(rl.POLICY_LOSSES, "reinforce")
   lp = jnp.log(jnp.asarray([[0.5, 0.25], [0.8, 0.1]]))
   args = (lp, lp, jnp.asarray([1.0, -2.0]), jnp.ones((2, 2)))
-  ours = rl.policy_loss(*args, rl.PolicyLossConfig(policy="reinforce"))[0]
-  np.testing.assert_allclose(ours, rl.policy_loss(*args, rl.PolicyLossConfig(policy="gpg"))[0], rtol=1e-6)
+  ours = rl.policy_loss(*args, plain_loss(policy="reinforce"))[0]
+  np.testing.assert_allclose(ours, rl.policy_loss(*args, plain_loss(policy="gpg"))[0], rtol=1e-6)
   c = base_config()
   c.rl.loss.policy = "reinforce"
   validate(c)

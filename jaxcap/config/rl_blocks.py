@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcap.fields import Block, field
-from jaxcap.rl import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-from jaxcap.rl.rollout_correction import IS_LEVELS, REJECTIONS
+from jaxcap.rl import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PolicyLossConfig
+from jaxcap.rl.rollout_correction import IS_LEVELS, REJECTIONS, RolloutCorrectionConfig
+
+_LOSS, _CORRECTION = PolicyLossConfig, RolloutCorrectionConfig  # the runtime classes declare the defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,30 +17,34 @@ class Loss(Block):
   """The policy-gradient loss (jaxcap.rl.PolicyLossConfig): a surrogate from jaxcap.rl.POLICY_LOSSES, its
   hyper-parameters, the aggregation and the KL / entropy terms."""
 
-  policy: str = field("ppo", "the surrogate (ppo = clipped PPO; jaxcap.rl.policy_losses)", choices=POLICY_LOSSES)
+  policy: str = field(_LOSS.policy, "the surrogate (ppo = clipped PPO; jaxcap.rl.policy_losses)", choices=POLICY_LOSSES)
 
-  eps_low: float = field(0.2, "the ratio is clipped below at 1 - eps_low", ge=0, lt=1)
-  eps_high: float = field(0.28, "the ratio is clipped above at 1 + eps_high (> eps_low: clip-higher)", ge=0)
+  eps_low: float = field(_LOSS.eps_low, "the ratio is clipped below at 1 - eps_low", ge=0, lt=1)
+  eps_high: float = field(_LOSS.eps_high, "the ratio is clipped above at 1 + eps_high (> eps_low: clip-higher)", ge=0)
   dual_clip_c: float | None = field(
-    3.0,
+    _LOSS.dual_clip_c,
     "cap of a negative advantage's token loss (None = off)",
     gt=1,
     hint="it caps a negative advantage's token loss at c x A",
   )
-  aggregation: str = field("token-mean", "how token losses become one scalar", choices=LOSS_AGGREGATIONS)
+  aggregation: str = field(_LOSS.aggregation, "how token losses become one scalar", choices=LOSS_AGGREGATIONS)
   # KL to the SFT policy (k3, as CapRL's paper): without it, an earlier student (no vision warm-up) learned to pad
   # captions with broken text that the answerer mines for facts (held-out QA 9.1% -> 24.7%, captions degenerated);
   # with it QA rose 9.1% -> 25.9% at 28 tokens.
-  kl_coef: float = field(0.05, "weight of the per-token KL to the reference (SFT) policy", ge=0, hint="0 = no KL term")
-  kl_estimator: str = field("k3", "the KL estimator", choices=KL_ESTIMATORS)
-  entropy_coef: float = field(0.0, "weight of an entropy bonus")
-  tau_pos: float = field(1.0, "SAPO's gate temperature for positive advantages", gt=0)
-  tau_neg: float = field(1.05, "SAPO's gate temperature for non-positive advantages", gt=0)
-  clip_cov_ratio: float = field(2e-4, "Clip-Cov: the share of tokens whose gradient is cut", gt=0, le=1)
-  clip_cov_lb: float = field(1.0, "Clip-Cov: the covariance band's lower end")
-  clip_cov_ub: float = field(5.0, "Clip-Cov: the covariance band's upper end")
-  kl_cov_ratio: float = field(2e-4, "KL-Cov: the share of tokens given the |log-ratio| penalty", gt=0, le=1)
-  kl_cov_coef: float = field(0.1, "KL-Cov: the penalty's weight", ge=0)
+  kl_coef: float = field(
+    _LOSS.kl_coef, "weight of the per-token KL to the reference (SFT) policy", ge=0, hint="0 = no KL term"
+  )
+  kl_estimator: str = field(_LOSS.kl_estimator, "the KL estimator", choices=KL_ESTIMATORS)
+  entropy_coef: float = field(_LOSS.entropy_coef, "weight of an entropy bonus")
+  tau_pos: float = field(_LOSS.tau_pos, "SAPO's gate temperature for positive advantages", gt=0)
+  tau_neg: float = field(_LOSS.tau_neg, "SAPO's gate temperature for non-positive advantages", gt=0)
+  clip_cov_ratio: float = field(_LOSS.clip_cov_ratio, "Clip-Cov: the share of tokens whose gradient is cut", gt=0, le=1)
+  clip_cov_lb: float = field(_LOSS.clip_cov_lb, "Clip-Cov: the covariance band's lower end")
+  clip_cov_ub: float = field(_LOSS.clip_cov_ub, "Clip-Cov: the covariance band's upper end")
+  kl_cov_ratio: float = field(
+    _LOSS.kl_cov_ratio, "KL-Cov: the share of tokens given the |log-ratio| penalty", gt=0, le=1
+  )
+  kl_cov_coef: float = field(_LOSS.kl_cov_coef, "KL-Cov: the penalty's weight", ge=0)
 
   def check(self, run, at):
     if not self.clip_cov_lb < self.clip_cov_ub:
@@ -64,13 +70,17 @@ class RolloutCorrection(Block):
   """Importance weights / rejection between the sampler's log-probs and the old log-probs
   (jaxcap.rl.rollout_correction, verl's rollout_corr_helper); the mismatch metrics are logged every step anyway."""
 
-  is_level: str = field("none", "truncated importance weights per token or per sequence", choices=IS_LEVELS)
-  is_threshold: float = field(2.0, "the importance weights are truncated above at this", gt=0)
-  reject: str = field(
-    "none", "mask tokens / sequences whose divergence leaves the band (verl's rollout_rs)", choices=REJECTIONS
+  is_level: str = field(
+    _CORRECTION.is_level, "truncated importance weights per token or per sequence", choices=IS_LEVELS
   )
-  reject_upper: float = field(2.0, "the band's upper end (k1: a ratio bound)", gt=0)
-  reject_lower: float | None = field(None, "k1's lower ratio bound (None = 1 / reject_upper)", gt=0)
+  is_threshold: float = field(_CORRECTION.is_threshold, "the importance weights are truncated above at this", gt=0)
+  reject: str = field(
+    _CORRECTION.reject,
+    "mask tokens / sequences whose divergence leaves the band (verl's rollout_rs)",
+    choices=REJECTIONS,
+  )
+  reject_upper: float = field(_CORRECTION.reject_upper, "the band's upper end (k1: a ratio bound)", gt=0)
+  reject_lower: float | None = field(_CORRECTION.reject_lower, "k1's lower ratio bound (None = 1 / reject_upper)", gt=0)
 
 
 @dataclasses.dataclass(frozen=True)

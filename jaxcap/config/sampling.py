@@ -7,16 +7,18 @@ import dataclasses
 
 from jaxcap.choices import ROLLOUT_ATTENTION, ROLLOUT_ENGINES
 from jaxcap.fields import ALLOWED, ALTERS, Block, field
+from jaxcap.sampling.distribution import SamplingConfig
+from jaxcap.sampling.engine import EngineConfig  # the runtime classes declare the defaults
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling(Block):
   """How RL draws captions (jaxcap.sampling.SamplingConfig)."""
 
-  temperature: float = field(1.0, "logits are divided by it", ge=0, hint="0 = greedy")
-  top_p: float = field(1.0, "nucleus: the smallest most-likely set of this mass", gt=0, le=1)
-  top_k: int = field(0, "keep the k most likely tokens", ge=0, hint="0 = off")
-  max_new_tokens: int = field(48, "the longest caption, in tokens", ge=1)
+  temperature: float = field(SamplingConfig.temperature, "logits are divided by it", ge=0, hint="0 = greedy")
+  top_p: float = field(SamplingConfig.top_p, "nucleus: the smallest most-likely set of this mass", gt=0, le=1)
+  top_k: int = field(SamplingConfig.top_k, "keep the k most likely tokens", ge=0, hint="0 = off")
+  max_new_tokens: int = field(SamplingConfig.max_new_tokens, "the longest caption, in tokens", ge=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +35,14 @@ class Rollout(Block):
     choices=ROLLOUT_ENGINES,
     resume=ALTERS,
   )
-  slots: int = field(64, "decode slots of the paged engine (rows decoded at once), per device", ge=1)
-  page_size: int = field(16, "tokens per KV-cache page", ge=1)
-  segment_steps: int = field(32, "most decode steps between two refills of the slots", ge=1)
-  pages: int = field(0, "pages in the KV-cache pool, per device", ge=0, hint="0 = as many as a call can use at once")
+  slots: int = field(EngineConfig.slots, "decode slots of the paged engine (rows decoded at once), per device", ge=1)
+  page_size: int = field(EngineConfig.page_size, "tokens per KV-cache page", ge=1)
+  segment_steps: int = field(EngineConfig.segment_steps, "most decode steps between two refills of the slots", ge=1)
+  pages: int = field(
+    EngineConfig.pages, "pages in the KV-cache pool, per device", ge=0, hint="0 = as many as a call can use at once"
+  )
   attention: str = field(
-    "auto",
+    EngineConfig.attention,
     "the paged engine's decode attention: 'auto' (JAX's Pallas paged-attention kernel on TPU / GPU, blocked jnp "
     "attention on CPU), 'reference' (the jnp reference) or 'pallas'",
     choices=ROLLOUT_ATTENTION,

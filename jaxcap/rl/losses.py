@@ -51,12 +51,12 @@ class PolicyLossConfig:
   """
 
   eps_low: float = 0.2
-  eps_high: float = 0.2
+  eps_high: float = 0.28
   dual_clip_c: float | None = 3.0
   log_ratio_clamp: float = 20.0
   aggregation: str = "token-mean"
   max_gen_len: int | None = None
-  kl_coef: float = 0.0
+  kl_coef: float = 0.05
   kl_estimator: str = "k3"
   entropy_coef: float = 0.0
   policy: str = "ppo"

@@ -26,7 +26,7 @@ class SamplingConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
-  max_new_tokens: int = 128
+  max_new_tokens: int = 48
   stop_ids: tuple[int, ...] | None = None
 
   def __post_init__(self):

@@ -17,6 +17,7 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.sharding import make_mesh, param_logical_axes, param_shardings, reshard
 from jaxcap.train.steps.accumulate import accumulate, apply_update
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from hf_reference import hf_inputs, save_tiny_checkpoint
 
@@ -115,7 +116,7 @@ def test_adapter_gradients_are_the_full_gradient_projected(tiny):
 
 def test_only_adapters_have_optimizer_state_and_move(tiny):
   _, _, graphdef, params = tiny
-  opt = make_optimizer(1e-2, 10, weight_decay=0.01)
+  opt = make_optimizer(Optim(1e-2, weight_decay=0.01), 10)
   state = init_train_state(params, opt, jax.random.key(0))
   moment_paths = [
     ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in p)
@@ -154,7 +155,7 @@ def test_base_trained_under_held_adapters_is_full_fine_tuning(tiny):
   """`trains_base` (the embedded student's SFT under LoRA): the base gets the plain model's optimizer state and
   update to float rounding (zero B adds exactly 0 to every output and input gradient), the adapters stay as made."""
   base_graphdef, base_params, graphdef, params = tiny
-  opt = make_optimizer(1e-2, 10, weight_decay=0.01)
+  opt = make_optimizer(Optim(1e-2, weight_decay=0.01), 10)
   inputs = _text_inputs()
 
   def step_of(gd):

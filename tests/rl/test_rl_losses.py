@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxcap import rl
+from loss_configs import plain_loss
 
 TOKEN_LOSS = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], np.float32)
 TOKEN_MASK = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)  # the third sequence is empty
@@ -68,7 +69,7 @@ def _region_inputs():
 
 
 def test_ppo_clip_higher_and_dual_clip_hand_computed():
-  config = rl.PolicyLossConfig(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
+  config = plain_loss(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
   loss, metrics = rl.policy_loss(*_region_inputs(), config)
   np.testing.assert_allclose(loss, EXPECTED_TOKEN_LOSS.mean(), rtol=1e-5)
   # Clipped term active on seqs 0 (high), 2 (low), 3 (high ratio, negative advantage -> dual clip instead).
@@ -85,7 +86,7 @@ def test_ppo_clip_higher_and_dual_clip_hand_computed():
 
 def test_log_ratio_clamp_bounds_the_ratio():
   new, old = jnp.array([[0.0]]), jnp.array([[-50.0]])  # raw ratio e^50
-  config = rl.PolicyLossConfig(log_ratio_clamp=2.0, dual_clip_c=None)
+  config = plain_loss(log_ratio_clamp=2.0, dual_clip_c=None)
   loss, metrics = rl.policy_loss(new, old, jnp.array([-1.0]), jnp.ones((1, 1)), config)
   np.testing.assert_allclose(loss, np.exp(2.0), rtol=1e-6)
   assert (
@@ -120,7 +121,7 @@ def test_gradient_matches_closed_form(mode, kl_estimator):
   mask[2] = 0.0  # an empty completion
   new[3, :3] = old[3, :3] + np.log([4.0, 5.0, 3.5])  # negative advantage, ratio > c: dual-clip region
   mask[3, :3] = 1.0
-  config = rl.PolicyLossConfig(
+  config = plain_loss(
     eps_low=0.2,
     eps_high=0.28,
     dual_clip_c=3.0,
@@ -171,7 +172,7 @@ def test_kl_estimators_hand_values_and_exact_expectation():
 def test_kl_penalty_added_to_loss_and_required_ref():
   new, old, adv, mask = _region_inputs()
   ref = new - 0.5  # d = -0.5 on every token
-  config = rl.PolicyLossConfig(eps_high=0.28, kl_coef=0.1, kl_estimator="k2")
+  config = plain_loss(eps_high=0.28, kl_coef=0.1, kl_estimator="k2")
   loss, metrics = rl.policy_loss(new, old, adv, mask, config, ref_logprobs=ref)
   np.testing.assert_allclose(loss, EXPECTED_TOKEN_LOSS.mean() + 0.1 * 0.125, rtol=1e-5)
   np.testing.assert_allclose(metrics["kl"], 0.125, rtol=1e-5)
@@ -190,6 +191,7 @@ def test_entropy_and_reward_metrics():
     jnp.zeros((n, t)),
     jnp.ones(n),
     jnp.ones((n, t)),
+    plain_loss(),
     logits=logits,
     rewards=rewards,
     reward_valid=reward_valid,
@@ -199,7 +201,7 @@ def test_entropy_and_reward_metrics():
   np.testing.assert_allclose(metrics["reward_mean"], [0.5, 0.3], rtol=1e-6)
   np.testing.assert_allclose(metrics["num_tokens"], 8)
   # An entropy bonus lowers the loss by coef * entropy.
-  config = rl.PolicyLossConfig(entropy_coef=0.01)
+  config = plain_loss(entropy_coef=0.01)
   loss, _ = rl.policy_loss(jnp.zeros((n, t)), jnp.zeros((n, t)), jnp.ones(n), jnp.ones((n, t)), config, logits=logits)
   np.testing.assert_allclose(loss, -1.0 - 0.01 * np.log(v), rtol=1e-6)
 
@@ -211,7 +213,7 @@ def test_invalid_samples_drop_out_of_the_loss(mode):
   old = jnp.asarray(rng.normal(-1, 0.2, (4, 5)), jnp.float32)
   adv = jnp.array([1.0, -1.0, 5.0, 0.5])
   mask = jnp.ones((4, 5))
-  config = rl.PolicyLossConfig(aggregation=mode)
+  config = plain_loss(aggregation=mode)
   keep = jnp.array([True, True, False, True])
   dropped = rl.policy_loss(new, old, adv, mask, config, sample_valid=keep)[0]
   subset = rl.policy_loss(new[keep], old[keep], adv[keep], mask[keep], config)[0]
@@ -220,7 +222,7 @@ def test_invalid_samples_drop_out_of_the_loss(mode):
 
 @pytest.mark.parametrize("mode", rl.LOSS_AGGREGATIONS)
 def test_degenerate_inputs_are_finite(mode):
-  config = rl.PolicyLossConfig(aggregation=mode, kl_coef=0.1)
+  config = plain_loss(aggregation=mode, kl_coef=0.1)
   new = jnp.full((3, 4), -1.0)
   cases = [
     (jnp.zeros((3, 4)), jnp.ones(3), jnp.array([True, True, True])),  # every completion empty
@@ -256,7 +258,7 @@ def test_jit_with_static_config_and_vmap():
   old = jnp.asarray(rng.normal(-1, 0.3, (2, 4, 5)), jnp.float32)
   adv = jnp.asarray(rng.normal(size=(2, 4)), jnp.float32)
   mask = jnp.asarray(rng.uniform(size=(2, 4, 5)) < 0.8)
-  config = rl.PolicyLossConfig(eps_high=0.28, aggregation="seq-mean-token-sum")
+  config = plain_loss(eps_high=0.28, aggregation="seq-mean-token-sum")
   fn = jax.jit(rl.policy_loss, static_argnames="config")
   mapped, metrics = jax.vmap(lambda *a: fn(*a, config=config))(new, old, adv, mask)
   for i in range(2):

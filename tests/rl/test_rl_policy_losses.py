@@ -12,6 +12,7 @@ import torch
 
 from jaxcap import rl
 from tests.rl import verl_reference as verl
+from loss_configs import plain_loss
 
 LENGTHS = [7, 3, 0, 5, 1, 6]  # row 2 is empty
 N, T = len(LENGTHS), 7
@@ -55,7 +56,7 @@ def _verl(name, mode, lp, old, adv, mask, w):
 
 
 def _ours(name, mode, lp, old, adv, mask, w):
-  config = rl.PolicyLossConfig(policy=name, aggregation=mode, **CASES[name][2])
+  config = plain_loss(policy=name, aggregation=mode, **CASES[name][2])
   kw = {} if w is None else {"is_weights": jnp.asarray(w)}
 
   def f(x):
@@ -113,7 +114,7 @@ def test_on_policy_values_hand_computed():
   lp = jnp.log(jnp.array([[0.5, 0.25, 1.0], [0.5, 0.5, 0.5]]))
   mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
   adv = jnp.array([2.0, -1.0])
-  value = lambda name, **kw: float(rl.policy_loss(lp, lp, adv, mask, rl.PolicyLossConfig(policy=name, **kw))[0])
+  value = lambda name, **kw: float(rl.policy_loss(lp, lp, adv, mask, plain_loss(policy=name, **kw))[0])
   # ppo token-mean: (-2 -2 +1 +1 +1) / 5
   np.testing.assert_allclose(value("ppo"), (-2 * 2 + 3) / 5, rtol=1e-6)
   # gspo: sequence ratio 1 -> mean_i -A_i = (-2 + 1) / 2
@@ -133,7 +134,7 @@ def test_on_policy_gradient_is_vanilla_policy_gradient(name):
   """At r = 1 each of these has the REINFORCE gradient -A grad log pi (token-mean), SAPO by its gate's slope 1."""
   lp, _, adv, mask, _ = _inputs(3, 0.0)
   g = jax.grad(lambda x: rl.policy_loss(x, jnp.asarray(lp), jnp.asarray(adv), jnp.asarray(mask),
-                                        rl.PolicyLossConfig(policy=name))[0])(jnp.asarray(lp))  # fmt: skip
+                                        plain_loss(policy=name))[0])(jnp.asarray(lp))  # fmt: skip
   n = mask.sum() if name != "sapo" else None
   if name == "sapo":  # seq-mean-token-mean
     tokens = mask.sum(-1, keepdims=True)
@@ -147,7 +148,7 @@ def test_on_policy_gradient_is_vanilla_policy_gradient(name):
 
 def test_clip_cov_cuts_at_most_the_count_and_only_candidates():
   lp, old, adv, mask, _ = _inputs(5, 0.05)
-  config = rl.PolicyLossConfig(policy="clip_cov", clip_cov_ratio=0.1, clip_cov_lb=0.0, clip_cov_ub=10.0)
+  config = plain_loss(policy="clip_cov", clip_cov_ratio=0.1, clip_cov_lb=0.0, clip_cov_ub=10.0)
   args = (jnp.asarray(lp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), config)
   counts = set()
   for seed in range(3):
@@ -165,8 +166,8 @@ def test_config_validation_and_fixed_aggregations():
       rl.PolicyLossConfig(**bad)
   with pytest.raises(ValueError, match="rl.loss.policy='nope': unknown policy loss; choose one of ppo"):
     rl.POLICY_LOSSES["nope"]
-  assert rl.PolicyLossConfig(policy="gspo", aggregation="token-mean").loss_aggregation == "seq-mean-token-mean"
-  assert rl.PolicyLossConfig(policy="cispo", aggregation="seq-mean-token-sum").loss_aggregation == "seq-mean-token-sum"
+  assert plain_loss(policy="gspo", aggregation="token-mean").loss_aggregation == "seq-mean-token-mean"
+  assert plain_loss(policy="cispo", aggregation="seq-mean-token-sum").loss_aggregation == "seq-mean-token-sum"
   assert set(rl.POLICY_LOSSES) >= {
     "ppo",
     "gspo",

@@ -11,6 +11,7 @@ from jaxcap import rl
 from jaxcap.rl import rollout_correction as rc
 from jaxcap.train.learner.rl import SAMPLER_OLD_MISMATCH
 from tests.rl import verl_reference as verl
+from loss_configs import plain_loss
 
 LENGTHS = [7, 3, 5, 1, 6, 4]
 
@@ -108,7 +109,7 @@ def test_weights_enter_the_ppo_loss_as_verl():
   config = rc.RolloutCorrectionConfig(is_level="token", is_threshold=2.0)
   w, _, _ = rc.rollout_correction(jnp.asarray(old), jnp.asarray(beh), jnp.asarray(mask), config)
   loss, _ = rl.policy_loss(
-    jnp.asarray(lp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), rl.PolicyLossConfig(), is_weights=w
+    jnp.asarray(lp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), plain_loss(), is_weights=w
   )
   ref_w, _ = verl.rollout_is_weights(torch.tensor(old - beh), torch.tensor(mask), "token", 2.0)
   ref, _ = verl.vanilla(

@@ -9,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcap import rl
+from loss_configs import plain_loss
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_policy_loss_and_gradient_on_a_sharded_batch_match_one_device(shard):
   new = jax.random.normal(jax.random.PRNGKey(2), (n, t)) * 0.3 - 1.0
   old = jax.random.normal(jax.random.PRNGKey(3), (n, t)) * 0.3 - 1.0
   mask = jax.random.bernoulli(jax.random.PRNGKey(4), 0.8, (n, t))
-  config = rl.PolicyLossConfig(eps_high=0.28, aggregation="seq-mean-token-sum", kl_coef=0.01)
+  config = plain_loss(eps_high=0.28, aggregation="seq-mean-token-sum", kl_coef=0.01)
   loss_fn = lambda lp, o, a, m: rl.policy_loss(lp, o, a, m, config, ref_logprobs=o)[0]  # noqa: E731
   sharded_loss, sharded_grad = jax.jit(jax.value_and_grad(loss_fn))(shard(new), shard(old), shard(adv), shard(mask))
   local_loss, local_grad = jax.value_and_grad(loss_fn)(new, old, adv, mask)

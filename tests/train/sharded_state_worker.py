@@ -26,6 +26,7 @@ from jaxcap.sharding import (  # noqa: E402
   put_replicated_value,
   replicated_leaves,
 )  # noqa: E402
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import make_optimizer, phase_train_state  # noqa: E402
 from jaxcap.train.steps.updates import PromptBatch, sft_step  # noqa: E402
 
@@ -39,7 +40,7 @@ def main(ckpt: str, out: str):
   graphdef, params = nnx.split(model)
   # eps well above rounding noise: Adam turns a gradient element of ~1e-9 (whose sign depends on the reduction
   # order, e.g. the k-projection bias) into a full lr step; with eps=1e-8 the two layouts then differ by whole steps
-  opt = make_optimizer(1e-3, 10, schedule="constant", weight_decay=0.01, eps=1e-5, grad_clip=1.0)
+  opt = make_optimizer(Optim(1e-3, schedule="constant", weight_decay=0.01, eps=1e-5, grad_clip=1.0), 10)
   state = phase_train_state(opt, params, jax.random.key(0), mesh, with_reference=True)
 
   # every process builds the same global batch on the host and fills only its own shards

@@ -14,13 +14,14 @@ import pytest
 from jaxcap.train.shell import integrity
 from jaxcap.train.shell.checkpointing import RunCheckpointer
 from jaxcap.train.shell.integrity import CheckpointDamagedError
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from processes import load_config
 
 
 def _state(frozen=False):
   params = {"visual": {"w": jax.random.normal(jax.random.key(1), (64, 64))}, "lm": {"w": jnp.ones((8,))}}
-  opt = make_optimizer(1e-3, 10, frozen=("visual",) if frozen else ())
+  opt = make_optimizer(Optim(1e-3), 10, frozen=("visual",) if frozen else ())
   return init_train_state(params, opt, jax.random.key(0))
 
 

@@ -13,6 +13,7 @@ import jaxcap.models as M
 from jaxcap.models.vision import vision_layout
 from jaxcap.train.steps import precision
 from jaxcap.config_files import base_config, real_model_run, validate
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from jaxcap.train.steps.updates import PromptBatch, sft_step
 
@@ -108,7 +109,7 @@ def _run(params0, dtype, master_update="exact", lr=1e-6, steps=8, seed=1):
   dtype is the master dtype); returns the displacement of every weight, flattened, float32."""
   graphdef = nnx.split(M.Qwen25VL(CFG.replace(dtype=dtype), rngs=nnx.Rngs(0)))[0]
   prompts, layout, targets, mask = _batch(np.random.default_rng(0))
-  opt = make_optimizer(lr, 100, schedule="constant")
+  opt = make_optimizer(Optim(lr, schedule="constant"), 100)
   state = init_train_state(params0, opt, jax.random.key(seed))
   step = jax.jit(
     lambda s: sft_step(s, prompts, targets, mask, layout, graphdef=graphdef, optimizer=opt, master_update=master_update)
@@ -148,7 +149,7 @@ def test_optimizer_state_dtypes_are_fixed_from_init(param_dtype, frozen):
   params = jax.tree.map(lambda x: x.astype(param_dtype), _init_params())
   graphdef = nnx.split(M.Qwen25VL(CFG.replace(dtype=jnp.bfloat16), rngs=nnx.Rngs(0)))[0]
   prompts, layout, targets, mask = _batch(np.random.default_rng(1))
-  opt = make_optimizer(1e-5, 100, frozen=frozen)
+  opt = make_optimizer(Optim(1e-5), 100, frozen=frozen)
   state = init_train_state(params, opt, jax.random.key(0))
   mode = "stochastic_rounding" if param_dtype == jnp.bfloat16 else "exact"
   step = jax.jit(

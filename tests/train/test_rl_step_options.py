@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcap.rl import PolicyLossConfig
 from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
 from jaxcap.train.steps.updates import RolloutBatch, rl_step, sequence_logprobs
 from tests.train.test_train_step import B, C, G, _prompts, _state
+from loss_configs import plain_loss
 
 pytestmark = pytest.mark.slow  # seven compiles of the full RL step; the loss formulas are tested in tests/rl
 
@@ -33,7 +33,7 @@ def _setup():
 
 def _run(setup, batch=None, **kw):
   prompts, layout, graphdef, opt, state, default = setup
-  kw.setdefault("loss_config", PolicyLossConfig())
+  kw.setdefault("loss_config", plain_loss())
   step = jax.jit(lambda s, b: rl_step(s, prompts, b, layout, graphdef=graphdef, optimizer=opt, **kw))
   return step(state, default if batch is None else batch)
 
@@ -78,7 +78,7 @@ def test_mask_truncated(setup, plain):
 @pytest.mark.parametrize("policy", ["gspo", "cispo", "clip_cov"])
 def test_other_losses_raise_the_probability_of_advantaged_completions(setup, policy):
   prompts, layout, graphdef, _, _, batch = setup
-  new, metrics = _run(setup, loss_config=PolicyLossConfig(policy=policy, clip_cov_ratio=0.2))
+  new, metrics = _run(setup, loss_config=plain_loss(policy=policy, clip_cov_ratio=0.2))
   after = sequence_logprobs(graphdef, new.params, prompts, layout, batch.tokens)
   delta = np.asarray((after - batch.old_logprobs).sum(-1)).reshape(2, B // 2, G)
   assert (delta[:, :, 0] > delta[:, :, 1]).all(), delta

@@ -19,6 +19,7 @@ from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.train.rollouts.batching import Batcher
 from jaxcap.config_files import validate
 from jaxcap.train.rollouts.loader import record_loader
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from jaxcap.train.steps.updates import sft_step
 from jaxcap.train.learner.sft import SFTUpdate
@@ -162,7 +163,7 @@ def test_sft_loss_falls_on_vqa_targets():
   update, train, processor, model = _update(0.95)
   records = train[:4]
   graphdef, params = nnx.split(model)
-  opt = make_optimizer(3e-3, 20, grad_clip=0.0)
+  opt = make_optimizer(Optim(3e-3, grad_clip=0.0), 20)
   state = init_train_state(params, opt, jax.random.key(0))
   step_fn = jax.jit(functools.partial(sft_step, graphdef=graphdef, optimizer=opt))
   # one fixed draw (one compiled program): the loss on its targets, almost all VQA answers, falls

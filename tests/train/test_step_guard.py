@@ -18,6 +18,7 @@ from jaxcap.train.steps import guard
 from jaxcap.config_files import validate
 from jaxcap.train.steps.guard import HEALTH, NonFiniteError, StepGuard, step_health
 from jaxcap.train.logs.metrics import MetricsWriter, PendingMetrics, read_metrics, to_json
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from jaxcap.train.steps.accumulate import apply_update
 from jaxcap.train.steps.updates import PromptBatch, sft_step
@@ -41,7 +42,7 @@ def _batch():
 def _run(lr, max_update_ratio=1.0):
   """(state before, state after, metrics) of one jitted SFT step (the state before copied out of the donation)."""
   graphdef, params = nnx.split(M.Qwen25VL(CFG, rngs=nnx.Rngs(0)))
-  opt = make_optimizer(lr, 10, schedule="constant", grad_clip=1.0)
+  opt = make_optimizer(Optim(lr, schedule="constant", grad_clip=1.0), 10)
   state = init_train_state(params, opt, jax.random.key(0))
   before = _host(state)
   step = jax.jit(lambda s, *a: sft_step(s, *a, graphdef=graphdef, optimizer=opt, max_update_ratio=max_update_ratio))
@@ -85,7 +86,7 @@ def test_infinite_learning_rate_step_is_not_applied():
 
 def _toy(lr, grads=(0.5, -0.25, 1.0, 2.0), loss=1.0, max_update_ratio=1.0):
   """(state before, after, metrics) of the guarded optimizer update (`accumulate.apply_update`) on a 4-weight toy model."""
-  opt = make_optimizer(lr, 10, schedule="constant", grad_clip=1.0)
+  opt = make_optimizer(Optim(lr, schedule="constant", grad_clip=1.0), 10)
   state = init_train_state({"w": jnp.full((4,), 0.1)}, opt, jax.random.key(0))
   g = {"w": jnp.asarray(grads, jnp.float32)}
   after, metrics = jax.jit(lambda s, g, x: apply_update(s, g, opt, "exact", x, max_update_ratio))(

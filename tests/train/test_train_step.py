@@ -8,9 +8,10 @@ from flax import nnx
 
 import jaxcap.models as M
 from jaxcap.models.vision import vision_layout
-from jaxcap.rl import PolicyLossConfig
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.state import init_train_state, make_optimizer
 from jaxcap.train.steps.updates import PromptBatch, RolloutBatch, rl_step, sequence_logprobs, sft_step
+from loss_configs import plain_loss
 
 CFG = M.tiny()
 B, P, C, G = 4, 12, 6, 2
@@ -41,7 +42,7 @@ def _prompts(num_micro, rng):
 def _state(lr=1e-2):
   model = M.Qwen25VL(CFG, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
-  opt = make_optimizer(lr, 100, grad_clip=0.0)
+  opt = make_optimizer(Optim(lr, grad_clip=0.0), 100)
   return graphdef, opt, init_train_state(params, opt, jax.random.key(0))
 
 
@@ -93,7 +94,7 @@ def test_a_frozen_vision_tower_keeps_its_parameters_while_the_decoder_learns():
   prompts, layout = _prompts(1, rng)
   t, mask = _targets(rng, 1)
   graphdef, _, state = _state()
-  opt = make_optimizer(1e-2, 100, frozen=("visual",))
+  opt = make_optimizer(Optim(1e-2), 100, frozen=("visual",))
   state = init_train_state(state.params, opt, jax.random.key(0))
   new, _ = jax.jit(lambda s: sft_step(s, prompts, t, mask, layout, graphdef=graphdef, optimizer=opt))(state)
   assert jax.tree.structure(new.params) == jax.tree.structure(state.params)
@@ -122,7 +123,7 @@ def test_rl_step_raises_the_probability_of_advantaged_completions():
   )
   step = jax.jit(
     lambda s, b: rl_step(
-      s, prompts, b, layout, graphdef=graphdef, optimizer=opt, loss_config=PolicyLossConfig(), estimator="grpo"
+      s, prompts, b, layout, graphdef=graphdef, optimizer=opt, loss_config=plain_loss(), estimator="grpo"
     )
   )
   new, metrics = step(state, batch)

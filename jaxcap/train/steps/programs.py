@@ -43,19 +43,8 @@ def phase_optimizer(config: Run, phase: str, steps: int | None = None):
   """AdamW + clipping + schedule of `phase` from its `optim` block, for `steps` updates (default: the phase's
   steps); the vision tower frozen when `<phase>.freeze_vision`."""
   p = getattr(config, phase)
-  o = p.optim
   return make_optimizer(
-    o.lr,
-    int(p.steps if steps is None else steps),
-    warmup_ratio=o.warmup_ratio,
-    warmup_steps=o.warmup_steps,
-    schedule=o.schedule,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    eps=o.eps,
-    grad_clip=o.grad_clip,
-    frozen=("visual",) if p.freeze_vision else (),
+    p.optim, int(p.steps if steps is None else steps), frozen=("visual",) if p.freeze_vision else ()
   )
 
 

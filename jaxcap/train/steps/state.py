@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcap.models import lora
 from jaxcap.sharding import param_shardings, reshard, warn_replicated
+from jaxcap.config.training import Optim
 from jaxcap.train.steps.precision import float32_state
 
 
@@ -64,27 +65,18 @@ def _decay_mask(params):
   return jax.tree.map(lambda x: x.ndim >= 2, params)
 
 
-def make_optimizer(
-  lr: float,
-  total_steps: int,
-  *,
-  warmup_ratio: float = 0.0,
-  warmup_steps: int = 0,
-  schedule: str = "cosine",
-  weight_decay: float = 0.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  grad_clip: float = 1.0,
-  frozen: tuple[str, ...] = (),
-) -> optax.GradientTransformation:
-  """AdamW with global-norm clipping and a warm-up + decay schedule. Parameters under the top-level names in
-  `frozen` (e.g. "visual", the vision tower) get zero updates and no optimizer state. The state (Adam's moments)
-  is float32 whatever the params' dtype, fixed from init (`precision.float32_state`)."""
-  sched = learning_rate_schedule(lr, total_steps, warmup_ratio, warmup_steps, schedule)
+def make_optimizer(optim: Optim, total_steps: int, *, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping and a warm-up + decay schedule, from a phase's `optim` block (the schema's
+  `Optim`: one declaration of every optimizer knob), over `total_steps` updates. Parameters under the top-level
+  names in `frozen` (e.g. "visual", the vision tower) get zero updates and no optimizer state. The state (Adam's
+  moments) is float32 whatever the params' dtype, fixed from init (`precision.float32_state`)."""
+  o = optim
+  sched = learning_rate_schedule(o.lr, total_steps, o.warmup_ratio, o.warmup_steps, o.schedule)
   tx = optax.chain(
-    optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-    optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask, mu_dtype=jnp.float32),
+    optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
+    optax.adamw(
+      sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=_decay_mask, mu_dtype=jnp.float32
+    ),
   )
   if not frozen:
     return float32_state(tx)
