@@ -151,7 +151,7 @@ def main():
     t0 = time.perf_counter()
     packed = packed_inputs(host, placed, lengths, width, budget, cfg, batcher.bucket_steps)
     rows = packed.rows
-    # the trainer's choice for this step (RLUpdate.inputs): its packed rows, or its padded layout if packing saves
+    # the trainer's choice for this step (RLLearner.inputs): its packed rows, or its padded layout if packing saves
     # less than rl.packing_min_saving of the padded pass's decoder FLOPs
     metrics, pays = packing_metrics(rows, host, lengths, width, m, budget, c.rl.packing_min_saving, cfg)
     host_ms = 1e3 * (time.perf_counter() - t0)

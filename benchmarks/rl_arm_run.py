@@ -40,6 +40,7 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   from jaxcap.config_files import validate
   from jaxcap.train.shell import trainer as loop
   from jaxcap.train.learner.rl import RLUpdate
+  from jaxcap.train.rollouts.source import RolloutSource
 
   stream, off_policy = ARMS[arm]
   workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")
@@ -69,7 +70,7 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
       annotation.__exit__(None, None, None)
       jax.profiler.stop_trace()
 
-  update_call, reward_call, submit = RLUpdate.__call__, caprl.CapRLReward.__call__, RLUpdate.submit
+  update_call, reward_call, submit = RLUpdate.__call__, caprl.CapRLReward.__call__, RolloutSource.submit
 
   def marked_update(self, *a, **kw):
     mark(calls["n"])
@@ -95,13 +96,13 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
       max_lengths = np.repeat(caps, num_samples)
     return paged_call(self, prompts, key, num_samples=num_samples, max_lengths=max_lengths, **kw)
 
-  RLUpdate.__call__, RLUpdate.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
+  RLUpdate.__call__, RolloutSource.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
   if judge_url is None:
     caprl.CapRLReward.__call__ = slow_reward
   try:
     loop.Trainer(validate(config)).run()
   finally:
-    RLUpdate.__call__, RLUpdate.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
+    RLUpdate.__call__, RolloutSource.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
     PagedSampler.__call__ = paged_call
   wall = marks["t1"] - marks["t0"]
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]

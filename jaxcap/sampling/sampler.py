@@ -39,6 +39,10 @@ class Sampler:
   then the call on the placed batch, whose arrays the caller may reuse (e.g. the prompts of a policy update).
   """
 
+  # what a call takes and offers (the paged engine, jaxcap.sampling.engine.PagedSampler, says yes to both)
+  wants_host_batch = False  # calls take the host `SamplerBatch` of `bucket` (else the placed one of `place`)
+  streams_groups = False  # calls take `on_group`: each prompt's G samples handed over as soon as they are done
+
   def __init__(
     self,
     model: Qwen25VL,

@@ -25,7 +25,7 @@ from jaxcap.train.packing.inputs import PackedInputs
 from jaxcap.train.packing.rows import PackedRows, packing_pays
 from jaxcap.train.steps.programs import ByLayout, RunPrograms
 from jaxcap.train.learner.sft import SFTUpdate
-from jaxcap.train.learner.rl import RLUpdate
+from jaxcap.train.learner.rl import RLLearner
 
 CFG = M.tiny()
 PROMPT = "describe the image in detail ."
@@ -93,7 +93,7 @@ def test_a_step_runs_packed_only_where_packing_pays_and_both_layouts_agree(parts
   mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
   batcher = Batcher(processor, config, mesh, media_threads=1)
   sampler = Sampler(model, processor=processor, sampling=SamplingConfig(max_new_tokens=C))
-  update = RLUpdate(batcher, sampler, None, None, G, 1, True, micro_batch_tokens=1024)
+  update = RLLearner(batcher, None, G, 1, True, micro_batch_tokens=1024)
   logprobs = RunPrograms(config, graphdef).logprobs()
   assert isinstance(logprobs, ByLayout)
   host = sampler.bucket(batcher.inputs(records))

@@ -10,7 +10,8 @@ import pytest
 from jaxcap.config.cli import ConfigError
 from jaxcap.config_files import base_config
 from jaxcap.train.shell.phases import _group_filter
-from jaxcap.train.rollouts.refill import GroupFilter, Round, SlotFill, assembled_rewards, gather_index, gather_rows
+from jaxcap.train.rollouts.refill import GroupFilter, SlotFill, assembled_rewards, gather_index, gather_rows
+from jaxcap.train.rollouts.round import Round
 
 G = 2
 

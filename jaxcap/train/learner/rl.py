@@ -1,21 +1,16 @@
-"""RL's update: host batching around the pure, jitted steps in step.py (SFT's: `jaxcap.train.learner.sft`).
+"""The RL learner: `update(step_fn, state, round) -> (state, metrics)` from a judged round of the rollout source
+(jaxcap.train.rollouts.source), around the pure, jitted steps in jaxcap.train.steps.updates.
 
-Each update has a `prepare(records)` that runs on the loader's thread ahead of its step (images decoded and
-processed, prompts padded: numpy only) and a `__call__` that runs the step from that host batch. RL: the step's
-prompts uploaded once -> G rollouts per prompt (sampler) ->
-old / reference log-probs on device while the captions are judged on a host thread -> `rl_step`; the rollouts'
-tokens, masks and log-probs never leave the device (only this process's rows' tokens and lengths are copied to
-the host, to decode the captions).
-
-Both return the step's metrics as `PendingMetrics` (device values still in flight), so the loop fetches them
-after it has dispatched the next step instead of waiting for this one to finish.
+From the round's rollouts (tokens, masks and the sampler's log-probs, which never leave the device) it derives the
+update's inputs (padded micro-batches, or packed rows where packing pays), dispatches the old / reference log-prob
+passes, and only then waits for the round's rewards, so the passes run while the judge judges; then `rl_step`.
+The metrics come back as `PendingMetrics` (device values still in flight), so the loop fetches them after it has
+dispatched the next step instead of waiting for this one to finish.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,40 +19,27 @@ import numpy as np
 
 from jaxcap.data.records import ImageRecord
 from jaxcap.models import lora
-from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.rl.rollout_correction import mismatch_metrics
-from jaxcap.sampling import Sampler
-from jaxcap.train.steps.batches import HostBatch
-from jaxcap.train.rollouts.batching import Batcher
 from jaxcap.train.logs.metrics import PendingMetrics
-from jaxcap.train.rollouts.refill import GroupFilter, Round, filtered_step
 from jaxcap.train.logs.reward_metrics import reward_metrics
-from jaxcap.train.rollouts.off_policy import off_policy_step
 from jaxcap.train.packing.batch import packed_rows, packing_metrics, with_pixels
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.rollouts.round import JudgedRound
+from jaxcap.train.rollouts.source import RolloutSource
+from jaxcap.train.steps.batches import HostBatch
 from jaxcap.train.steps.updates import RolloutBatch
 
 
 @dataclasses.dataclass
-class RLUpdate:
-  """`update(step_fn, state, batch, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)`; rewards come
-  from `reward` on its own host thread, log-probs from `logprob_fn = jit(sequence_logprobs)`. With
-  `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms` builds the pair), and they take the step's
-  `PackedInputs` where the padded ones take the micro-batches' vision layouts, and a step whose packing saves less
-  than `packing_min_saving` of its padded pass's decoder FLOPs runs the padded programs (`packing_pays`); metrics
-  `packing/packed`, `packing/saving`, `packing/padding_share` (of the layout that ran), `packing/micro_batches`.
-
-  With `group_filter` (rl.filter_groups) the judged groups that carry no signal are replaced by groups of further
-  batches from `draw` (the phase's loader, bound by `RLPhase.attach`) before the update (jaxcap.train.rollouts.refill); the
-  packed inputs are then those of the assembled batch. With `off_policy_steps` = 1 each step trains on rollouts
-  generated from the weights before the last update (jaxcap.train.rollouts.off_policy). With `stream_judging` and a
-  sampler that hands over finished groups (the paged engine), each prompt's G captions go to the judge as soon as
-  they are decoded (jaxcap.rewards.streaming), and the rewards equal those of judging the whole batch after the
-  rollout; the static sampler finishes every group at once, so there it judges the batch after the rollout, as
-  without streaming."""
+class RLLearner:
+  """`update(step_fn, state, judged, step) -> (state, PendingMetrics)` with `step_fn = jit(rl_step)` and
+  `logprob_fn = jit(sequence_logprobs)`. With `micro_batch_tokens` > 0 both are the packed programs (`RunPrograms`
+  builds the pair): they take the round's `PackedInputs` where the padded ones take the micro-batches' vision
+  layouts, and a round whose packing saves less than `packing_min_saving` of its padded pass's decoder FLOPs runs
+  the padded programs (`packing_pays`); metrics `packing/packed`, `packing/saving`, `packing/padding_share` (of the
+  layout that ran), `packing/micro_batches`."""
 
   batcher: Batcher
-  sampler: Sampler
-  reward: OverlappedReward
   logprob_fn: Callable
   num_samples: int
   micro_batches: int
@@ -66,35 +48,16 @@ class RLUpdate:
   stop_ids: tuple[int, ...] | None = None  # with rl.mask_truncated: the stop tokens, to flag truncated captions
   micro_batch_tokens: int = 0  # rl.micro_batch_tokens: > 0 packs the log-prob passes and the update (packed_batch)
   packing_min_saving: float = 0.1  # rl.packing_min_saving: packed only if that saves this share of FLOPs
-  group_filter: GroupFilter | None = None
-  draw: Callable[[], HostBatch] | None = None  # the next batch of the run's loader, for refills
-  off_policy_steps: int = 0  # rl.off_policy_steps: 1 = each step trains on rollouts queued by the step before
-  peek: Callable[[], HostBatch] | None = None  # off-policy: the loader's next batch, drawn ahead (Lookahead.peek)
-  queues: Callable[[int], bool] | None = None  # off-policy: whether a step queues the next one's round
-  queued: Any = None  # off-policy: the round queued for the next step (off_policy.Queued)
   recorder: Any = None  # jaxcap.train.logs.rollout_records.RolloutRecorder: rollout records at its steps
   reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
-  stream_judging: bool = False  # rl.stream_judging: groups judged as the paged engine finishes them
 
-  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
-    return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
-
-  def __call__(self, step_fn: Callable, state, batch: HostBatch | Sequence[ImageRecord], step: int):
-    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
-    key = jax.random.fold_in(state.key, step)
-    if self.off_policy_steps:
-      return off_policy_step(self, step_fn, state, batch, step, key)
-    if self.group_filter is not None:
-      return filtered_step(self, step_fn, state, batch, step, key)
-    first = self.rollout(state, batch, key, step)
-    # Everything the update needs from the rollouts is derived on device, and dispatched before the host waits
-    # for the captions: the old / reference log-probs run while this thread decodes and the judge judges.
-    # (Packed, the rows are cut by the completions' lengths: that waits for the rollout, as decoding does.)
-    prompts, layout, packing = self.inputs(batch, first.placed, first.rollouts.host_lengths, first.tokens)
-    logprobs = self.logprobs(state, prompts, layout, first.tokens, first.cmask, first.behaviour)
-    first.rewards = self.judge(first, step)
-    rollout = (first.tokens, first.cmask, first.behaviour, first.rewards.values, first.rewards.valid)
-    return self._update(step_fn, state, prompts, layout, rollout, logprobs, first, packing, step)
+  def update(self, step_fn: Callable, state, judged: JudgedRound, step: int):
+    """One update on `judged` (0-based `step`); the reward metrics and rollout records are its first round's."""
+    prompts, layout, packing = self.inputs(judged.batch, judged.placed, judged.lengths, judged.tokens)
+    logprobs = self.logprobs(state, prompts, layout, judged.tokens, judged.cmask, judged.behaviour)
+    values, valid = judged.rewards()  # waits for the judge, while the log-prob passes run
+    rollout = (judged.tokens, judged.cmask, judged.behaviour, values, valid)
+    return self._update(step_fn, state, prompts, layout, rollout, logprobs, judged, {**packing, **judged.metrics}, step)
 
   def inputs(self, batch: HostBatch, placed, lengths: np.ndarray, tokens: jax.Array):
     """The update's (prompts, layout, packing/* metrics) of the batch the update sees: `placed` its prompts on
@@ -112,40 +75,6 @@ class RLUpdate:
     prompts, layout = b.prompt_batch(placed, self.micro_batches, vision=not packed)
     return prompts, with_pixels(placed, rows) if packed else layout, metrics
 
-  def rollout(self, state, batch: HostBatch, key: jax.Array, step: int) -> Round:
-    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet; with
-    streaming judging, its groups are being judged as step `step`'s: `Round.judging`)."""
-    placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
-    source = batch.prompts if getattr(self.sampler, "wants_host_batch", False) else placed  # the paged engine's
-    kw = dict(num_samples=self.num_samples, params=state.params)
-    stream = None
-    if self.stream_judging and getattr(self.sampler, "streams_groups", False):
-      stream = self.reward.stream(batch.records, group_size=self.num_samples, step=step)
-      kw["on_group"] = functools.partial(_hand_to_judge, stream, self.sampler.tokenizer)
-    try:
-      rollouts = self.sampler(source, key, **kw)
-      if stream is not None and stream.added != len(batch.records):
-        raise RuntimeError(f"the engine handed over {stream.added} of {len(batch.records)} groups")
-    except BaseException:
-      if stream is not None:  # its judging thread would wait for the missing groups
-        stream.cancel()
-      raise
-    arrays = self.batcher.rollout_batch(rollouts.arrays, placed, self.num_samples, self.micro_batches, True)
-    return Round(batch, placed, rollouts, *arrays, rewards=None, judging=None if stream is None else stream.future)
-
-  def submit(self, rollout: Round, step: int) -> Future:
-    """The future of a round's RewardBatch: its streamed judging, or its captions submitted now (waits for this
-    process's tokens, to decode them)."""
-    if rollout.judging is not None:
-      return rollout.judging
-    return self.reward.submit(rollout.rollouts.text, rollout.batch.records, step=step)
-
-  def judge(self, rollout: Round, step: int):
-    """The RewardBatch of a round's captions (waits for the judge)."""
-    rewards = self.submit(rollout, step).result()
-    self.reward.settle()  # e.g. the judge failure budget, agreed across processes
-    return rewards
-
   def logprobs(self, state, prompts, layout, tokens, cmask, behaviour):
     """(old log-probs, reference log-probs or None, mismatch metrics) of the batch, dispatched on device."""
     recompute = self.recompute_old_logprobs
@@ -160,12 +89,13 @@ class RLUpdate:
       ref = self.logprob_fn(lora.adapters_off(state.params), prompts, layout, tokens)
     return old, ref, mismatch
 
-  def _update(self, step_fn, state, prompts, layout, rollout, logprobs, first: Round, extra: dict, step: int):
+  def _update(self, step_fn, state, prompts, layout, rollout, logprobs, judged: JudgedRound, extra: dict, step: int):
     """The update from (tokens, mask, sampler log-probs, reward values [B*G, R], valid [B*G, R]); the reward
     metrics (and the rollout records of 0-based `step`) are the first round's (the loader's batch, as without a
     filter) plus `extra`."""
     g, m = self.num_samples, self.micro_batches
     (tokens, cmask, behaviour, values, valid), (old, ref, mismatch) = rollout, logprobs
+    first = judged.first
     rewards = first.rewards
     if self.recorder is not None and self.recorder.wants(step + 1):  # numbered as metrics.jsonl numbers the step
       ro = first.rollouts
@@ -190,6 +120,21 @@ class RLUpdate:
     return state, PendingMetrics(metrics, host)
 
 
+@dataclasses.dataclass
+class RLUpdate:
+  """The RL phase's step: the source's judged round of the loader's batch, then the learner's update on it.
+  `prepare` runs on the loader's thread (images decoded and processed, prompts bucketed: numpy only)."""
+
+  source: RolloutSource
+  learner: RLLearner
+
+  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
+    return self.source.prepare(records)
+
+  def __call__(self, step_fn: Callable, state, batch, step: int):
+    return self.learner.update(step_fn, state, self.source.round(state, batch, step), step)
+
+
 # The mismatch metrics when the old log-probs are the sampler's own (rl.recompute_old_logprobs=False): the
 # divergences are exactly 0, so no program computes them; the two log-perplexities are not measured (null in
 # metrics.jsonl). Every step still logs every rollout_corr/* key, as with recomputed old log-probs.
@@ -197,11 +142,6 @@ SAMPLER_OLD_MISMATCH = dict.fromkeys(("kl_k1", "kl_k3", "log_ppl_diff", "log_ppl
   "training_log_ppl": float("nan"),
   "rollout_log_ppl": float("nan"),
 }
-
-
-def _hand_to_judge(stream, tokenizer, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
-  """The paged engine's `on_group`: prompt `prompt`'s G captions, decoded as `Rollouts.text` decodes them."""
-  stream.add(prompt, tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True))
 
 
 @jax.jit

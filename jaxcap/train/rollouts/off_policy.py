@@ -2,8 +2,8 @@
 while step t's judgments finish and its update runs, so a judge slower than the device no longer leaves the device
 idle between rollout and update.
 
-    loader = Lookahead(loader)          # the loop's loader: `peek()` draws the next step's batch early
-    state, metrics = off_policy_step(update, step_fn, state, batch, step, key)
+    schedule = OffPolicy(steps, checkpoint_every)   # the rollout source's schedule (jaxcap.train.rollouts.source)
+    loader = schedule.attach(loader)                # a Lookahead: `peek()` draws the next step's batch early
 
 A one-deep queue: each step trains on the round queued by the step before (rollouts of this step's batch from the
 weights one update old, already being judged), and queues the next step's round. The update's ratio is taken
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxcap.train.rollouts.refill import Round
+from jaxcap.train.rollouts.round import JudgedRound, Round
 
 
 class Lookahead:
@@ -81,37 +81,43 @@ class Queued:
   staleness: int
 
 
-def off_policy_step(update, step_fn: Callable, state, batch, step: int, key: jax.Array):
-  """`RLUpdate`'s step with `off_policy_steps` = 1 (`update` binds `peek`, the loader's look-ahead, and `queues`,
-  `queues_after` of its phase); returns (state, PendingMetrics) as the on-policy step."""
-  current, update.queued = update.queued, None
-  if current is not None and current.round.batch is not batch:
-    raise RuntimeError("off-policy queue out of step with the loader: bind its Lookahead with RLPhase.attach")
-  if current is None:  # the phase's first step, or the one after a checkpoint: this batch from these weights
-    rnd = update.rollout(state, batch, key, step)
-    current = Queued(rnd, None, 0)
-  ahead = None
-  if update.queues is not None and update.queues(step):
-    # dispatched before anything of this step waits: the device samples the next batch from these weights first
-    nxt = update.rollout(state, update.peek(), jax.random.fold_in(state.key, step + 1), step + 1)
-    ahead = Queued(nxt, None, 1)
-  rnd = current.round
-  if current.rewards is None:
-    current.rewards = _submit(update, rnd, step)
-  prompts, layout, packing = update.inputs(rnd.batch, rnd.placed, rnd.rollouts.host_lengths, rnd.tokens)
-  logprobs = update.logprobs(state, prompts, layout, rnd.tokens, rnd.cmask, rnd.behaviour)
-  if ahead is not None:  # judged while this step's log-probs and update run (waits for the next rollout only)
-    ahead.rewards = _submit(update, ahead.round, step + 1)
-  rnd.rewards = current.rewards.result()
-  update.reward.settle()  # e.g. the judge failure budget, agreed across processes
-  rollout = (rnd.tokens, rnd.cmask, rnd.behaviour, rnd.rewards.values, rnd.rewards.valid)
-  extra = {**packing, "offpolicy/staleness": float(current.staleness)}
-  out = update._update(step_fn, state, prompts, layout, rollout, logprobs, rnd, extra, step)
-  update.queued = ahead
-  return out
+@dataclasses.dataclass
+class OffPolicy:
+  """The rollout source's schedule with `rl.off_policy_steps` = 1, for a phase of `steps` steps checkpointed every
+  `checkpoint_every`: each step trains on the round the step before queued (staleness 1), or on its own batch
+  rolled out now (staleness 0: the phase's first step, the one after a checkpoint), and queues the next step's."""
 
+  steps: int
+  checkpoint_every: int
+  peek: Callable[[], Any] | None = None  # the loader's next batch, drawn ahead (`Lookahead.peek`)
+  queued: Queued | None = None
 
-def _submit(update, rnd: Round, step: int) -> Future:
-  """The future of a round's rewards (its streamed judging, or its captions submitted now: waits for its tokens,
-  to decode them; the judge runs on the reward's own thread, one call or stream at a time, in submission order)."""
-  return update.submit(rnd, step)
+  def attach(self, loader):
+    loader = Lookahead(loader)
+    self.peek, self.queued = loader.peek, None  # a resumed or new phase starts with an empty queue
+    return loader
+
+  def round(self, source, state, batch, step: int, key: jax.Array) -> JudgedRound:
+    current, self.queued = self.queued, None
+    if current is not None and current.round.batch is not batch:
+      raise RuntimeError("off-policy queue out of step with the loader: bind its Lookahead with RolloutSource.attach")
+    if current is None:  # the phase's first step, or the one after a checkpoint: this batch from these weights
+      current = Queued(source.rollout(state, batch, key, step), None, 0)
+    ahead = None
+    if self.peek is not None and queues_after(step, self.steps, self.checkpoint_every):
+      # dispatched before anything of this step waits: the device samples the next batch from these weights first
+      nxt = source.rollout(state, self.peek(), jax.random.fold_in(state.key, step + 1), step + 1)
+      ahead = Queued(nxt, None, 1)
+    rnd = current.round
+    if current.rewards is None:
+      current.rewards = source.submit(rnd, step)
+    self.queued = ahead
+
+    def rewards():  # called once this step's log-probs are dispatched: the next round is judged while they run
+      if ahead is not None:
+        ahead.rewards = source.submit(ahead.round, step + 1)
+      rnd.rewards = current.rewards.result()
+      source.settle()
+      return rnd.rewards.values, rnd.rewards.valid
+
+    return JudgedRound.of(rnd, rewards, {"offpolicy/staleness": float(current.staleness)})

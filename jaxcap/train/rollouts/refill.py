@@ -24,21 +24,7 @@ import numpy as np
 
 from jaxcap import multihost
 from jaxcap.rl.group_filter import kept_groups
-
-
-@dataclasses.dataclass
-class Round:
-  """One judged batch of prompts: its host batch (records, prompts), the placed prompts, the rollouts, the update
-  layout's tokens / completion mask / sampler log-probs [M, P*b*G, N] and the rewards (this process's B*G rows)."""
-
-  batch: Any  # HostBatch
-  placed: Any
-  rollouts: Any
-  tokens: jax.Array
-  cmask: jax.Array
-  behaviour: jax.Array | None
-  rewards: Any = None  # RewardBatch, once judged
-  judging: Any = None  # Future[RewardBatch] of its streamed judging (rl.stream_judging), opened by the rollout
+from jaxcap.train.rollouts.round import JudgedRound, Round
 
 
 class SlotFill:
@@ -161,36 +147,41 @@ def _gather_fn(sharding):
   return jax.jit(fn, out_shardings=sharding)
 
 
-def filtered_step(update, step_fn: Callable, state, batch, step: int, key: jax.Array):
-  """`RLUpdate`'s step with dynamic sampling (`update.group_filter`; `update.draw`, the phase's loader, bound by
-  `RLPhase.attach`): judged rounds until every slot holds a kept group or the budget is spent (round r >= 1 samples
-  from fold_in(key, r)); the log-probs are those of the assembled batch. Returns (state, PendingMetrics) as the
-  unfiltered step."""
-  g, m = update.num_samples, update.micro_batches
+@dataclasses.dataclass
+class RefillGroups:
+  """The rollout source's schedule under dynamic sampling (`rl.filter_groups`): judged rounds until every slot holds
+  a kept group or the budget is spent (round r >= 1 draws the loader's next batch and samples from fold_in(key,
+  r)); the round the update trains on is the assembled batch."""
 
-  def judged(r: int, host_batch) -> Round:
-    rnd = update.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r), step)
-    rnd.rewards = update.judge(rnd, step)
-    return rnd
+  group_filter: GroupFilter
+  draw: Callable[[], Any] | None = None  # the loader's next batch, bound by `attach`
 
-  def more(r: int) -> Round:
-    if update.draw is None:
-      raise RuntimeError("rl.filter_groups_max_extra > 0 needs the loader: bind it with RLPhase.attach")
-    return judged(r, update.draw())
+  def attach(self, loader):
+    self.draw = lambda: next(loader)  # refills move the loader's saved position with them
+    return loader
 
-  fill, rounds, filter_metrics = update.group_filter.fill(judged(0, batch), more)
-  first = rounds[0]
-  if not fill.moved_anywhere:
-    assembled, placed, arrays = first.batch, first.placed, (first.tokens, first.cmask, first.behaviour)
-    lengths = first.rollouts.host_lengths
-  else:  # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
-    assembled = update.prepare([rounds[r].batch.records[i] for r, i in fill.source])
-    placed = update.sampler.place(assembled.prompts)
-    index = update.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
+  def round(self, source, state, batch, step: int, key: jax.Array) -> JudgedRound:
+    g, m = source.num_samples, source.micro_batches
+
+    def judged(r: int, host_batch) -> Round:
+      rnd = source.rollout(state, host_batch, key if r == 0 else jax.random.fold_in(key, r), step)
+      rnd.rewards = source.judge(rnd, step)
+      return rnd
+
+    def more(r: int) -> Round:
+      if self.draw is None:
+        raise RuntimeError("rl.filter_groups_max_extra > 0 needs the loader: bind it with RolloutSource.attach")
+      return judged(r, self.draw())
+
+    fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
+    first = rounds[0]
+    rewards = assembled_rewards(fill, rounds, g)
+    if not fill.moved_anywhere:
+      return JudgedRound.of(first, lambda: rewards, filter_metrics)
+    # the filled batch's prompts processed and placed again; its rollouts gathered from the rounds on device
+    assembled = source.prepare([rounds[r].batch.records[i] for r, i in fill.source])
+    placed = source.sampler.place(assembled.prompts)
+    index = source.batcher.micro(gather_index(fill, len(fill.source), g, m), m)
     arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
     lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
-  prompts, layout, packing = update.inputs(assembled, placed, lengths, arrays[0])
-  logprobs = update.logprobs(state, prompts, layout, *arrays)
-  rollout = (*arrays, *assembled_rewards(fill, rounds, g))
-  extra = {**packing, **filter_metrics}
-  return update._update(step_fn, state, prompts, layout, rollout, logprobs, first, extra, step)
+    return JudgedRound(assembled, placed, lengths, *arrays, lambda: rewards, first, filter_metrics)

@@ -1,14 +1,13 @@
 """The phases of a run (SFT, then RL): what differs between them, so the trainer's phase loop is written once.
 
 A `Phase` owns its jitted step (built by `RunPrograms` from the config), its train state, the per-step argument
-its update takes, its update (`SFTUpdate` / `RLUpdate`), its evaluation cadence and its start hook. A new phase
+its update takes, its update (`SFTUpdate`; RL's `RLUpdate`: a rollout source and a learner), its evaluation cadence and its start hook. A new phase
 kind is one subclass registered in `PHASE_KINDS`. Hooks take the `Trainer` (jaxcap.train.shell.trainer) that runs them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -19,12 +18,13 @@ from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rl.group_filter import OFF, SPREAD
 from jaxcap.train.steps.adapters import trains_base
-from jaxcap.train.rollouts.off_policy import Lookahead, queues_after
+from jaxcap.train.rollouts.off_policy import OffPolicy
 from jaxcap.train.steps.programs import reference_is_base, rollout_correction_config, with_reference
-from jaxcap.train.rollouts.refill import GroupFilter
+from jaxcap.train.rollouts.refill import GroupFilter, RefillGroups
+from jaxcap.train.rollouts.source import OnPolicy, RolloutSource
 from jaxcap.train.steps.state import phase_train_state
 from jaxcap.train.learner.sft import SFTUpdate
-from jaxcap.train.learner.rl import RLUpdate
+from jaxcap.train.learner.rl import RLLearner, RLUpdate
 
 Trainer = Any  # jaxcap.train.shell.trainer.Trainer, which imports this module
 PHASE_KINDS: Registry[type["Phase"]] = Registry("training phase")
@@ -109,15 +109,20 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
-def _group_filter(config, reward_names: tuple[str, ...]) -> GroupFilter | None:
-  mode = config.rl.filter_groups
-  if mode == OFF:
-    return None
-  if mode != SPREAD and mode not in reward_names:
+def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_every: int):
+  """The rollout source's schedule the `rl` block chooses: one-step off-policy (rl.off_policy_steps), dynamic
+  sampling (rl.filter_groups; the schema refuses both at once) or on-policy."""
+  rl = config.rl
+  if rl.off_policy_steps:
+    return OffPolicy(steps, checkpoint_every)
+  if rl.filter_groups == OFF:
+    return OnPolicy()
+  if rl.filter_groups != SPREAD and rl.filter_groups not in reward_names:
     raise ConfigError(
-      f"rl.filter_groups={mode!r} names no reward dimension of this run; use off, spread or one of {list(reward_names)}"
+      f"rl.filter_groups={rl.filter_groups!r} names no reward dimension of this run; use off, spread or one of "
+      f"{list(reward_names)}"
     )
-  return GroupFilter.from_config(config.rl)
+  return RefillGroups(GroupFilter.from_config(rl))
 
 
 def _stop_ids(sampler) -> tuple[int, ...]:
@@ -132,43 +137,43 @@ class RLPhase(Phase):
   @classmethod
   def build(cls, trainer: Trainer, index: int) -> "RLPhase":
     c = trainer.config
-    update = RLUpdate(
+    every = int(c.checkpoint.every or 0)
+    source = RolloutSource(
       trainer.batcher,
       trainer.sampler,
       trainer.rewards.train,
+      c.rl.num_samples,
+      c.rl.micro_batches,
+      schedule=schedule_for(c, trainer.rewards.names, c.rl.steps, every),
+      stream_judging=c.rl.stream_judging,
+    )
+    learner = RLLearner(
+      trainer.batcher,
       trainer.programs.logprobs(),
       c.rl.num_samples,
       c.rl.micro_batches,
       c.rl.recompute_old_logprobs,
       rollout_correction=rollout_correction_config(c).enabled,
       stop_ids=_stop_ids(trainer.sampler) if c.rl.mask_truncated else None,
-      group_filter=_group_filter(c, trainer.rewards.names),
       micro_batch_tokens=c.rl.micro_batch_tokens,
       packing_min_saving=c.rl.packing_min_saving,
       recorder=trainer.rollout_recorder(_stop_ids(trainer.sampler)),
-      off_policy_steps=c.rl.off_policy_steps,
       reference_is_base=reference_is_base(c, "rl"),
-      stream_judging=c.rl.stream_judging,
     )
-    every = int(c.checkpoint.every or 0)
+    update = RLUpdate(source, learner)
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, c.eval.every, checkpoint_every=every)
 
   def attach(self, loader):
-    """Refills of dropped groups (rl.filter_groups) draw the loader's next batches: its saved position counts them.
-    Off-policy (rl.off_policy_steps), the loop draws from a `Lookahead` of it, which queued rounds peek into."""
-    self.update.draw = lambda: next(loader)
-    if not self.update.off_policy_steps:
-      return loader
-    loader = Lookahead(loader)
-    self.update.peek, self.update.queued = loader.peek, None  # a resumed or new phase starts with an empty queue
-    self.update.queues = functools.partial(queues_after, steps=self.steps, checkpoint_every=self.checkpoint_every)
-    return loader
+    """The rollout source draws refills (rl.filter_groups) and look-ahead batches (rl.off_policy_steps) from the
+    phase's loader: its saved position counts them."""
+    return self.update.source.attach(loader)
 
   def begin(self, trainer: Trainer, state) -> bool:
     """The reward families' `before_rl` hooks (e.g. RubiCap writing rubrics against the policy entering RL)."""
     s = trainer.setup
-    if self.update.recorder is not None:  # a resumed run writes the steps after its checkpoint again
-      self.update.recorder.resume(int(state.step))
+    recorder = self.update.learner.recorder
+    if recorder is not None:  # a resumed run writes the steps after its checkpoint again
+      recorder.resume(int(state.step))
     changed = False
     for name in trainer.config.reward:
       hook = REWARD_FAMILIES[name].before_rl

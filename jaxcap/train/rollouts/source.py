@@ -1,0 +1,123 @@
+"""The RL phase's rollout source: judged rounds of G rollouts per prompt, one per step.
+
+    source = RolloutSource(batcher, sampler, reward, num_samples=G, micro_batches=M, schedule=schedule_for(rl))
+    loader = source.attach(loader)                  # the phase's loader (refills and look-ahead draw from it)
+    judged = source.round(state, batch, step)        # -> JudgedRound, for `RLLearner.update`
+
+It owns the sampler or the paged engine, the reward (streaming judging hands each prompt's G captions to the judge
+as soon as the engine has decoded them), and one schedule chosen from the config:
+  OnPolicy       each step's batch rolled out from its own weights (default)
+  RefillGroups   dynamic sampling: groups without signal replaced by groups of further batches (rl.filter_groups,
+                 jaxcap.train.rollouts.refill)
+  OffPolicy      one-step off-policy: the next step's round rolled out ahead from these weights
+                 (rl.off_policy_steps, jaxcap.train.rollouts.off_policy)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from concurrent.futures import Future
+from typing import Any, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from jaxcap.data.records import ImageRecord
+from jaxcap.rewards.overlap import OverlappedReward
+from jaxcap.sampling import Sampler
+from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.rollouts.round import JudgedRound, Round
+from jaxcap.train.steps.batches import HostBatch
+
+
+class Schedule(Protocol):
+  """How a source turns the loader's batch of a step into the round its update trains on."""
+
+  def attach(self, loader): ...
+
+  def round(self, source: "RolloutSource", state, batch: HostBatch, step: int, key: jax.Array) -> JudgedRound: ...
+
+
+class OnPolicy:
+  """Each step's batch rolled out from the weights it updates, and judged while its log-probs run."""
+
+  def attach(self, loader):
+    return loader
+
+  def round(self, source, state, batch, step, key):
+    rnd = source.rollout(state, batch, key, step)
+
+    def rewards():
+      rnd.rewards = source.judge(rnd, step)
+      return rnd.rewards.values, rnd.rewards.valid
+
+    return JudgedRound.of(rnd, rewards)
+
+
+@dataclasses.dataclass
+class RolloutSource:
+  """`round(state, batch, step) -> JudgedRound`: G rollouts per prompt of the step's batch (`batch`: the loader's,
+  prepared by `prepare` on its thread), from the weights in `state`, judged by `reward`, as `schedule` says."""
+
+  batcher: Batcher
+  sampler: Sampler
+  reward: OverlappedReward
+  num_samples: int
+  micro_batches: int
+  schedule: Schedule = dataclasses.field(default_factory=OnPolicy)
+  stream_judging: bool = False  # rl.stream_judging: groups judged as the paged engine finishes them
+
+  def prepare(self, records: Sequence[ImageRecord]) -> HostBatch:
+    return HostBatch(list(records), self.sampler.bucket(self.batcher.inputs(records)))
+
+  def attach(self, loader):
+    """Hands the source the phase's loader (restored, if resuming); returns the loader the loop draws from."""
+    return self.schedule.attach(loader)
+
+  def round(self, state, batch: HostBatch | Sequence[ImageRecord], step: int) -> JudgedRound:
+    batch = batch if isinstance(batch, HostBatch) else self.prepare(batch)
+    return self.schedule.round(self, state, batch, step, jax.random.fold_in(state.key, step))
+
+  def rollout(self, state, batch: HostBatch, key: jax.Array, step: int) -> Round:
+    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet; with
+    streaming judging, its groups are being judged as step `step`'s: `Round.judging`)."""
+    placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
+    source = batch.prompts if self.sampler.wants_host_batch else placed  # the paged engine's
+    kw: dict[str, Any] = dict(num_samples=self.num_samples, params=state.params)
+    stream = None
+    if self.stream_judging and self.sampler.streams_groups:
+      stream = self.reward.stream(batch.records, group_size=self.num_samples, step=step)
+      kw["on_group"] = functools.partial(_hand_to_judge, stream, self.sampler.tokenizer)
+    try:
+      rollouts = self.sampler(source, key, **kw)
+      if stream is not None and stream.added != len(batch.records):
+        raise RuntimeError(f"the engine handed over {stream.added} of {len(batch.records)} groups")
+    except BaseException:
+      if stream is not None:  # its judging thread would wait for the missing groups
+        stream.cancel()
+      raise
+    arrays = self.batcher.rollout_batch(rollouts.arrays, placed, self.num_samples, self.micro_batches, True)
+    return Round(batch, placed, rollouts, *arrays, rewards=None, judging=None if stream is None else stream.future)
+
+  def submit(self, rnd: Round, step: int) -> Future:
+    """The future of a round's RewardBatch: its streamed judging, or its captions submitted now (waits for this
+    process's tokens, to decode them; the judge runs on the reward's own thread, in submission order)."""
+    if rnd.judging is not None:
+      return rnd.judging
+    return self.reward.submit(rnd.rollouts.text, rnd.batch.records, step=step)
+
+  def settle(self) -> None:
+    """After a judged round: e.g. the judge failure budget, agreed across processes."""
+    self.reward.settle()
+
+  def judge(self, rnd: Round, step: int):
+    """The RewardBatch of a round's captions (waits for the judge)."""
+    rewards = self.submit(rnd, step).result()
+    self.settle()
+    return rewards
+
+
+def _hand_to_judge(stream, tokenizer, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
+  """The paged engine's `on_group`: prompt `prompt`'s G captions, decoded as `Rollouts.text` decodes them."""
+  stream.add(prompt, tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True))
