@@ -21,8 +21,8 @@ CONFIGS = ROOT / "configs"
 
 # XLA:CPU compile options for the tests, whose tiny programs spend seconds compiling and milliseconds running:
 # LLVM at -O0 and XLA's older loop emitters instead of the fusion emitters compile the tiny model's SFT step ~5x
-# faster (8.8 s -> 1.7 s here; benchmarks/README.md, "Test compile flags") and run it in about as long. Tests only:
-# a user's run keeps XLA's defaults. Both sides of every in-test comparison compile with the same flags.
+# faster (8.8 s -> 1.7 s here; docs/benchmarks-history.md, "test compile flags") and run it in about as long.
+# Tests only: a user's run keeps XLA's defaults. Both sides of every in-test comparison compile with the same flags.
 FAST_COMPILE_FLAGS = (
   "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 )

@@ -1,4 +1,5 @@
-"""The README's Python example runs as written (on a tiny local checkpoint instead of the 3B one)."""
+"""The README's two set-up commands are there, and the Python example of docs/real-run.md runs as written (on a tiny
+local checkpoint instead of the 3B one)."""
 
 import re
 from pathlib import Path
@@ -9,11 +10,19 @@ from PIL import Image
 import jaxcap.models as M
 from hf_reference import save_tiny_checkpoint
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+REAL_RUN = ROOT / "docs" / "real-run.md"
+
+
+def test_readme_has_the_two_set_up_commands():
+  lines = README.read_text().splitlines()
+  assert 'pip install -e ".[test]" && python -m pytest' in lines
+  assert "pip install -e . && python -m jaxcap.launch --config=configs/caprl.py" in lines
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch):
-  code = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+  code = re.findall(r"```python\n(.*?)```", REAL_RUN.read_text(), re.S)[0]
   ckpt = tmp_path / "ckpt"
   save_tiny_checkpoint(M.tiny(), 0, ckpt)
   Image.fromarray((np.random.RandomState(0).rand(120, 90, 3) * 255).astype(np.uint8)).save(tmp_path / "photo.jpg")
@@ -22,6 +31,6 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     '"/tmp/exported"', repr(str(tmp_path / "exp"))
   )
   namespace = {}
-  exec(compile(code, "README.md", "exec"), namespace)
+  exec(compile(code, "docs/real-run.md", "exec"), namespace)
   assert 0 <= namespace["next_token"] < M.tiny().text.vocab_size
   assert (tmp_path / "exp" / "model.safetensors").exists() and (tmp_path / "exp" / "tokenizer.json").exists()

@@ -1,5 +1,5 @@
 """The extension points: one registry each, read by validate(), the factories and the CLIs; adding an entry is one
-function + one decorator (the README's "Extending" examples, run here)."""
+function + one decorator (the examples of docs/extending.md, run here)."""
 
 import importlib
 import pkgutil
@@ -61,7 +61,7 @@ def test_a_new_advantage_estimator_is_one_function_and_one_decorator(scratch):
 
 
 def test_a_new_policy_loss_is_one_function_and_one_decorator(scratch):
-  """The README's example: REINFORCE with the ratio's detached value; on-policy it is the gpg loss."""
+  """docs/extending.md's example: REINFORCE with the ratio's detached value; on-policy it is the gpg loss."""
 
   @rl.register_policy_loss("reinforce")
   def reinforce(x):
@@ -172,12 +172,11 @@ def test_every_module_imports_on_its_own():
 def test_readme_extending_examples_run_as_written(scratch):
   import re
 
-  readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-  section = readme[readme.index("## Extending") : readme.index("## Code style")]
-  blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+  page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", page, re.S)
   assert len(blocks) == 3
   for code in blocks:
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/extending.md", "exec"), {})
   scratch(rl.ADVANTAGE_ESTIMATORS, "mean_baseline")
   scratch(rl.POLICY_LOSSES, "reinforce")
   scratch(REWARD_FAMILIES, "caption_length")
