@@ -47,8 +47,8 @@ def main():
 
   import jax
 
-  from jaxcap.sampling import Sampler, SamplingConfig
-  from jaxcap.sampling.engine import EngineConfig, PagedSampler
+  from jaxcap.sampling import SamplingConfig
+  from jaxcap.sampling.engine import EngineConfig, make_sampler
 
   model, processor = mid_model()
   rng = np.random.RandomState(0)
@@ -62,11 +62,13 @@ def main():
   parts = [lengths[i : i + b] for i in range(0, len(lengths), b)]
   greedy = SamplingConfig(temperature=0.0, max_new_tokens=args.cap, stop_ids=())
   static = {
-    int(p.max()): Sampler(model, processor=processor, sampling=dataclasses.replace(greedy, max_new_tokens=int(p.max())))
+    int(p.max()): make_sampler(
+      model, processor=processor, sampling=dataclasses.replace(greedy, max_new_tokens=int(p.max()))
+    )
     for p in parts
   }
   engine = EngineConfig(slots=b, page_size=args.page_size, segment_steps=args.segment_steps)
-  paged = PagedSampler(model, processor=processor, sampling=greedy, engine=engine)
+  paged = make_sampler(model, processor=processor, sampling=greedy, engine=engine)
   any_static = next(iter(static.values()))
   batches = [any_static.bucket(g) for g in groups]
   forced = np.concatenate([np.pad(p, (0, batch.block - len(p))) for p, batch in zip(parts, batches)])

@@ -93,9 +93,9 @@ def main():
 
   import jax
 
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import SamplingConfig
   from jaxcap.sampling import paged_slots
-  from jaxcap.sampling.engine import EngineConfig, PagedSampler
+  from jaxcap.sampling.engine import EngineConfig, make_sampler
 
   model, processor = mid_model()
   rng = np.random.RandomState(0)
@@ -113,8 +113,8 @@ def main():
     lengths = schedules[case]
     longest = int(lengths.max())
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=longest, stop_ids=())
-    static = Sampler(model, processor=processor, sampling=sampling)
-    paged = PagedSampler(model, processor=processor, sampling=sampling, engine=engine)
+    static = make_sampler(model, processor=processor, sampling=sampling)
+    paged = make_sampler(model, processor=processor, sampling=sampling, engine=engine)
     batch = static.bucket(conversations)
     forced = np.zeros(batch.block * g, np.int64)
     forced[:rows] = lengths

@@ -105,7 +105,8 @@ def annotate(args: argparse.Namespace) -> int:
   from tqdm import tqdm
   from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint, read_config
   from jaxcap.processing import Processor
-  from jaxcap.sampling import Sampler, SamplingConfig
+  from jaxcap.sampling import SamplingConfig
+  from jaxcap.sampling.engine import make_sampler
   from jaxcap.sharding import make_mesh
 
   index = jax.process_index() if args.process_index is None else args.process_index
@@ -149,12 +150,12 @@ def annotate(args: argparse.Namespace) -> int:
     # the decoder's layers are read straight into the decode layout: the stack is never held
     model = load_hf_checkpoint(args.checkpoint, mesh=mesh, param_dtype=param_dtype, layers_apart=True)
     if args.engine == "paged":
-      from jaxcap.sampling.engine import EngineConfig, PagedSampler
+      from jaxcap.sampling.engine import EngineConfig
 
       engine = EngineConfig(args.slots or args.batch_size, args.page_size, args.segment_steps)
-      sampler = PagedSampler(model, processor=processor, sampling=sampling, engine=engine, owns_weights=True)
     else:
-      sampler = Sampler(model, processor=processor, sampling=sampling, owns_weights=True)
+      engine = None
+    sampler = make_sampler(model, engine=engine, processor=processor, sampling=sampling, owns_weights=True)
     stops = set(sampling.resolve_stop_ids(processor.cfg.eos_token_id))
     # the paged engine takes --stream_images images (whole batches) per call: its slots stay full across them
     window = args.batch_size * (max(1, args.stream_images // args.batch_size) if args.engine == "paged" else 1)

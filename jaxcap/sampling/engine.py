@@ -46,6 +46,13 @@ class EngineConfig:
       raise ValueError(f"rollout.attention={self.attention!r}; use one of {', '.join(ATTENTION_CHOICES)}")
 
 
+def make_sampler(model, *, engine: EngineConfig | None = None, **kw) -> Sampler:
+  """The one builder of a sampler (the trainer's rollouts, the annotator, the benchmarks): the static-batch `Sampler`
+  for `engine` None, else the paged engine with its settings; `kw` are `Sampler`'s (processor, sampling,
+  length_multiple, bucket_steps, owns_weights)."""
+  return Sampler(model, **kw) if engine is None else PagedSampler(model, engine=engine, **kw)
+
+
 class PagedSampler(Sampler):
   """A `Sampler` (same bucketing, same `Rollouts`) whose calls run the paged engine (`generate`): `engine` sets
   its slots, page size and segment length. On a mesh or several processes, data parallel: one engine per block

@@ -1,6 +1,10 @@
 """Every config file and variant loads and validates; the `:paper` variants carry the papers' numbers."""
 
+import json
+
 import pytest
+
+from jaxcap.config.run import Run
 
 from jaxcap.config_files import validate
 from processes import load_config
@@ -16,7 +20,12 @@ def _load(name, variant):
 @pytest.mark.parametrize("name", ["caprl", "rubicap", "balcaprl", "caprl_video", "sft"])
 @pytest.mark.parametrize("variant", ["default", "paper"])
 def test_config_validates(name, variant):
-  validate(_load(name, variant))
+  """Each file's variant parses into the typed run config the trainer takes, carrying every value the file sets
+  (none dropped, none coerced: ints stay ints, lists lists)."""
+  c = _load(name, variant)
+  run = validate(c)
+  assert isinstance(run, Run)
+  assert json.dumps(run.to_dict(), sort_keys=True) == json.dumps(c.to_dict(), sort_keys=True)
 
 
 def test_paper_hyper_parameters():

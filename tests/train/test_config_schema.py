@@ -9,6 +9,7 @@ import pytest
 from jaxcap.config import schema
 from jaxcap.config.changes import flatten
 from jaxcap.choices import REMAT_POLICIES
+from jaxcap import fields
 from jaxcap.fields import ALLOWED, ALTERS, POLICIES, SHAPE, docs, lookup
 from jaxcap.config.run import Run
 from jaxcap.judges.settings import JudgeConfig
@@ -282,3 +283,45 @@ def test_choice_lists_are_shared_with_the_code_that_acts_on_them():
     remat(lambda x: x, policy)
   with pytest.raises(ValueError, match="remat='some'"):
     remat(lambda x: x, "some")
+
+
+def test_each_knob_is_declared_once_and_the_builders_pass_every_field():
+  """The runtime classes (PolicyLossConfig, RolloutCorrectionConfig, SamplingConfig, EngineConfig) hold the defaults
+  the schema's blocks show, and the one builder of each (jaxcap.train.steps.programs) hands it every field: a run
+  whose every such field differs from its default gets a runtime object with every field changed."""
+  from jaxcap.rl import PolicyLossConfig
+  from jaxcap.rl.rollout_correction import RolloutCorrectionConfig
+  from jaxcap.sampling import SamplingConfig
+  from jaxcap.sampling.engine import EngineConfig
+  from jaxcap.train.steps import programs
+
+  run = Run()
+  pairs = [
+    (run.rl.loss, PolicyLossConfig()), (run.rl.rollout_correction, RolloutCorrectionConfig()),
+    (run.sampling, SamplingConfig()), (dataclasses.replace(run.rollout, engine="paged"), EngineConfig()),
+  ]  # fmt: skip
+  for block, runtime in pairs:
+    shared = [f.name for f in dataclasses.fields(block) if hasattr(runtime, f.name)]
+    assert shared and all(getattr(block, n) == getattr(runtime, n) for n in shared), type(block).__name__
+  changed = {
+    "rl.loss": dict(policy="gspo", eps_low=0.1, eps_high=0.3, dual_clip_c=4.0, aggregation="seq-mean-token-sum",
+                    kl_coef=0.2, kl_estimator="k1", entropy_coef=0.01, tau_pos=0.9, tau_neg=1.1, clip_cov_ratio=0.1,
+                    clip_cov_lb=0.5, clip_cov_ub=6.0, kl_cov_ratio=0.1, kl_cov_coef=0.2),
+    "rl.rollout_correction": dict(is_level="token", is_threshold=3.0, reject="token_k1", reject_upper=3.0,
+                                  reject_lower=0.5),
+    "sampling": dict(temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=99),
+    "rollout": dict(engine="paged", slots=7, page_size=8, segment_steps=9, pages=10, attention="reference"),
+  }  # fmt: skip
+  for block, values in changed.items():
+    for name, value in values.items():
+      run = fields.replaced(run, {f"{block}.{name}": value})
+  built = {
+    "rl.loss": programs.policy_loss_config(run),
+    "rl.rollout_correction": programs.rollout_correction_config(run),
+    "sampling": programs.sampling_config(run),
+    "rollout": programs.rollout_engine(run),
+  }
+  for block, values in changed.items():
+    for name, value in values.items():
+      if name != "engine":
+        assert getattr(built[block], name) == value, f"{block}.{name}"

@@ -16,9 +16,10 @@ from processes import cpu_env, launch, tiny_run
 
 def test_static_is_the_default_and_paged_builds_the_engine():
   c = base_config()
-  assert c.rollout.engine == "static" and rollout_engine(c) is None
+  assert c.rollout.engine == "static" and rollout_engine(schema.validate(c)) is None
   c.rollout.update(dict(engine="paged", slots=8, page_size=4, segment_steps=5, pages=100, attention="reference"))
-  assert rollout_engine(c) == EngineConfig(slots=8, page_size=4, segment_steps=5, pages=100, attention="reference")
+  got = rollout_engine(schema.validate(c))
+  assert got == EngineConfig(slots=8, page_size=4, segment_steps=5, pages=100, attention="reference")
   declared = {f.name: f for f in Rollout.__dataclass_fields__.values()}
   assert declared["engine"].metadata["choices"] is ROLLOUT_ENGINES
 
@@ -42,11 +43,13 @@ def test_bad_rollout_values_are_named(key, value, message):
 
 
 def test_paged_engine_is_accepted_for_multi_host_runs():
-  """Each process's devices run the engine over its own prompts (jaxcap.sampling.mesh_shards)."""
+  """Each process's devices run the engine over its own prompts (jaxcap.sampling.mesh_shards): a multi-host run
+  validates and builds the same engine as a single-process one."""
   c = base_config()
   c.rollout.engine = "paged"
   c.distributed.update(dict(coordinator_address="host:1234", num_processes=2, process_id=0))
-  schema.validate(c)
+  run = schema.validate(c)
+  assert run.distributed.num_processes == 2 and rollout_engine(run) == EngineConfig()
 
 
 @pytest.mark.slow

@@ -69,13 +69,11 @@ def rollout_engine(config: Run):
 
 def build_sampler(config: Run, model, processor, sampling, bucket_steps):
   """The run's rollout sampler: the static-batch `Sampler`, or the paged engine (`rollout.engine=paged`)."""
-  from jaxcap.sampling import Sampler
-  from jaxcap.sampling.engine import PagedSampler
+  from jaxcap.sampling.engine import make_sampler
 
-  engine = rollout_engine(config)
-  kind = Sampler if engine is None else functools.partial(PagedSampler, engine=engine)
-  return kind(
+  return make_sampler(
     model,
+    engine=rollout_engine(config),
     processor=processor,
     sampling=sampling,
     length_multiple=config.data.pad_to_multiple,
