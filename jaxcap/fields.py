@@ -72,15 +72,6 @@ class Block:
     return dataclasses.asdict(self)
 
 
-def replaced(block: Block, changes: dict[str, Any]) -> Block:
-  """`block` with the fields of dotted keys replaced ({"model.lora.rank": 16}): a frozen config's variant."""
-  for key, value in changes.items():
-    head, _, rest = key.partition(".")
-    value = replaced(getattr(block, head), {rest: value}) if rest else value
-    block = dataclasses.replace(block, **{head: value})
-  return block
-
-
 def is_block(tp) -> bool:
   return isinstance(tp, type) and issubclass(tp, Block)
 

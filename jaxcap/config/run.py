@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.choices import RESUME_CHANGES
+from jaxcap.choices import NONFINITE_ACTIONS, RESUME_CHANGES
 from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.config.judging import Judge, Rubrics
 from jaxcap.config.model import Data, Model, World
 from jaxcap.config.sampling import Rollout, Sampling
-from jaxcap.config.training import Rl, Sft, Train, VisionWarmup
+from jaxcap.config.training import Rl, Sft, VisionWarmup
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import MESH_AXES
 
@@ -106,6 +106,34 @@ class Distributed(Block):
       yield (
         f"{at}process_id={self.process_id}, num_processes={self.num_processes}: need 0 <= process_id < num_processes"
       )
+
+
+@dataclasses.dataclass(frozen=True)
+class Train(Block):
+  """What a run does about an update step that goes wrong (jaxcap.train.steps.guard). A step whose loss, gradients or
+  update is non-finite, or whose update diverged (its norm above `max_update_ratio` x the parameters' norm), is
+  never applied: the run stops naming the step and the last good checkpoint, or skips it."""
+
+  RESUME = ALLOWED  # guards only: a finite step is computed the same whatever they say
+
+  on_nonfinite: str = field(
+    "stop",
+    "a non-finite or diverged step: 'stop' the run, or 'skip' it (not applied; max_skips in a row stop the run)",
+    choices=NONFINITE_ACTIONS,
+  )
+  max_skips: int = field(3, "consecutive skipped steps before the run stops (on_nonfinite='skip')", ge=1)
+  max_update_ratio: float = field(
+    1.0,
+    "an update whose norm exceeds this multiple of the parameters' norm is diverged (not applied)",
+    ge=0,
+    hint="0 = off; fine-tuning updates are ~1e-3 of the parameters' norm",
+  )
+  collapse_steps: int = field(
+    20,
+    "warn when the gradient norm is 0, or the policy's entropy at its maximum, for this many consecutive steps",
+    ge=0,
+    hint="0 = no warning",
+  )
 
 
 @dataclasses.dataclass(frozen=True)

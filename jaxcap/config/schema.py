@@ -71,6 +71,15 @@ def block(cls: type[Block], data: Any, at: str) -> Block:
   return built
 
 
+def replaced(block: fields.Block, changes: dict[str, Any]) -> fields.Block:
+  """`block` with the fields of dotted keys replaced ({"model.lora.rank": 16}): a frozen config's variant."""
+  for key, value in changes.items():
+    head, _, rest = key.partition(".")
+    value = replaced(getattr(block, head), {rest: value}) if rest else value
+    block = dataclasses.replace(block, **{head: value})
+  return block
+
+
 def resume_policy(key: str) -> str:
   """ALLOWED, ALTERS or SHAPE for a dotted key of a saved config: its field's policy (a key below a dict field,
   such as reward.caprl.preset, takes that field's; a whole block its block's); a key the schema lacks (a field

@@ -1,11 +1,11 @@
 """The training phases' blocks: optimiser, the vision warm-up, SFT and RL (with its loss and length mask; how RL
-draws its captions: jaxcap.config.sampling), and the step guards. Batch sizes are per process."""
+draws its captions: jaxcap.config.sampling), Batch sizes are per process."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxcap.choices import MASTER_UPDATES, NONFINITE_ACTIONS, SCHEDULES
+from jaxcap.choices import MASTER_UPDATES, SCHEDULES
 from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
 from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection
@@ -231,31 +231,3 @@ class VisionWarmup(Block):
   steps: int = field(800, "warm-up steps (0 = none)", ge=0)
   batch_size: int = field(64, "scenes per warm-up step", ge=1, when=_trains)
   lr: float = field(2e-3, "the warm-up's learning rate", gt=0, when=_trains)
-
-
-@dataclasses.dataclass(frozen=True)
-class Train(Block):
-  """What a run does about an update step that goes wrong (jaxcap.train.steps.guard). A step whose loss, gradients or
-  update is non-finite, or whose update diverged (its norm above `max_update_ratio` x the parameters' norm), is
-  never applied: the run stops naming the step and the last good checkpoint, or skips it."""
-
-  RESUME = ALLOWED  # guards only: a finite step is computed the same whatever they say
-
-  on_nonfinite: str = field(
-    "stop",
-    "a non-finite or diverged step: 'stop' the run, or 'skip' it (not applied; max_skips in a row stop the run)",
-    choices=NONFINITE_ACTIONS,
-  )
-  max_skips: int = field(3, "consecutive skipped steps before the run stops (on_nonfinite='skip')", ge=1)
-  max_update_ratio: float = field(
-    1.0,
-    "an update whose norm exceeds this multiple of the parameters' norm is diverged (not applied)",
-    ge=0,
-    hint="0 = off; fine-tuning updates are ~1e-3 of the parameters' norm",
-  )
-  collapse_steps: int = field(
-    20,
-    "warn when the gradient norm is 0, or the policy's entropy at its maximum, for this many consecutive steps",
-    ge=0,
-    hint="0 = no warning",
-  )

@@ -9,7 +9,6 @@ import pytest
 from jaxcap.config import schema
 from jaxcap.config.changes import flatten
 from jaxcap.choices import REMAT_POLICIES
-from jaxcap import fields
 from jaxcap.fields import ALLOWED, ALTERS, POLICIES, SHAPE, docs, lookup
 from jaxcap.config.run import Run
 from jaxcap.judges.settings import JudgeConfig
@@ -314,7 +313,7 @@ def test_each_knob_is_declared_once_and_the_builders_pass_every_field():
   }  # fmt: skip
   for block, values in changed.items():
     for name, value in values.items():
-      run = fields.replaced(run, {f"{block}.{name}": value})
+      run = schema.replaced(run, {f"{block}.{name}": value})
   built = {
     "rl.loss": programs.policy_loss_config(run),
     "rl.rollout_correction": programs.rollout_correction_config(run),

@@ -22,7 +22,7 @@ import dataclasses
 import os
 
 import jax
-from jaxcap import fields
+from jaxcap.config import schema
 from jaxcap.config.run import Run
 import numpy as np
 
@@ -139,7 +139,7 @@ def check_train_memory(config: Run, cfg, available: tuple[int, str] | None = Non
     return
   fixes = []
   for label, changes in _alternatives(config, cfg):
-    trial = fields.replaced(config, changes)
+    trial = schema.replaced(config, changes)
     dtype = changes.get("model.param_dtype")
     trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(dtype)) if dtype else cfg
     smaller = train_footprint(trial, trial_cfg).total
