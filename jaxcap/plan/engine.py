@@ -140,21 +140,20 @@ def engine_inputs(
   pages = pool_pages([np.full(rows, worst)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
   t_cfg = cfg.text
   dtype = jnp.dtype(cfg.dtype)
-  page_shape = jax.ShapeDtypeStruct((t_cfg.num_key_value_heads, pages, z, t_cfg.head_dim), dtype)
   layers = t_cfg.num_hidden_layers
-  pool = PagePool((page_shape,) * layers, (page_shape,) * layers)
-  out_rows = rows * num_samples
+  out_rows, r = rows * num_samples, engine.slots
+  # the engine's own buffers (jaxcap.sampling.scheduler builds them so), abstract: its pool, outputs and slots
+  pool = jax.eval_shape(lambda: PagePool.zeros(layers, pages, z, t_cfg.num_key_value_heads, t_cfg.head_dim, dtype))
+  out = jax.eval_shape(lambda: Outputs.empty(out_rows, new, 0))
+  slots = jax.eval_shape(lambda: Slots.empty(r, out_rows))
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-  out = Outputs(i32(out_rows, new), *(jax.ShapeDtypeStruct((out_rows, new), jnp.float32),) * 2, i32(out_rows))
-  r = engine.slots
-  slots = Slots(i32(r), i32(r), jax.ShapeDtypeStruct((r,), jnp.bool_), *(i32(r),) * 5)
   read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
   with jax.set_mesh(one) if one is not None else contextlib.nullcontext():  # the target's layout (row blocks: CPU)
     weights = jax.eval_shape(
       lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
     )
   key = jax.eval_shape(lambda: jax.random.key(0))
-  pool_bytes = 2 * layers * int(np.prod(page_shape.shape)) * dtype.itemsize
+  pool_bytes = 2 * layers * int(np.prod(pool.k[0].shape)) * dtype.itemsize
   read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot
   return SimpleNamespace(
     prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key)

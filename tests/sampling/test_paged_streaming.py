@@ -15,7 +15,7 @@ from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.sampling import SamplingConfig
 from jaxcap.sampling import paged_decode
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
-from jaxcap.train.learner.rl import _hand_to_judge
+from jaxcap.train.rollouts.source import _hand_to_judge
 from sampling_fixtures import PADDED_BATCH, tiny_checkpoint
 
 NEW, G = 10, 2

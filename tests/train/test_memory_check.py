@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import jaxcap.models as M
+from jaxcap.config import schema
 from jaxcap.config.cli import ConfigError
 from jaxcap.sampling.footprint import param_sizes
 from jaxcap.train.shell.memory_check import check_train_memory, size, train_footprint
@@ -16,7 +17,7 @@ COUNT = sum(int(np.prod(s)) for s in SIZES.values())
 
 
 def _config(**changes):
-  return load_config("caprl", **changes)
+  return schema.parse(load_config("caprl", **changes))  # the typed run config the trainer checks
 
 
 def test_full_fine_tuning_counts_params_gradients_moments_and_the_reference():

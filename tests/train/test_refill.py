@@ -8,9 +8,18 @@ import numpy as np
 import pytest
 
 from jaxcap.config.cli import ConfigError
-from jaxcap.config_files import base_config
-from jaxcap.train.shell.phases import _group_filter
-from jaxcap.train.rollouts.refill import GroupFilter, SlotFill, assembled_rewards, gather_index, gather_rows
+from jaxcap.config_files import base_config, validate
+from jaxcap.train.rollouts.off_policy import OffPolicy
+from jaxcap.train.rollouts.source import OnPolicy
+from jaxcap.train.shell.phases import schedule_for
+from jaxcap.train.rollouts.refill import (
+  GroupFilter,
+  RefillGroups,
+  SlotFill,
+  assembled_rewards,
+  gather_index,
+  gather_rows,
+)
 from jaxcap.train.rollouts.round import Round
 
 G = 2
@@ -108,11 +117,14 @@ def test_gather_moves_each_slot_from_its_round_in_the_update_layout():
   assert gather_rows([None, None], index) is None
 
 
-def test_the_phase_builds_the_filter_from_the_config_and_names_unknown_dimensions():
+def test_the_phase_chooses_the_sources_schedule_from_the_config_and_names_unknown_dimensions():
   c = base_config()
-  assert _group_filter(c, ("caprl/accuracy",)) is None  # off
+  names = ("caprl/accuracy",)
+  assert isinstance(schedule_for(validate(c), names, 10, 5), OnPolicy)  # filter off, on-policy
   c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 16  # rl.batch_size 8: two extra batches
-  assert _group_filter(c, ("caprl/accuracy",)) == GroupFilter("caprl/accuracy", 8, max_rounds=3)
+  assert schedule_for(validate(c), names, 10, 5) == RefillGroups(GroupFilter("caprl/accuracy", 8, max_rounds=3))
   c.rl.filter_groups = "rubicap/score"
   with pytest.raises(ConfigError, match=r"rl.filter_groups='rubicap/score'.*\['caprl/accuracy'\]"):
-    _group_filter(c, ("caprl/accuracy",))
+    schedule_for(validate(c), names, 10, 5)
+  c.rl.filter_groups, c.rl.filter_groups_max_extra, c.rl.off_policy_steps = "off", 0, 1
+  assert schedule_for(validate(c), names, 10, 5) == OffPolicy(10, 5)
