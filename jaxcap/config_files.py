@@ -52,7 +52,7 @@ def real_model_run(
   """The settings every `:paper` variant shares: a real Qwen2.5-VL checkpoint (no embedded SFT warm start),
   float32 master weights and optimizer state with bfloat16 compute (as maxtext's weight_dtype / dtype; bfloat16
   masters lose most AdamW updates at lr 1e-6..1e-5, see jaxcap.train.steps.precision) and full remat, images at their
-  native size and aspect within `max_pixels` (448 x 448: at most 256 visual tokens per image, what the README's
+  native size and aspect within `max_pixels` (448 x 448: at most 256 visual tokens per image, what docs/scale-and-planning.md's
   memory plan assumes), batches grouped by size, and (for RL) an LLM judge fleet over HTTP with no KL term (BalCapRL states none, CapRL's
   released code uses 0; set rl.loss.kl_coef for the CapRL paper's KL)."""
   c.vision_warmup.steps = 0

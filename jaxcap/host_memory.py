@@ -3,7 +3,7 @@
 XLA:CPU allocates each execution's temporary buffer (1.7 GB for the `mid` update step) with malloc on one of its
 worker threads and frees it at the end. glibc serves a request that large from a fresh mmap (a thread's arena cannot
 hold it) and unmaps it on free, so every call faults every page of it back in: 430k page faults and ~1 s of kernel
-time per update step on a 2-core host, ~15% of its CPU time (benchmarks/README.md). With one arena, no mmap and no
+time per update step on a 2-core host, ~15% of its CPU time (docs/benchmarks-history.md). With one arena, no mmap and no
 trimming, the freed buffer stays in the heap and later calls reuse it with no faults. The cost is host memory: the
 process keeps its peak, and as asynchronous dispatch keeps a few calls' buffers alive at once, the heap grows over the
 first calls (~20 for a small program) before every request finds a freed buffer. glibc reads these settings

@@ -7,7 +7,7 @@ order, so outputs equal x @ W within float rounding (bitwise at some shapes, not
 Why: XLA:CPU's GEMM (YNNPACK in jaxlib 0.10) packs the weight operand afresh at every call, so a matmul with few
 rows streams the weight ~3x and runs far below both the GEMM ceiling and memory bandwidth. With the weight
 as [out, in] blocks of ~256 rows, each block is packed while it is in cache. Measured on a 2-core AMD EPYC
-(f32, min of interleaved calls; benchmarks/README.md): one decode step of a 4-layer Qwen2.5-VL-3B decoder with its
+(f32, min of interleaved calls; docs/benchmarks-history.md): one decode step of a 4-layer Qwen2.5-VL-3B decoder with its
 151936-token tied head, 1024 cache slots, through the model's code: 8 rows 2.28x, 32 rows 1.69x, 64 rows 1.22x,
 128 rows 1.08x; 7B (untied head), 32 rows 2.12x. The `mid()` model's decode-step matmuls: 32 rows 1.5x, 64 rows
 1.08x, 128 rows 0.96x; hence rows <= 64. bfloat16 (3B shapes, 8-32 rows): 1.2-1.34x; mid shapes 0.9x.

@@ -12,7 +12,7 @@ difference is listed in the entry's docstring. Shared conventions, all losses:
 - a loss with a fixed aggregation in verl (gspo, gspo_token, sapo: seq-mean-token-mean; geo_mean: a mean over
   sequences) declares it (`PolicyLoss.aggregation`) and ignores `rl.loss.aggregation`.
 
-Adding one (see README, Extending):
+Adding one (see docs/extending.md):
 
     @register_policy_loss("my_loss")
     def my_loss(x: SurrogateInputs) -> Surrogate:

@@ -13,7 +13,7 @@ allocator's slack), and
 
 On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
 in part (a program's temporaries are one block, the freed leaves' holes smaller), so both are counted. Measured
-against `jaxcap.caption` (benchmarks/README.md): Qwen2.5-VL-3B's full shape, estimate 8.41 GiB, peak RssAnon 8.60
+against `jaxcap.caption` (docs/benchmarks-history.md): Qwen2.5-VL-3B's full shape, estimate 8.41 GiB, peak RssAnon 8.60
 GiB; the 7B's, 17.87 against 18.00. The memory already in use when it is
 compared (the runtime, the processor) is not counted: the available figure is read after it.
 """

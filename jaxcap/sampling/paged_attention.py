@@ -10,7 +10,7 @@ table int32 [R, n], scale) -> [R, N, H]:
   (flash-decoding), stopping after the block that holds the longest row's last position. Each block's gathered
   keys and values stay in cache where the reference materialises the whole bucket and reads it back: on the
   `mid()` model's decode (64 rows, 36-page bucket, pages of 16) 4.6x faster per call, and a uniform-length
-  rollout from 0.75x to about parity with the static sampler (benchmarks/README.md). Sums in another order:
+  rollout from 0.75x to about parity with the static sampler (docs/benchmarks-history.md). Sums in another order:
   equal to the reference within float rounding, not bitwise;
 - the Pallas paged-attention kernels that ship with JAX, reading only the filled pages of each row (block by block:
   a block of pages past the row's length is never loaded): `jax.experimental.pallas.ops.tpu.paged_attention`
