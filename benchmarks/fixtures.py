@@ -54,8 +54,10 @@ def run_config(
   )
   if phase == "rl":
     c.rl.estimator = "grpo"
-    defaults = PolicyLossConfig()
-    c.rl.loss.update({f.name: getattr(defaults, f.name) for f in dataclasses.fields(defaults) if f.name in c.rl.loss})
+    # plain PPO, named: PolicyLossConfig's defaults are the run's (clip-higher 0.28, KL 0.05), which would add a
+    # reference policy's log-prob pass to every timed update
+    plain = PolicyLossConfig(eps_low=0.2, eps_high=0.2, dual_clip_c=3.0, kl_coef=0.0, entropy_coef=0.0)
+    c.rl.loss.update({f.name: getattr(plain, f.name) for f in dataclasses.fields(plain) if f.name in c.rl.loss})
   return c
 
 
