@@ -33,42 +33,39 @@ def defaults() -> dict:
   return Run().to_dict()
 
 
+def _typed(cls: type[Block], data: Any, at: str, checks: bool, standalone: bool = False) -> Block:
+  """`cls` built from a ConfigDict / dict section at path `at`; with `checks` its ranges, choices and cross-field
+  rules too (a `standalone` block, outside any run, is checked with run=None). Raises ConfigError listing every
+  error."""
+  data = data.to_dict() if hasattr(data, "to_dict") else dict(data or {})
+  errors: list[str] = []
+  bad: set[str] = set()
+  built = fields.build(cls, data, at, errors, bad)
+  if checks:
+    fields.check_tree(built, None if standalone else built, at, errors, bad)
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return built
+
+
 def parse(config: Any) -> Run:
   """The typed run config from a ConfigDict (or its `to_dict()`), its structure checked (unknown and missing keys,
   types) but not its ranges and cross-field rules: for programs that only plan or inspect a config (jaxcap.plan)."""
-  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  errors: list[str] = []
-  run = fields.build(Run, data, "", errors, set())
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  return run
+  return _typed(Run, config, "", checks=False)
 
 
 def validate(config: Any) -> Run:
   """The typed run config from a ConfigDict (or its `to_dict()`); raises ConfigError("invalid config: ...") listing
   every unknown or missing key, wrong type, out-of-range value and inconsistent pair of fields, each naming the
   field and the fix."""
-  data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  errors: list[str] = []
-  bad: set[str] = set()
-  run = fields.build(Run, data, "", errors, bad)
-  fields.check_tree(run, run, "", errors, bad)
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  return run
+  return _typed(Run, config, "", checks=True)
 
 
 def block(cls: type[Block], data: Any, at: str) -> Block:
   """One typed block (e.g. an eval config's `judge`, at='judge.') from a ConfigDict or dict section, validated as
   `validate` validates a run's; fields the section leaves out take their defaults."""
   data = data.to_dict() if hasattr(data, "to_dict") else dict(data or {})
-  errors: list[str] = []
-  bad: set[str] = set()
-  built = fields.build(cls, {**cls().to_dict(), **data}, at, errors, bad)
-  fields.check_tree(built, None, at, errors, bad)
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  return built
+  return _typed(cls, {**cls().to_dict(), **data}, at, checks=True, standalone=True)
 
 
 def replaced(block: fields.Block, changes: dict[str, Any]) -> fields.Block:

@@ -23,6 +23,7 @@ import os
 
 import jax
 from jaxcap.config import schema
+from jaxcap.config.model import Lora
 from jaxcap.config.run import Run
 import numpy as np
 
@@ -65,7 +66,7 @@ def size(n: float) -> str:
   return f"{n / 1024 ** '_KMG'.index(unit[0]):.2f} {unit}" if unit != "B" else f"{int(n)} B"
 
 
-def _adapted(path: str, lora: Run) -> bool:
+def _adapted(path: str, lora: Lora) -> bool:
   """Whether the param at `path` (e.g. 'layers.self_attn.q_proj.kernel') is a kernel LoRA adapts."""
   parts = path.split(".")
   if parts[-1] != "kernel" or len(parts) < 2 or parts[-2] not in tuple(lora.targets):
@@ -79,7 +80,7 @@ def train_footprint(config: Run, cfg) -> TrainFootprint:
   pbytes = np.dtype(cfg.param_dtype).itemsize
   count = lambda s: int(np.prod(s))
   lora = config.model.lora
-  rank = int(lora.rank) if lora is not None else 0
+  rank = int(lora.rank)
   if rank > 0:
     qbytes = QTYPE_BYTES.get(str(lora.weight_qtype), pbytes)
     adapted = [(p, s) for p, s in sizes if _adapted(p, lora)]
@@ -155,14 +156,14 @@ def check_train_memory(config: Run, cfg, available: tuple[int, str] | None = Non
 def _alternatives(config: Run, cfg):
   """(flags, changes) that shrink the run, each tried alone against the footprint."""
   lora = config.model.lora
-  if lora is not None and int(lora.rank) == 0:
+  if int(lora.rank) == 0:
     yield "--config.model.lora.rank=16", {"model.lora.rank": 16}
     if np.dtype(cfg.param_dtype).itemsize > 2:
       yield (
         "--config.model.lora.rank=16 --config.model.param_dtype=bfloat16",
         {"model.lora.rank": 16, "model.param_dtype": "bfloat16"},
       )
-  elif lora is not None and not str(lora.weight_qtype):
+  elif not str(lora.weight_qtype):
     yield "--config.model.lora.weight_qtype=int8", {"model.lora.weight_qtype": "int8"}
   if config.rl.steps and config.rl.loss.kl_coef > 0:
     yield "--config.rl.loss.kl_coef=0", {"rl.loss.kl_coef": 0.0}
