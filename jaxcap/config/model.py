@@ -8,6 +8,7 @@ from jaxcap.choices import DTYPES, REMAT_POLICIES
 from jaxcap.fields import ALLOWED, ALTERS, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
 from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
+from jaxcap.models.config import dtype_from_name
 from jaxcap.models.families import FAMILIES
 
 
@@ -98,8 +99,26 @@ class Model(Block):
   # the same stacked parameters, scanned or unrolled; the tiny embedded student trains ~13% faster on CPU unrolled,
   # so the default unrolls and real checkpoints (real_model_run) scan
   scan_layers: bool = field(False, "layer stacks under lax.scan: compile time flat in depth", resume=ALLOWED)
+  share_prompt: bool = field(
+    True,
+    "log-prob passes and updates run each prompt through the decoder once for its G completions (same math)",
+    resume=ALLOWED,
+    hint="False repeats the prompt per completion (N x (P + C) decoder positions instead of B x P + N x C)",
+  )
   student: Student = field(Student(), "the embedded student's shape")
   lora: Lora = field(Lora(), "low-rank adapters (LoRA / QLoRA) instead of full fine-tuning")
+
+  def compute(self) -> dict:
+    """How the model computes, as `Qwen25VLConfig` fields: what every builder of the policy (the embedded student,
+    a checkpoint's load, `jaxcap.plan`) applies to the family's config."""
+    return dict(
+      dtype=dtype_from_name(self.dtype),
+      param_dtype=dtype_from_name(self.param_dtype),
+      remat=self.remat,
+      logprob_chunk=self.logprob_chunk,
+      scan_layers=self.scan_layers,
+      share_prompt=self.share_prompt,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,6 +89,9 @@ class Qwen25VLConfig:
   # Positions per chunk of the LM head in log-prob passes: the float32 logits of one chunk, [sequences, chunk,
   # vocab], are the largest temporary of a training step at a 152k vocabulary; lower it on small-memory chips.
   logprob_chunk: int = 256
+  # Training passes run each prompt through the decoder once for its G completions (`shared_decode`), not once per
+  # completion: the same values, B x P + N x C positions instead of N x (P + C).
+  share_prompt: bool = True
   # Layer stacks under lax.scan: compile time flat in depth (the 3B RL step: 18 s instead of 102 s on CPU).
   # False unrolls them: ~13% faster training of a small model on CPU, compile time grows with depth.
   scan_layers: bool = True

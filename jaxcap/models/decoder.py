@@ -17,6 +17,7 @@ from jaxcap.models.cache_attention import cached_attention
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.layers import RMSNorm, SwiGLU, apply_rotary, linear
 from jaxcap.models.fused_segments import FusedSegments
+from jaxcap.models.group_attention import group_attention
 from jaxcap.models.packed_attention import packed_attention
 from jaxcap.models.segment_attention import SegmentMask
 from jaxcap.sharding import shard
@@ -100,19 +101,38 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(self.head_dim, t.rms_norm_eps, param_dtype=cfg.param_dtype)
       self.k_norm = RMSNorm(self.head_dim, t.rms_norm_eps, param_dtype=cfg.param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv, cache_index):
-    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask` / `FusedSegments`; kv: this layer's cache (keys
-    [B, K, H, S], values [B, K, S, H], then optionally a shared prefix's keys and values, see `KVCache`) or None.
-    Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
-    counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
+  def project(self, x, cos, sin):
+    """x [B, T, D] -> queries [B, T, N, H], keys and values [B, T, K, H], the rotary applied."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None))
-    k = apply_rotary(k, cos, sin)
+    return shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None)), apply_rotary(k, cos, sin), v
+
+  def shared(self, prompts, completions, prompt_rope, completion_rope, prompt_mask, prompt_real):
+    """The prompt-shared pass (`Qwen25VL.decode_shared`): prompts [B, P, D] attend causally among themselves
+    (`prompt_mask` bool [B, 1, P, P]); completions [N, C, D] (G = N / B per prompt) to their prompt's real tokens
+    (`prompt_real` bool [B, P]) and causally to themselves (`group_attention`), reading the prompt's keys and
+    values once for all G. `*_rope`: (cos, sin) of each stream. Returns both streams' outputs."""
+    b, p, _ = prompts.shape
+    n, c, _ = completions.shape
+    qp, kp, vp = self.project(prompts, *prompt_rope)
+    qc, kc, vc = self.project(completions, *completion_rope)
+    scale = self.head_dim**-0.5
+    kp, vp = kp.astype(qp.dtype), vp.astype(qp.dtype)
+    out_p = jax.nn.dot_product_attention(qp, kp, vp, mask=prompt_mask, scale=scale)
+    out_c = group_attention(qc, kc.astype(qc.dtype), vc.astype(qc.dtype), kp, vp, prompt_real, scale)
+    return self.o_proj(out_p.reshape(b, p, -1)), self.o_proj(out_c.reshape(n, c, -1))
+
+  def __call__(self, x, cos, sin, mask, kv, cache_index):
+    """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask` / `FusedSegments`; kv: this layer's cache (keys
+    [B, K, H, S], values [B, K, S, H], then optionally a shared prefix's keys and values, see `KVCache`) or None.
+    Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
+    counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
+    b, t, _ = x.shape
+    q, k, v = self.project(x, cos, sin)
     scale = self.head_dim**-0.5
     if kv is None:
       if isinstance(mask, (SegmentMask, FusedSegments)):  # packed rows: a fused kernel or blocked jnp attention
@@ -143,8 +163,22 @@ class DecoderLayer(nnx.Module):
       t.hidden_size, t.intermediate_size, bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
     )
 
+  def shared(self, prompts, completions, prompt_rope, completion_rope, prompt_mask, prompt_real):
+    """Both streams of the prompt-shared pass through the layer (`Attention.shared`): (prompts, completions)."""
+    hp, hc = self.self_attn.shared(
+      self.input_layernorm(prompts),
+      self.input_layernorm(completions),
+      prompt_rope,
+      completion_rope,
+      prompt_mask,
+      prompt_real,
+    )
+    return self.feed_forward(prompts + hp), self.feed_forward(completions + hc)
+
+  def feed_forward(self, x):
+    x = shard(x, ("batch", None, None))
+    return shard(x + self.mlp(self.post_attention_layernorm(x)), ("batch", None, None))
+
   def __call__(self, x, cos, sin, mask, kv, cache_index):
     h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
-    x = shard(x + h, ("batch", None, None))
-    x = x + self.mlp(self.post_attention_layernorm(x))
-    return shard(x, ("batch", None, None)), kv
+    return self.feed_forward(x + h), kv

@@ -162,7 +162,7 @@ def scan_layers(
   """Runs layers [start, stop) of a `stacked` module in order: carry = body(layer, carry, x_i) for each layer
   (a Module bound to that layer's params) and its slice x_i of `xs` (a pytree with a leading layer axis, or
   None). The layer call is rematerialised per `policy`; `unroll=True` unrolls the loop in the compiled program
-  (same params and results). `per_layer_converts` (with `unroll`; the carry an array): each layer reads its slice
+  (same params and results). `per_layer_converts` (with `unroll`): each layer reads its slice
   of the stack with its 16-bit weights tied to the carry (`row_blocks.in_step`), so XLA:CPU converts them to
   float32 as that layer runs, not the whole stack up front (4 bytes per weight of the stack, live for the whole
   program). A scan copies its stacks into the loop's state whatever the tie. Returns the final carry."""
@@ -175,7 +175,7 @@ def scan_layers(
   @functools.partial(remat, policy=policy)
   def layer_fn(layer_params, carry, x):
     if per_layer_converts:
-      layer_params = row_blocks.in_step(layer_params, carry)
+      layer_params = row_blocks.in_step(layer_params, jax.tree.leaves(carry)[0])
     return body(nnx.merge(graphdef, layer_params), carry, x)
 
   if unroll and per_layer_converts:

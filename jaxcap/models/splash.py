@@ -25,6 +25,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxcap.models.fused_segments import FusedSegments, group_heads, pad_slots, per_shard, target_platform
@@ -74,4 +75,71 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, *, sp
     interpret=interpret,
   )
   ids = splash.SegmentIds(q=segments, kv=segments)
+  return jax.vmap(kernel, in_axes=(0, 0, 0, splash.SegmentIds(q=0, kv=0)))(q, k, v, ids)
+
+
+def group_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  prompt_k: jax.Array,
+  prompt_v: jax.Array,
+  prompt_mask: jax.Array,
+  scale: float,
+) -> jax.Array:
+  """`group_attention.group_attention` through splash: one row per prompt, its G completions' queries [G * C]
+  against keys [prompt | G completions]; a static mask (every query sees the prompt's slots, its own completion's
+  causally, no other completion's: their key blocks are skipped), kv segment ids keeping the prompt's padding out.
+  q [N, C, NH, H], k, v [N, C, K, H], prompt_k, prompt_v [B, P, K, H], prompt_mask [B, P] -> [N, C, NH, H]."""
+  n, c, nh, h = q.shape
+  b, p = prompt_mask.shape
+  g, kh = n // b, k.shape[2]
+  group_heads(nh, kh, "splash attention")
+  tq, tk = math.ceil(g * c / LANES) * LANES, math.ceil((p + g * c) / LANES) * LANES
+  q = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(b, g * c, nh, h)
+  q = pad_slots(q, tq).transpose(0, 2, 1, 3)  # [B, NH, Tq, H]
+  keys = lambda prompt, own: pad_slots(
+    jnp.concatenate([prompt.astype(q.dtype), own.astype(q.dtype).reshape(b, g * c, kh, h)], axis=1), tk
+  ).transpose(0, 2, 1, 3)  # [B, K, Tk, H]
+  # kv segments: the prompt's real tokens and the completions 1, padding 0; every query is segment 1 (a padding
+  # query reads every real key: finite, never read)
+  real = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((b, g * c), jnp.int32)], axis=1)
+  segments = pad_slots(real, tk)
+  run = functools.partial(_attend_group, shape=(p, g, c), interpret=INTERPRET or target_platform() != "tpu")
+  out = per_shard(run, b, nh, kh, lambda rows, heads: P(rows, heads, None, None))(
+    q, keys(prompt_k, k), keys(prompt_v, v), segments
+  )
+  return out.transpose(0, 2, 1, 3)[:, : g * c].reshape(n, c, nh, h)
+
+
+def group_mask(p: int, g: int, c: int, tq: int, tk: int) -> np.ndarray:
+  """The static mask bool [tq, tk] of `group_attention`'s rows: query slot a < G * C (completion a // C, position
+  a % C) sees key slots < p (the prompt) and key slot p + j of the same completion at a position <= its own;
+  padding queries see every key (the segment ids then keep them to real ones)."""
+  a, j = np.arange(tq)[:, None], np.arange(tk)[None, :]
+  own = (j >= p) & (j < p + g * c) & ((j - p) // c == a // c) & ((j - p) % c <= a % c)
+  return (j < p) | own | (a >= g * c)
+
+
+def _attend_group(q, k, v, segments, *, shape, interpret):
+  """One shard: q [b, NH, Tq, H], k, v [b, K, Tk, H], kv segments int [b, Tk] -> [b, NH, Tq, H]."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # Pallas TPU: where it runs
+
+  _, n, tq, _ = q.shape
+  tk = k.shape[2]
+  head_mask = splash.NumpyMask(group_mask(*shape, tq, tk))
+  block_q, block_kv = (next(c for c in BLOCKS if t % c == 0) for t in (tq, tk))
+  sizes = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
+  sizes.update(
+    block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q, block_kv_dq=block_kv
+  )
+  kernel = splash.make_splash_mha(
+    splash.MultiHeadMask([head_mask] * n),
+    block_sizes=splash.BlockSizes(**sizes),
+    head_shards=1,
+    q_seq_shards=1,
+    interpret=interpret,
+  )
+  q_ids = jnp.ones(segments.shape[:1] + (tq,), jnp.int32)
+  ids = splash.SegmentIds(q=q_ids, kv=segments)
   return jax.vmap(kernel, in_axes=(0, 0, 0, splash.SegmentIds(q=0, kv=0)))(q, k, v, ids)

@@ -10,7 +10,6 @@ import numpy as np
 from jax.experimental import topologies
 
 from jaxcap.checkpoint import read_config
-from jaxcap.models.config import dtype_from_name
 from jaxcap.models.families import preset_config, preset_names
 from jaxcap.processing.vision import smart_resize
 
@@ -53,13 +52,7 @@ def model_config(config, name: str | None):
       f"the config trains the embedded student; pass --model={' | '.join(preset_names())} or a "
       "checkpoint directory (or set model.checkpoint)"
     )
-  kw = dict(
-    dtype=dtype_from_name(m.dtype),
-    param_dtype=dtype_from_name(m.param_dtype),
-    remat=m.remat,
-    logprob_chunk=m.logprob_chunk,
-    scan_layers=m.scan_layers,
-  )
+  kw = m.compute()
   if name in preset_names():
     return preset_config(name, m.family, **kw)
   if Path(name).is_dir():

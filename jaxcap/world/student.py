@@ -20,7 +20,7 @@ from jaxcap.world.curation import CurationConfig
 from jaxcap.world.dataset import MANIFEST_NAME, generate_dataset
 from jaxcap.world.scene import Scene, WorldConfig, as_scenes
 from jaxcap.world.tokenizer import train_world_tokenizer
-from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig, dtype_from_name
+from jaxcap.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 from jaxcap.multihost import first_process_then_others
 from jaxcap.data.sft_targets import SFT_TARGETS, SFTTarget
 
@@ -98,13 +98,7 @@ def build_student(config, workdir: Path, mesh=None):
   )
   m = config.model
   student_family = family(m.family)
-  cfg = student_family.like_qwen25(cfg).replace(
-    dtype=dtype_from_name(m.dtype),
-    param_dtype=dtype_from_name(m.param_dtype),
-    remat=m.remat,
-    logprob_chunk=m.logprob_chunk,
-    scan_layers=m.scan_layers,
-  )
+  cfg = student_family.like_qwen25(cfg).replace(**m.compute())
   make = lambda: student_family.model_cls(cfg, rngs=nnx.Rngs(seed))
   model = make() if mesh is None else init_sharded(make, mesh)
   return model, Processor(tok, cfg, system=None)  # the tiny student needs no system turn

@@ -84,11 +84,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
     model = load_hf_checkpoint(
       m.checkpoint,
       mesh=mesh,
-      dtype=dtype_from_name(m.dtype),
-      param_dtype=dtype_from_name(m.param_dtype),
-      remat=m.remat,
-      logprob_chunk=m.logprob_chunk,
-      scan_layers=m.scan_layers,
+      **m.compute(),
     )
     processor = Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
   else:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models.qwen25vl import Qwen25VL, VisionInput
+from jaxcap.models.shared_decode import decode_shared
 
 
 def completion_positions(prompt_positions: jax.Array, prompt_mask: jax.Array, length: int) -> jax.Array:
@@ -72,12 +73,15 @@ def completion_logprobs(
   *,
   with_entropy: bool = False,
   chunk: int | None = None,
+  share_prompt: bool | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """log pi(completion token | prompt, earlier tokens) for G completions of each of B prompts.
 
   prompt_ids int [B, P] (left-padded), prompt_positions int [3, B, P], prompt_mask bool [B, P],
   completions int [N, C] with N a multiple of B (rows b*G .. b*G+G-1 belong to prompt b).
-  The prompt (and its images) is embedded once and shared by its G completions.
+  The prompt (and its images) is embedded once and shared by its G completions; with `share_prompt` (default:
+  the model config's) it also goes through the decoder once for them (`decode_shared`: B x P + N x C positions
+  instead of N x (P + C), the same values to float rounding).
   Returns float32 log-probs [N, C] and, if asked, per-token entropies [N, C] (nats). The LM head runs `chunk`
   positions at a time (default: the model config's `logprob_chunk`).
   """
@@ -85,15 +89,23 @@ def completion_logprobs(
   n, c = completions.shape
   g = n // b
   x_prompt, deepstack = model.embed_vision(prompt_ids, vision)
-  x = jnp.concatenate([jnp.repeat(x_prompt, g, axis=0), model.embed_tokens(completions)], axis=1)
-  if deepstack is not None:  # [n, B, P, D] -> [n, N, P + C, D]: the completions are text, nothing to add there
-    deepstack = jnp.pad(jnp.repeat(deepstack, g, axis=1), ((0, 0), (0, 0), (0, c), (0, 0)))
-  positions = jnp.concatenate([prompt_positions, completion_positions(prompt_positions, prompt_mask, c)], axis=2)
-  positions = jnp.repeat(positions, g, axis=1)
-  mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
-  hidden, _ = model.decode(x, positions, mask, deepstack=deepstack)
-  # position t predicts token t + 1
+  prompt_end = completion_positions(prompt_positions, prompt_mask, c)  # [3, B, C]
+  share = model.cfg.share_prompt if share_prompt is None else share_prompt
+  if share and g > 1:  # each prompt through the decoder once for its G completions (`decode_shared`)
+    h_prompt, h_completion = decode_shared(
+      model, x_prompt, prompt_positions, prompt_mask, model.embed_tokens(completions), prompt_end, deepstack
+    )
+    # position t predicts token t + 1: the prompt's last slot predicts each completion's first token
+    hidden = jnp.concatenate([jnp.repeat(h_prompt[:, p - 1 :], g, axis=0), h_completion[:, : c - 1]], axis=1)
+  else:
+    x = jnp.concatenate([jnp.repeat(x_prompt, g, axis=0), model.embed_tokens(completions)], axis=1)
+    if deepstack is not None:  # [n, B, P, D] -> [n, N, P + C, D]: the completions are text, nothing to add there
+      deepstack = jnp.pad(jnp.repeat(deepstack, g, axis=1), ((0, 0), (0, 0), (0, c), (0, 0)))
+    positions = jnp.repeat(jnp.concatenate([prompt_positions, prompt_end], axis=2), g, axis=1)
+    mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
+    hidden, _ = model.decode(x, positions, mask, deepstack=deepstack)
+    hidden = hidden[:, p - 1 : p + c - 1]  # position t predicts token t + 1
   token_logp, entropy = token_logprobs(
-    model, hidden[:, p - 1 : p + c - 1], completions, with_entropy=with_entropy, chunk=chunk or model.cfg.logprob_chunk
+    model, hidden, completions, with_entropy=with_entropy, chunk=chunk or model.cfg.logprob_chunk
   )
   return token_logp, entropy if with_entropy else None
