@@ -13,10 +13,10 @@ one compile step.
 
 Model FLOPs per update (the PaLM / MFU convention: forward + backward = 3 x forward = 6 x params x tokens, no
 credit for remat recomputation; matmuls only, so norms / softmax / rotary are not counted):
-  decoder   6 x (decoder-layer params) x (N sequences x (P prompt + C completion) tokens)  [the prompt is run
-            once per completion, as `completion_logprobs` does]
-          + 12 x layers x (heads x head_dim) x T per token for attention scores and values (T = P + C, counted
-            as full, non-causal attention, as PaLM does)
+  decoder   6 x (decoder-layer params) x (B x P + N x C) tokens: each prompt runs once for its G completions
+            (`model.share_prompt`; with --repeat_prompt, N x (P + C): once per completion)
+          + 12 x layers x (heads x head_dim) x the (query, key) pairs: B x P x P + N x C x (P + C) (repeated:
+            N x (P + C)^2), counted as full, non-causal attention, as PaLM does
           + 6 x hidden x vocab x (N x C)  for the LM head, applied only at completion positions
   vision    6 x (patch-embed + ViT-block params) x patches + 6 x (merger params) x patches / merge^2
           + 12 x hidden x window x patches per block (window = 64 patches for window blocks, the whole image for
@@ -65,6 +65,11 @@ def main(argv=None):
   ap.add_argument("--rollout_group", type=int, default=None, help="samples per image in rollouts (default 8)")
   ap.add_argument("--new_tokens", type=int, default=None, help="tokens generated per sequence (default 512)")
   ap.add_argument("--peak_tflops", type=float, default=None, help="device peak, overrides the PEAK_TFLOPS table")
+  ap.add_argument(
+    "--repeat_prompt",
+    action="store_true",
+    help="the update repeats each prompt per completion (model.share_prompt off)",
+  )
   ap.add_argument("--skip_update", action="store_true")
   ap.add_argument("--skip_rollouts", action="store_true")
   ap.add_argument("--out", default=None, help="also write the JSON summary here")

@@ -55,7 +55,8 @@ def bench_update(model, args) -> dict:
   # The update uses the same weights under a graph with --remat (the rollouts' model is built without remat).
   import jaxcap.models as M
 
-  train_cfg = cfg.replace(remat=args.remat)
+  shared = not args.repeat_prompt  # each prompt through the decoder once per group (the default)
+  train_cfg = cfg.replace(remat=args.remat, share_prompt=shared)
   graphdef = nnx.split(nnx.eval_shape(lambda: M.Qwen25VL(train_cfg, rngs=nnx.Rngs(0))))[0]
   params = nnx.split(model)[1]
   counts = param_counts(params)
@@ -81,7 +82,9 @@ def bench_update(model, args) -> dict:
   loss = float(metrics["loss"])
   if not math.isfinite(loss):
     raise SystemExit(f"update step produced a non-finite loss {loss}")
-  flops = model_flops(cfg, counts, sequences=b * g, prompt=p, completion=c, images=b, patches_per_image=per_image)
+  # the work the pass does: with the prompt shared, B x P + N x C decoder positions (MFU credits no repeated prompt)
+  shape = dict(sequences=b * g, prompt=p, completion=c, images=b, patches_per_image=per_image)
+  flops = model_flops(cfg, counts, prompts=b if shared and g > 1 else None, **shape)
   tokens = b * g * (p + c)
   peak = args.peak_tflops  # the device's, from `peak_tflops` unless --peak_tflops set it (gpu.main)
   achieved = flops["total"] / step_s / 1e12
@@ -89,6 +92,7 @@ def bench_update(model, args) -> dict:
   return {
     "prompts": b,
     "group": g,
+    "prompt_shared": shared,
     "micro_batches": m,
     "prompt_tokens": p,
     "vision_tokens_per_image": per_image // cfg.vision.spatial_merge_size**2,

@@ -34,6 +34,12 @@ def test_every_program_compiles_and_reports_memory(planned):
     assert p["arguments"] > 0 and p["compile_s"] > 0 and p["peak"] >= p["arguments"]
   step = planned["programs"][0]
   assert planned["update_model_tflop"] > 0
+  # each prompt once per group (model.share_prompt): 4 x 16 + 8 x 16 = 192 decoder slots, not 8 x (16 + 16) = 256
+  d = planned["update_decoder_tflop"]
+  assert planned["prompt_shared"] and 1.2 < d["prompt_repeated"] / d["as_run"] < 1.34, (
+    d
+  )  # the LM head is shared by neither
+  assert "decoder FLOPs per RL update" in format_plan(planned)
   # the update step takes (and donates) the whole train state: params, 2 Adam moments, the reference copy
   assert step["arguments"] >= 3.5 * planned["params_gib_per_device"] * GIB
   assert step["aliased"] > 0

@@ -4,6 +4,8 @@ XLA's `cost_analysis()` counts a loop body once, so with scanned layer stacks it
 depth; MFU and `jaxcap.plan` use these analytic counts instead:
   decoder   6 x (decoder params) x (N sequences x (P prompt + C completion) tokens)
           + 12 x layers x (heads x head_dim) x T per token for attention (T = P + C, counted as full attention)
+            (a prompt-shared pass, `padded_pass_counts`: B x P + N x C tokens, each prompt token reading P keys and
+            each completion token P + C)
           + 6 x hidden x vocab x (N x C) for the LM head, applied only at completion positions
   vision    6 x (patch-embed + ViT-block params) x patches + 6 x (merger params, DeepStack's too) x patches / merge^2
           + 12 x hidden x window x patches per block (window = 64 patches for Qwen2.5-VL's window blocks, the whole
@@ -60,6 +62,21 @@ def param_counts(params) -> dict[str, int]:
   return counts
 
 
+def padded_pass_counts(sequences: int, prompt: int, completion: int, prompts: int | None = None) -> dict[str, int]:
+  """A padded pass's decoder work over `sequences` rows of `prompt` + `completion` slots: token slots through the
+  layers, LM-head positions and attention (query, key) pairs (dense, masked ones included). Each row repeating its
+  prompt, or, with `prompts` (the distinct prompts, sequences / prompts completions each), each prompt once and its
+  completions reading its keys (`jaxcap.models.shared_decode`)."""
+  if prompts is None:
+    width = prompt + completion
+    return dict(slots=sequences * width, head_positions=sequences * completion, attention_pairs=sequences * width**2)
+  return dict(
+    slots=prompts * prompt + sequences * completion,
+    head_positions=sequences * completion,
+    attention_pairs=prompts * prompt**2 + sequences * completion * (prompt + completion),
+  )
+
+
 def decoder_pass_flops(text_cfg, *, slots: int, head_positions: int, attention_pairs: int) -> float:
   """Forward FLOPs of a decoder pass (text config `text_cfg`) over `slots` token slots, the LM head at
   `head_positions`, and attention over `attention_pairs` (query, key) pairs computed, masked ones included: what
@@ -75,14 +92,23 @@ def decoder_pass_flops(text_cfg, *, slots: int, head_positions: int, attention_p
 
 
 def model_flops(
-  cfg, counts: dict, *, sequences: int, prompt: int, completion: int, images: int, patches_per_image: int
+  cfg,
+  counts: dict,
+  *,
+  sequences: int,
+  prompt: int,
+  completion: int,
+  images: int,
+  patches_per_image: int,
+  prompts: int | None = None,
 ) -> dict[str, float]:
-  """Model FLOPs of one update (forward + backward), see the module docstring."""
+  """Model FLOPs of one update (forward + backward), see the module docstring; with `prompts` (the distinct
+  prompts of a prompt-shared pass, `padded_pass_counts`) the decoder's work of that pass."""
   t, v = cfg.text, cfg.vision
-  tokens = sequences * (prompt + completion)
-  decoder = 6 * counts["decoder"] * tokens
-  attention = 12 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * (prompt + completion) * tokens
-  lm_head = 6 * t.hidden_size * t.vocab_size * sequences * completion
+  work = padded_pass_counts(sequences, prompt, completion, prompts)
+  decoder = 6 * counts["decoder"] * work["slots"]
+  attention = 12 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * work["attention_pairs"]
+  lm_head = 6 * t.hidden_size * t.vocab_size * work["head_positions"]
   patches = images * patches_per_image
   ctx = attention_context(v, patches_per_image)
   vision = (

@@ -194,9 +194,11 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
       compile_one("decode", decode, (params, decode_state), state_bytes - params_bytes)
 
   counts = param_counts(abstract_params)
-  flops = model_flops(
-    cfg, counts, sequences=prompts_total * g, prompt=p, completion=c, images=prompts_total, patches_per_image=patches
-  )
+  # the update's work as the run lays it out (each prompt once for its group, model.share_prompt) and repeated
+  shape = dict(sequences=prompts_total * g, prompt=p, completion=c, images=prompts_total, patches_per_image=patches)
+  shared = prompts_total if cfg.share_prompt and g > 1 else None
+  flops = model_flops(cfg, counts, prompts=shared, **shape)
+  repeated = model_flops(cfg, counts, **shape)
   chip_tflops = peak_tflops(getattr(devices[0], "device_kind", ""))
   peak = max((r.peak for r in results), default=state_bytes)
   budget = hbm_gib * GIB
@@ -214,6 +216,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     },
     "image_grid": grid,
     "update_model_tflop": flops["total"] / 1e12,
+    "update_decoder_tflop": {"as_run": flops["decoder"] / 1e12, "prompt_repeated": repeated["decoder"] / 1e12},
+    "prompt_shared": shared is not None,
     "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
     "train_state_gib_per_device": state_bytes / GIB,
     "train_state_parts": state_breakdown(state, config),

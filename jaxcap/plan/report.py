@@ -58,6 +58,17 @@ def advice(config, results, state_bytes: int, budget: float, mesh, slots_fit: in
   return out
 
 
+def decoder_line(result: dict) -> str:
+  """The update's decoder FLOPs as the run lays the passes out, against each prompt repeated per completion."""
+  d = result["update_decoder_tflop"]
+  if not result["prompt_shared"]:
+    return f"decoder FLOPs per RL update: {d['as_run']:.1f} TFLOP (each prompt repeated per completion)"
+  return (
+    f"decoder FLOPs per RL update: {d['as_run']:.1f} TFLOP, each prompt once per group (model.share_prompt); "
+    f"{d['prompt_repeated']:.1f} TFLOP repeated per completion ({d['prompt_repeated'] / d['as_run']:.2f}x)"
+  )
+
+
 def format_plan(result: dict) -> str:
   lines = [
     f"model {result['model']['params'] / 1e9:.2f}B params on {result['devices']} x {result['device_kind']}, "
@@ -70,6 +81,7 @@ def format_plan(result: dict) -> str:
       if result["update_s_at_40pct_mfu"]
       else ""
     ),
+    decoder_line(result),
     f"train state per device: {result['train_state_gib_per_device']:.2f} GiB "
     f"(params {result['params_gib_per_device']:.2f} GiB)",
     format_breakdown(result["train_state_parts"]),

@@ -73,6 +73,11 @@ def test_packing_pays_on_hand_counted_flops():
   assert packing_pays(rows, padded, 1, 736, 0.1, TEXT)[0]
   assert not packing_pays(rows, padded, 2, 736, 0.1, TEXT)[0]
   assert packing_pays(rows, (15, 10, 40), 2, 399, 0.1, TEXT)[0]  # 8 of 15 sequences in the larger slice: 400 > 399
+  # against a prompt-shared padded pass (8 prompts of G 2): 8 x 10 + 16 x 40 = 720 slots, 640 head positions,
+  # 8 x 10^2 + 16 x 40 x 50 = 32,800 pairs: the packed rows (each prompt repeated) cost more, so padded runs
+  shared_flops = 720 * 608 + 640 * 200 + 32800 * 4  # 696,960
+  pays, saving = packing_pays(rows, padded, 1, 800, 0.0, TEXT, shared_prompts=8)
+  assert not pays and saving == pytest.approx(1 - 728576 / shared_flops) and saving < 0
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +105,6 @@ def test_a_step_runs_packed_only_where_packing_pays_and_both_layouts_agree(parts
   n = len(records) * G
   tokens = jax.numpy.asarray(np.random.RandomState(0).randint(0, CFG.text.vocab_size, (1, n, C)).astype(np.int32))
   real_prompt = int(np.asarray(host.prompts.attention_mask)[: host.rows].sum())
-  width = host.prompts.input_ids.shape[1] + C
   with jax.set_mesh(mesh):
     placed = sampler.place(host)
     uniform, long_tailed = np.full(n, C), np.array([C, 1, 2, 1, 3, 1, 1, 2])
@@ -109,8 +113,9 @@ def test_a_step_runs_packed_only_where_packing_pays_and_both_layouts_agree(parts
       prompts, layout, metrics = update.inputs(HostBatch(records, host), placed, lengths, tokens)
       packed = isinstance(layout, PackedInputs)
       assert packed == (name == "long-tailed") and metrics["packing/packed"] == float(packed), (name, metrics)
-      if not packed:  # the padded layout's own share: prompt padding only
-        share = 1 - (G * real_prompt + lengths.sum()) / (n * width)
+      if not packed:  # the padded layout's own share: prompt padding only, each prompt run once (share_prompt)
+        slots = host.rows * host.prompts.input_ids.shape[1] + n * C
+        share = 1 - (real_prompt + lengths.sum()) / slots
         assert metrics["packing/padding_share"] == pytest.approx(share) and metrics["packing/micro_batches"] == 1
       got[name] = np.asarray(logprobs(params, prompts, layout, tokens))
       # the other layout of the same step: forced packed (min saving < 0) or padded (no packing)

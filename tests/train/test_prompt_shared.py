@@ -2,7 +2,6 @@
 log-probs, entropies and gradients for both families (Qwen3-VL's DeepStack at the prompt), with LoRA, under a
 sharded mesh; and the whole RL step (every loss aggregation, KL, rollout correction, micro-batch splits)."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxcap.models.flops import padded_pass_counts
 from jaxcap.sampling.prompts import VisionItems
 from jaxcap.sampling.sampler import SamplerBatch
 from jaxcap.train.packing.inputs import PackedInputs
@@ -86,18 +87,23 @@ def packing_metrics(
   """(packing/* metrics, whether the step runs packed) of a step with packed `rows` of `host`'s prompts and
   completions of `lengths` [rows * G]; its padded layout is `micro_batches` slices of rows P + `completion_len` wide;
   `cfg` the model's config (`packing_pays`). packing/packed 1 or 0; packing/saving the share of the padded pass's
-  decoder FLOPs packing saves (whichever ran); packing/padding_share the share of the decoder's token slots holding
-  no token in the layout that runs; packing/micro_batches its micro-batch count."""
+  decoder FLOPs packing saves (whichever ran; against a prompt-shared padded pass, `cfg.share_prompt`, it can be
+  negative: packed rows repeat each prompt per completion); packing/padding_share the share of the decoder's token
+  slots holding no token in the layout that runs (a shared prompt's tokens counted once); packing/micro_batches its
+  micro-batch count."""
   lengths = np.asarray(lengths).reshape(-1)
   p_len = host.prompts.input_ids.shape[1]
   shape = (len(lengths), p_len, completion_len)
-  packed, saving = packing_pays(rows, shape, micro_batches, budget, min_saving, cfg.text)
+  group = len(lengths) // host.rows
+  shared = host.rows if cfg.share_prompt and group > 1 else None  # the padded pass runs each prompt once
+  packed, saving = packing_pays(rows, shape, micro_batches, budget, min_saving, cfg.text, shared)
   if packed:
     share, micro = rows.padding_share(), rows.shape[0]
   else:
-    group = len(lengths) // host.rows
-    real = group * int(np.asarray(host.prompts.attention_mask)[: host.rows].sum()) + int(lengths.sum())
-    share, micro = 1.0 - real / (len(lengths) * (p_len + completion_len)), micro_batches
+    prompt_tokens = int(np.asarray(host.prompts.attention_mask)[: host.rows].sum())
+    real = (1 if shared else group) * prompt_tokens + int(lengths.sum())
+    slots = padded_pass_counts(len(lengths), p_len, completion_len, shared)["slots"]
+    share, micro = 1.0 - real / slots, micro_batches
   metrics = {"packing/packed": float(packed), "packing/saving": saving, "packing/padding_share": share}
   return {**metrics, "packing/micro_batches": float(micro)}, packed
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxcap.buckets import DEFAULT_STEPS, ladder
 from jaxcap.models.families import layout_for, layout_shape_for
-from jaxcap.models.flops import decoder_pass_flops
+from jaxcap.models.flops import decoder_pass_flops, padded_pass_counts
 from jaxcap.models.segment_attention import SegmentWindow, segment_window
 from jaxcap.models.vision import VisionLayout, stack_layouts
 from jaxcap.train.packing.assignment import assign
@@ -83,6 +83,7 @@ def packing_pays(
   budget: int,
   min_saving: float,
   text_cfg,
+  shared_prompts: int | None = None,
 ) -> tuple[bool, float]:
   """(whether a step runs its packed `rows` rather than its padded layout, the share of the padded pass's decoder
   FLOPs packing saves). `padded_shape` = (sequences, prompt width, completion width) in `micro_batches` slices;
@@ -91,12 +92,11 @@ def packing_pays(
   packed rows their key window). Packed, unless packing saves less than `min_saving` and a padded slice fits the
   token `budget` too (the budget bounds memory: a run that set it cannot fall back to slices larger than it). A
   packed slot costs more than its FLOPs (gathers, the window's scatter in the backward), so a few percent saved
-  runs slower (uniform lengths); `min_saving` < 0: always packed."""
+  runs slower (uniform lengths); `min_saving` < 0: always packed. `shared_prompts`: the padded pass runs each of
+  that many prompts once for its completions (`model.share_prompt`), which it counts so (`padded_pass_counts`)."""
   sequences, prompt, completion = padded_shape
   width = prompt + completion
-  padded = decoder_pass_flops(
-    text_cfg, slots=sequences * width, head_positions=sequences * completion, attention_pairs=sequences * width**2
-  )
+  padded = decoder_pass_flops(text_cfg, **padded_pass_counts(sequences, prompt, completion, shared_prompts))
   keys = rows.shape[2] if rows.window is None else rows.window.blocks * rows.window.block
   packed = decoder_pass_flops(
     text_cfg, slots=rows.source.size, head_positions=rows.target_index.size, attention_pairs=rows.source.size * keys
