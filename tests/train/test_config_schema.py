@@ -30,7 +30,7 @@ KEYS = {
   + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
   + ["structured_output", "timeout_s"],
   "mesh.shape": ["data", "fsdp", "tensor"],
-  "model": ["checkpoint", "dtype", "family", "logprob_chunk", "param_dtype", "remat", "scan_layers"],
+  "model": ["checkpoint", "dtype", "family", "logprob_chunk", "param_dtype", "remat", "scan_layers", "share_prompt"],
   "model.lora": ["alpha", "dropout", "rank", "targets", "vision", "weight_qtype"],
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
