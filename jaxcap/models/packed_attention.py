@@ -16,17 +16,24 @@ from jaxcap.models.fused_segments import FusedSegments
 from jaxcap.models.segment_attention import SegmentMask, SegmentWindow, segment_attention, segment_mask
 
 
+def fused_platform() -> str | None:
+  """The fused kernel packed rows' attention takes ('tpu': splash, 'gpu': `gpu_flash`), or None (jnp)."""
+  return "tpu" if splash.applies() else "gpu" if gpu_flash.applies() else None
+
+
 def packed_mask(
-  segments: jax.Array, attention_mask: jax.Array, window: SegmentWindow | None
+  segments: jax.Array, attention_mask: jax.Array, window: SegmentWindow | None, parents: jax.Array | None = None
 ) -> FusedSegments | SegmentMask | None:
   """The mask of packed rows with segment ids `segments` int [B, T] and real tokens `attention_mask` [B, T]
   (others: padding, segment 0), none longer than `window.span` where a window is given: a kernel's
-  `FusedSegments`, a `SegmentMask`, or None (dense attention). Built once per pass, read by every layer."""
+  `FusedSegments`, a `SegmentMask`, or None (dense attention). Built once per pass, read by every layer.
+  `parents` int [B, T] (rows whose completions read their group's shared prompt segment): the kernels read
+  segment ids only, so such rows take the jnp paths (`jaxcap.train.packing.rows` shares only where none applies)."""
   segments = jnp.where(attention_mask.astype(bool), segments, 0)
-  platform = "tpu" if splash.applies() else "gpu" if gpu_flash.applies() else None
+  platform = fused_platform() if parents is None else None
   if platform is not None:
     return FusedSegments(segments, platform, window.span if window is not None else None)
-  return segment_mask(segments, window) if window is not None else None
+  return segment_mask(segments, window, parents) if window is not None else None
 
 
 def packed_attention(

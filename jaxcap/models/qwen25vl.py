@@ -17,7 +17,7 @@ from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.decoder import CACHE_AXES, Attention, DecoderLayer, KVCache, cached_attention
 from jaxcap.models.layers import RMSNorm, linear, mrope_cos_sin, scan_layers, stacked
 from jaxcap.models.packed_attention import packed_mask
-from jaxcap.models.segment_attention import SegmentWindow
+from jaxcap.models.segment_attention import SegmentWindow, readable
 from jaxcap.models.vision import VisionLayout, VisionTower
 from jaxcap.sharding import path_name, shard, shard_like_params
 
@@ -124,6 +124,7 @@ class Qwen25VL(nnx.Module):
     segments: jax.Array | None = None,
     deepstack: jax.Array | None = None,
     segment_window: SegmentWindow | None = None,
+    segment_parents: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Runs the decoder on embeddings x [B, T, D] at mRoPE `positions` int [3, B, T].
 
@@ -131,6 +132,7 @@ class Qwen25VL(nnx.Module):
     with `segments` int [B, T] (packed rows, jaxcap.train.packing.rows) only within a token's own segment; with a
     static `segment_window` too (`segment_attention.segment_window`: no segment longer than its span), in query
     blocks over a key window (cost T x window, not T x T); on TPU / GPU through a fused kernel (`packed_attention`).
+    `segment_parents` int [B, T]: a segment each token also reads (its group's shared prompt), jnp paths only.
     With a cache: the T new tokens are written at slots [cache_index, cache_index + T) and `attention_mask` is
     bool [B, S] over cache slots (real tokens, including the new ones); slot j is visible to slot i iff j <= i.
     Returns the final-norm hidden states [B, T, D] and the updated cache. `layers`: `layer_params()`, taken once
@@ -143,11 +145,13 @@ class Qwen25VL(nnx.Module):
     q_slot = cache_index + jnp.arange(t)
     k_slot = jnp.arange(cache.slots if cache is not None else t)
     # packed rows without a cache: a fused kernel's or a segment window's mask where either applies, else dense
-    mask = packed_mask(segments, attention_mask, segment_window) if segments is not None and cache is None else None
+    packed = segments is not None and cache is None
+    mask = packed_mask(segments, attention_mask, segment_window, segment_parents) if packed else None
     if mask is None:
       mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
       if segments is not None:
-        mask = mask & (segments[:, None, :, None] == segments[:, None, None, :])
+        parent_q = None if segment_parents is None else segment_parents[:, None, :, None]
+        mask = mask & readable(segments[:, None, :, None], segments[:, None, None, :], parent_q)
     x = shard(x, ("batch", None, None))
     if cache is None:
       body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]

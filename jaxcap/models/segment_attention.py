@@ -63,18 +63,29 @@ def segment_window(longest: int, row_len: int, block: int | None = None) -> Segm
   return None if blocks >= math.ceil(row_len / block) else SegmentWindow(block, blocks)
 
 
-def dense_segment_mask(segments: jax.Array) -> jax.Array:
+def readable(seg_q: jax.Array, seg_k: jax.Array, parent_q: jax.Array | None) -> jax.Array:
+  """Whether a query of segment `seg_q` may read a key of segment `seg_k` (position aside): the same segment, or
+  the query's parent segment `parent_q` (a completion reading its group's shared prompt, `jaxcap.train.packing.rows`);
+  never padding (0). Arrays broadcast against each other."""
+  same = seg_q == seg_k
+  if parent_q is not None:
+    same = same | (parent_q == seg_k)
+  return same & (seg_k > 0)
+
+
+def dense_segment_mask(segments: jax.Array, parents: jax.Array | None = None) -> jax.Array:
   """The dense mask bool [B, 1, T, T] of segment ids `segments` int [B, T]: key j visible to query i iff j <= i, j
-  in i's segment and not padding (0)."""
+  in i's segment (or in its parent segment, `parents` int [B, T]) and not padding (0)."""
   t = segments.shape[-1]
   causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-  same = segments[:, :, None] == segments[:, None, :]
-  return (causal[None] & same & (segments > 0)[:, None, :])[:, None]
+  parent_q = None if parents is None else parents[:, :, None]
+  return (causal[None] & readable(segments[:, :, None], segments[:, None, :], parent_q))[:, None]
 
 
-def segment_mask(segments: jax.Array, window: SegmentWindow) -> SegmentMask:
+def segment_mask(segments: jax.Array, window: SegmentWindow, parents: jax.Array | None = None) -> SegmentMask:
   """The blocked mask of rows with segment ids `segments` int [B, T] (1, 2, ... per contiguous sequence, 0 padding)
-  none longer than `window.span`. Built once per forward pass and read by every layer."""
+  none longer than `window.span` (a segment read through `parents` counted from its parent's first slot). Built
+  once per forward pass and read by every layer."""
   b, t = segments.shape
   c, m = window.block, window.blocks
   nb = math.ceil(t / c)
@@ -82,8 +93,9 @@ def segment_mask(segments: jax.Array, window: SegmentWindow) -> SegmentMask:
   seg = jnp.pad(segments, ((0, 0), (0, nb * c - t)))
   seg_k = _windows(jnp.pad(seg, ((0, 0), (front, 0))).reshape(b, nb + m - 1, c), nb, m, 1, 2)  # [B, nb, W]
   seg_q = seg.reshape(b, nb, c)
+  parent_q = None if parents is None else jnp.pad(parents, ((0, 0), (0, nb * c - t))).reshape(b, nb, c)[..., None]
   causal = jnp.arange(m * c)[None, :] - front <= jnp.arange(c)[:, None]  # [C, W]
-  allowed = causal & (seg_q[..., :, None] == seg_k[..., None, :]) & (seg_k > 0)[..., None, :]
+  allowed = causal & readable(seg_q[..., :, None], seg_k[..., None, :], parent_q)
   return SegmentMask(allowed.reshape(b * nb, 1, c, m * c), window)
 
 

@@ -141,7 +141,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
 
   if packs(config):  # packed micro-batches at the budget (rl.micro_batch_tokens): the step's pixels, one pack
     budget_tokens = int(config.rl.micro_batch_tokens)
-    packed_rows = planned_rows(prompts_total, g, p, c, grid, budget_tokens, cfg, config.data.bucket_steps)
+    with jax.set_mesh(mesh):  # whether the rows share prompts depends on the target's attention kernels
+      packed_rows = planned_rows(prompts_total, g, p, c, grid, budget_tokens, cfg, config.data.bucket_steps)
     replicated = lambda x: jax.ShapeDtypeStruct(
       x.shape, x.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh))
     )

@@ -83,14 +83,15 @@ def _case():
 CASE = _case()
 
 
-def _pack(budget):
+def _pack(budget, share=False):
   prompts, rollouts, pixels, _, items = CASE
-  return PackedInputs(pixels, _rows(budget))
+  return PackedInputs(pixels, _rows(budget, share))
 
 
-def _rows(budget):
+def _rows(budget, share=False):
+  """The case packed under `budget`; `share`: each prompt once per row for the completions that follow it."""
   prompts, rollouts, _, _, items = CASE
-  return pack(
+  rows = pack(
     prompts.ids[0],
     prompts.mask[0],
     rollouts.mask[0],
@@ -99,7 +100,16 @@ def _rows(budget):
     video_token_id=CFG.video_token_id,
     items=items,
     vision_cfg=CFG.vision,
+    share=share,
   )
+  if share:  # fewer prompt copies than sequences: some row holds a prompt once for two completions
+    prompt_slots = (rows.parents == rows.segments) & (rows.segments > 0)
+    copies = sum(
+      len(np.unique(row[mask]))
+      for row, mask in zip(rows.segments.reshape(-1, rows.shape[2]), prompt_slots.reshape(-1, rows.shape[2]))
+    )
+    assert copies < rows.seq_valid.sum(), (copies, rows.seq_valid.sum())
+  return rows
 
 
 @pytest.fixture(params=[None, 4], ids=["block32", "block4"])
@@ -123,27 +133,34 @@ def test_first_fit_decreasing_assignment():
   # prompt groups stay whole where they fit; the longest group first
   row_len, rows, micros = assign([4, 1], [4, 4, 1, 1], group=2, budget=24)
   assert (row_len, rows) == (8, 3)
-  assert [sorted(micros[0])] == [[(0, 0), (1, 1), (2, 2), (3, 2)]] and len(micros) == 1
+  assert [sorted(micros[0])] == [[((0,), 0), ((1,), 1), ((2,), 2), ((3,), 2)]] and len(micros) == 1
   assert [sorted(micros_) for micros_ in assign([4, 1], [4, 4, 1, 1], group=2, budget=16)[2]] == [
-    [(0, 0), (1, 1)],
-    [(2, 0), (3, 0)],
+    [((0,), 0), ((1,), 1)],
+    [((2,), 0), ((3,), 0)],
   ]
   # sequences a little over half the longest's ladder size: rows of twice that hold two each, fewer slots in all
   row_len, rows, micros = assign([40] * 4, [90, 80, 90, 80, 90, 80, 90, 80], group=2, budget=1024, steps=2)
   assert row_len == 256 and max(r for _, r in micros[0]) == 3 and len(micros) == 1
+  # sharing the prompt: a group's completions follow one copy of it, 4 + 4 + 4 and 1 + 1 + 1 in one row of 16
+  assert assign([4, 1], [4, 4, 1, 1], group=2, budget=24, share=True) == (16, 1, [[((0, 1), 0), ((2, 3), 0)]])
+  # a group longer than a row splits into units, each with its prompt (10 + 6 + 4 and 10 + 5)
+  _, _, micros = assign([10, 3], [6, 5, 4, 1, 1, 1], group=3, budget=20, share=True)
+  assert sorted(u for mb in micros for u, _ in mb) == [(0, 2), (1,), (3, 4, 5)]
   with pytest.raises(ValueError, match="micro_batch_tokens"):
     assign([40], [10], group=1, budget=32)
 
 
+@pytest.mark.parametrize("share", [False, True], ids=["repeated", "shared"])
 @pytest.mark.parametrize("budget", [64, 32])
-def test_packed_logprobs_equal_padded(policy, budget, block):
+def test_packed_logprobs_equal_padded(policy, budget, block, share):
   graphdef, params = policy
   prompts, rollouts, pixels, layout, _ = CASE
   want = jax.jit(functools.partial(sequence_logprobs, graphdef))(params, prompts, layout, rollouts.tokens)
-  packed = _pack(budget)
+  packed = _pack(budget, share)
   rows = packed.rows
   assert rows.padding_share() < 0.5 and (budget > 32 or rows.shape[0] > 1)
-  assert (rows.window is not None) == (block == 4 and budget == 64)  # 2 sequences per row of 8 blocks, window 6
+  if not share:
+    assert (rows.window is not None) == (block == 4 and budget == 64)  # 2 sequences per row of 8 blocks, window 6
   got = jax.jit(functools.partial(packed_sequence_logprobs, graphdef))(params, prompts, packed, rollouts.tokens)
   m = rollouts.mask
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], rtol=1e-5, atol=1e-6)
@@ -197,9 +214,9 @@ def test_packed_update_equals_padded(policy, aggregation, block):
   step = jax.jit(functools.partial(packed_rl_step, graphdef=graphdef, optimizer=opt, loss_config=cfg))
   # several micro-batches of uneven token and sequence counts; token-mean also as one micro-batch (accumulate's
   # loop-free path)
-  for budget in (24, 64) if aggregation == "token-mean" else (24,):
-    packed = _pack(budget)
-    assert (packed.rows.window is not None) == (block == 4 and budget == 64)
+  for budget, share in [(b, s) for b in ((24, 64) if aggregation == "token-mean" else (24,)) for s in (False, True)]:
+    packed = _pack(budget, share)
+    assert share or (packed.rows.window is not None) == (block == 4 and budget == 64)
     new, got_m = step(state, prompts, rollouts, packed)
     np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-5)
     got = jax.tree.leaves(new.opt_state)
@@ -276,8 +293,8 @@ def test_packed_update_with_options_equals_padded(policy, options):
   state = init_train_state(params, opt, jax.random.key(0))
   common = dict(graphdef=graphdef, optimizer=opt, loss_config=cfg, **kw)
   padded, want_m = jax.jit(functools.partial(rl_step, **common))(state, prompts, rollouts, layout)
-  new, got_m = jax.jit(functools.partial(packed_rl_step, **common))(state, prompts, rollouts, _pack(24))
-  assert _pack(24).rows.shape[0] > 1
+  new, got_m = jax.jit(functools.partial(packed_rl_step, **common))(state, prompts, rollouts, _pack(24, True))
+  assert _pack(24, True).rows.shape[0] > 1
   # the options bite: some tokens rejected and weights truncated, some truncated sequences masked
   bites = {"correction": ("reject_seq_frac", "is_truncated_frac"), "sequence_tis": ("reject_token_frac",)}
   for name in options:

@@ -30,11 +30,43 @@ def fill_rows(lengths: Sequence[int], row_len: int, rows: int, free: list[int] |
   return where
 
 
+def units(prompt_lens: Sequence[int], completion_lens: Sequence[int], group: int, row_len: int, share: bool):
+  """The items rows hold: (prompt, its sequences, tokens). Without `share`, each (prompt, completion) sequence
+  alone; with it, a prompt once followed by as many of its completions as fit `row_len` (first-fit decreasing, so a
+  group longer than a row is split over units, each with its own copy of the prompt)."""
+  out = []
+  for p in range(len(prompt_lens)):
+    seqs = sorted(range(p * group, (p + 1) * group), key=lambda n: -int(completion_lens[n]))
+    if not share:
+      out.extend((p, (n,), int(prompt_lens[p]) + int(completion_lens[n])) for n in sorted(seqs))
+      continue
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for n in seqs:
+      c = int(completion_lens[n])
+      b = next((i for i, f in enumerate(free) if f >= c), None)
+      if b is None:
+        bins.append([])
+        free.append(row_len - int(prompt_lens[p]))
+        b = len(bins) - 1
+      bins[b].append(n)
+      free[b] -= c
+    out.extend((p, tuple(sorted(b)), row_len - f) for b, f in zip(bins, free))
+  return out
+
+
 def assign(
-  prompt_lens: Sequence[int], completion_lens: Sequence[int], group: int, budget: int, steps: int = DEFAULT_STEPS
+  prompt_lens: Sequence[int],
+  completion_lens: Sequence[int],
+  group: int,
+  budget: int,
+  steps: int = DEFAULT_STEPS,
+  share: bool = False,
 ):
   """Sequences -> micro-batches and rows. prompt_lens [Np], completion_lens [N = Np * group] (tokens).
-  Returns (row_len, rows per micro-batch, micro-batches: lists of (sequence, row) in row-fill order).
+  Returns (row_len, rows per micro-batch, micro-batches: lists of (unit, row) in row-fill order), a unit being a
+  tuple of one prompt's sequences laid out as that prompt once and their completions (`units`; without `share`,
+  one sequence).
 
   The row length is the ladder size, from the longest sequence's up to the budget, whose packing computes the
   fewest token slots (micro-batches x rows used x row length, each count up the ladder as
@@ -50,7 +82,8 @@ def assign(
   row_len = min(ladder(longest, 8, steps), budget)
   while True:
     rows = max(1, budget // row_len)
-    micros = _assign_rows(seq_lens, len(prompt_lens), group, row_len, rows)
+    items = units(prompt_lens, completion_lens, group, row_len, share)
+    micros = _assign_rows(items, row_len, rows)
     used = ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps)
     slots = ladder(len(micros), 1, steps) * used * row_len
     if best is None or slots < best[0]:
@@ -61,25 +94,29 @@ def assign(
   return best[1:]
 
 
-def _assign_rows(seq_lens: list[int], num_prompts: int, group: int, row_len: int, rows: int):
-  """First-fit decreasing of each prompt's group of sequences into micro-batches of `rows` rows of `row_len`."""
-  order = lambda seqs: sorted(seqs, key=lambda n: -seq_lens[n])
-  groups = sorted(range(num_prompts), key=lambda p: -sum(seq_lens[p * group : (p + 1) * group]))
-  micros: list[tuple[list[int], list[tuple[int, int]]]] = []  # (free per row, [(seq, row)])
-  for p in groups:
-    seqs = order(range(p * group, (p + 1) * group))
+def _assign_rows(items: list, row_len: int, rows: int):
+  """First-fit decreasing of each prompt's units (`units`: (prompt, sequences, tokens)) into micro-batches of `rows` rows
+  of `row_len`: a prompt's units in one micro-batch where they fit (its images embedded once)."""
+  by_prompt: dict[int, list] = {}
+  for prompt, seqs, tokens in items:
+    by_prompt.setdefault(prompt, []).append((seqs, tokens))
+  order = lambda us: sorted(us, key=lambda u: -u[1])
+  groups = sorted(by_prompt.values(), key=lambda us: -sum(u[1] for u in us))
+  micros: list[tuple[list[int], list]] = []  # (free per row, [(unit, row)])
+  for group in groups:
+    us = order(group)
     for free, placed in micros:
-      where = fill_rows([seq_lens[n] for n in seqs], row_len, rows, free)
+      where = fill_rows([u[1] for u in us], row_len, rows, free)
       if where is not None:
-        placed.extend(zip(seqs, where))
+        placed.extend((u[0], r) for u, r in zip(us, where))
         break
     else:  # a fresh micro-batch, split over several if the group does not fit one
-      while seqs:
+      while us:
         free, placed = [row_len] * rows, []
         rest = []
-        for n in seqs:
-          where = fill_rows([seq_lens[n]], row_len, rows, free)
-          (rest.append(n) if where is None else placed.append((n, where[0])))
+        for u in us:
+          where = fill_rows([u[1]], row_len, rows, free)
+          (rest.append(u) if where is None else placed.append((u[0], where[0])))
         micros.append((free, placed))
-        seqs = rest
+        us = rest
   return [placed for _, placed in micros]

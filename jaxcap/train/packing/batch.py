@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxcap.models.flops import padded_pass_counts
+from jaxcap.models.packed_attention import fused_platform
 from jaxcap.sampling.prompts import VisionItems
 from jaxcap.sampling.sampler import SamplerBatch
 from jaxcap.train.packing.inputs import PackedInputs
@@ -52,6 +53,13 @@ def packed_inputs(
   return with_pixels(placed, packed_rows(host, lengths, completion_len, budget, cfg, steps))
 
 
+def shares_prompts(cfg, group: int) -> bool:
+  """Whether packed rows lay each prompt out once for its completions (`pack(..., share=True)`): the model shares
+  prompts (`model.share_prompt`), G > 1, and the packed attention runs the jnp paths (the fused kernels of TPU / GPU
+  read segment ids only, so there the rows repeat each prompt and keep the kernel)."""
+  return bool(cfg.share_prompt) and group > 1 and fused_platform() is None
+
+
 def packed_rows(host: SamplerBatch, lengths: np.ndarray, completion_len: int, budget: int, cfg, steps: int):
   """`packed_inputs`' rows alone (host numpy: what the step decides packed vs padded on, `packing_pays`)."""
   p, rows = host.prompts, host.rows
@@ -71,6 +79,7 @@ def packed_rows(host: SamplerBatch, lengths: np.ndarray, completion_len: int, bu
     items=items,
     vision_cfg=cfg.vision,
     steps=steps,
+    share=shares_prompts(cfg, len(cmask) // rows),
   )
 
 
@@ -88,7 +97,7 @@ def packing_metrics(
   completions of `lengths` [rows * G]; its padded layout is `micro_batches` slices of rows P + `completion_len` wide;
   `cfg` the model's config (`packing_pays`). packing/packed 1 or 0; packing/saving the share of the padded pass's
   decoder FLOPs packing saves (whichever ran; against a prompt-shared padded pass, `cfg.share_prompt`, it can be
-  negative: packed rows repeat each prompt per completion); packing/padding_share the share of the decoder's token
+  negative, as where the packed rows repeat each prompt: `shares_prompts`); packing/padding_share the share of the decoder's token
   slots holding no token in the layout that runs (a shared prompt's tokens counted once); packing/micro_batches its
   micro-batch count."""
   lengths = np.asarray(lengths).reshape(-1)
@@ -130,5 +139,5 @@ def planned_rows(
   cmask = np.ones((num_prompts * group, completion_len), bool)
   return pack(
     ids, mask, cmask, budget, image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id, items=items,
-    vision_cfg=cfg.vision, steps=steps,
+    vision_cfg=cfg.vision, steps=steps, share=shares_prompts(cfg, group),
   )  # fmt: skip

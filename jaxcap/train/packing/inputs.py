@@ -74,9 +74,10 @@ def packed_logprobs(
     segments=rows.segments,
     deepstack=deepstack,
     segment_window=rows.window,
+    segment_parents=rows.parents,
   )
   h = hidden.reshape(r * length, -1)[rows.target_index][None]  # [1, K, D]
-  targets = ids.reshape(-1)[jnp.minimum(rows.target_index + 1, r * length - 1)][None]
+  targets = flat_ids[rows.target_source][None]
   lp, ent = token_logprobs(model, h, targets, with_entropy=with_entropy, chunk=model.cfg.logprob_chunk)
   s = rows.seq_index.shape[0]
   back = lambda v: jnp.zeros((s * completion_len,), v.dtype).at[rows.target_dest].set(v[0], mode="drop")

@@ -53,7 +53,11 @@ class PackedRows:
   pixel_index int32 [M, Lpix]: each micro-batch's vision pack from the step's pixels (padding: patch 0);
     layout: the packs' VisionLayouts [M, ...]. Both None without vision.
   window: static, the decoder's attention window, holding the longest sequence (`jaxcap.models.segment_attention`);
-    None: dense attention over the row."""
+    None: dense attention over the row.
+  parents int32 [M, R, L] (rows that share prompts, `pack(..., share=True)`): the segment each slot also reads, its
+    group's prompt for a completion's slots (its own segment elsewhere); None: every sequence is one segment.
+  target_source int32 [M, K]: target k's token in the step's token source (with a shared prompt, the slot after
+    the prompt's last holds only its first completion's first token; padding: 0)."""
 
   source: np.ndarray
   segments: np.ndarray
@@ -65,6 +69,8 @@ class PackedRows:
   pixel_index: np.ndarray | None = None
   layout: VisionLayout | None = None
   window: SegmentWindow | None = dataclasses.field(default=None, metadata=dict(static=True))
+  parents: np.ndarray | None = None
+  target_source: np.ndarray | None = None
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -118,11 +124,14 @@ def pack(
   items: Sequence[VisionItem] = (),
   vision_cfg=None,
   steps: int = DEFAULT_STEPS,
+  share: bool = False,
 ) -> PackedRows:
   """The packed micro-batches of a step. prompt_ids / prompt_mask [Np, P] (any padding side), completion_mask bool
   [N, C] (True on a completion's tokens, a prefix of each row), N = Np * G; `budget`: tokens per micro-batch
   (`rl.micro_batch_tokens`); `items`: the step's vision items in prompt order (images and videos interleaved as
-  the prompts hold them), with `vision_cfg` (the model's VisionConfig)."""
+  the prompts hold them), with `vision_cfg` (the model's VisionConfig). `share`: a prompt is laid out once, as its
+  own segment, followed by as many of its completions as fit the row, each a segment reading the prompt's
+  (`parents`); otherwise each (prompt, completion) is one segment."""
   prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask, bool)
   completion_mask = np.asarray(completion_mask, bool)
   num_prompts, p_len = prompt_ids.shape
@@ -134,17 +143,19 @@ def pack(
   if np.any(completion_mask != (np.arange(c_len) < comp_lens[:, None])):
     raise ValueError("completion_mask must be a prefix of each row (tokens up to the completion's length)")
   prompt_lens = prompt_mask.sum(1)
-  row_len, rows, micros = assign(prompt_lens, comp_lens, g, budget, steps)
+  row_len, rows, micros = assign(prompt_lens, comp_lens, g, budget, steps, share)
   # first-fit fills the lowest rows first: a step smaller than the budget computes only the rows it uses (laddered)
   rows = min(rows, ladder(max(r for mb in micros for _, r in mb) + 1, 1, steps))
   m = ladder(len(micros), 1, steps)
-  s = ladder(max(len(mb) for mb in micros), 1, steps)
-  k = ladder(max(int(sum(comp_lens[n] for n, _ in mb)) for mb in micros), 8, steps)
+  s = ladder(max(sum(len(unit) for unit, _ in mb) for mb in micros), 1, steps)
+  k = ladder(max(int(sum(comp_lens[n] for unit, _ in mb for n in unit)) for mb in micros), 8, steps)
   source = np.zeros((m, rows, row_len), np.int32)
   segments = np.zeros((m, rows, row_len), np.int32)
+  parents = np.zeros((m, rows, row_len), np.int32)
   feature = np.full((m, rows, row_len), -1, np.int32)
   target_index = np.zeros((m, k), np.int32)
   target_dest = np.full((m, k), s * c_len, np.int32)
+  target_source = np.zeros((m, k), np.int32)
   seq_index = np.zeros((m, s), np.int32)
   seq_valid = np.zeros((m, s), bool)
   by_prompt: dict[int, list[VisionItem]] = {}
@@ -152,37 +163,58 @@ def pack(
     by_prompt.setdefault(it.prompt, []).append(it)
   packs = []
   for i, mb in enumerate(micros):
-    prompts = sorted({n // g for n, _ in mb})
+    prompts = sorted({unit[0] // g for unit, _ in mb})
     feats, offsets = _feature_offsets([by_prompt.get(p, []) for p in prompts], vision_cfg)
     packs.append(feats)
     fill = [0] * rows
     count = [0] * rows
-    targets = 0
-    for slot, (n, r) in enumerate(mb):
-      p = n // g
+    targets = slot = 0
+    for unit, r in mb:
+      p = unit[0] // g
       real = np.flatnonzero(prompt_mask[p])
-      start = fill[r]
-      src = np.concatenate([p * p_len + real, num_prompts * p_len + n * c_len + np.arange(comp_lens[n])])
-      end = start + len(src)
-      source[i, r, start:end] = src
-      count[r] += 1
-      segments[i, r, start:end] = count[r]
+      start, at = fill[r], fill[r] + len(real)  # the prompt's slots, then its completions'
+      prompt_segment = count[r] + 1
+      source[i, r, start:at] = p * p_len + real
+      segments[i, r, start:at] = parents[i, r, start:at] = prompt_segment
       ids = prompt_ids[p, real]
       img_off, vid_off = offsets[prompts.index(p)]
       is_img, is_vid = ids == image_token_id, ids == video_token_id
       f = np.where(is_img, img_off + np.cumsum(is_img) - 1, np.where(is_vid, vid_off + np.cumsum(is_vid) - 1, -1))
-      feature[i, r, start : start + len(real)] = f
-      c = int(comp_lens[n])
-      flat = r * row_len + start + len(real) - 1 + np.arange(c)  # the slot before each completion token
-      target_index[i, targets : targets + c] = flat
-      target_dest[i, targets : targets + c] = slot * c_len + np.arange(c)
-      targets += c
-      seq_index[i, slot], seq_valid[i, slot] = n, True
-      fill[r] = end
+      feature[i, r, start:at] = f
+      for j, n in enumerate(unit):
+        c = int(comp_lens[n])
+        segment = prompt_segment + j + 1 if share else prompt_segment
+        source[i, r, at : at + c] = target_source[i, targets : targets + c] = (
+          num_prompts * p_len + n * c_len + np.arange(c)
+        )
+        segments[i, r, at : at + c] = segment
+        parents[i, r, at : at + c] = prompt_segment
+        # the slot before each completion token: the prompt's last for the first, then the completion's own
+        flat = r * row_len + np.concatenate([[start + len(real) - 1], at + np.arange(c - 1)])[:c]
+        target_index[i, targets : targets + c] = flat
+        target_dest[i, targets : targets + c] = slot * c_len + np.arange(c)
+        targets += c
+        seq_index[i, slot], seq_valid[i, slot] = n, True
+        slot += 1
+        at += c
+        count[r] = segment
+      fill[r] = at
   pixel_index, layout = _vision_packs(packs, m, vision_cfg, steps) if items else (None, None)
-  window = segment_window(max(int(prompt_lens[n // g] + comp_lens[n]) for mb in micros for n, _ in mb), row_len)
+  unit_len = lambda unit: int(prompt_lens[unit[0] // g] + sum(comp_lens[n] for n in unit))
+  window = segment_window(max(unit_len(unit) for mb in micros for unit, _ in mb), row_len)
   return PackedRows(
-    source, segments, feature, target_index, target_dest, seq_index, seq_valid, pixel_index, layout, window
+    source,
+    segments,
+    feature,
+    target_index,
+    target_dest,
+    seq_index,
+    seq_valid,
+    pixel_index,
+    layout,
+    window,
+    parents if share else None,
+    target_source,
   )
 
 
