@@ -112,7 +112,7 @@ class Attention(nnx.Module):
     return shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None)), apply_rotary(k, cos, sin), v
 
   def shared(self, prompts, completions, prompt_rope, completion_rope, prompt_mask, prompt_real):
-    """The prompt-shared pass (`Qwen25VL.decode_shared`): prompts [B, P, D] attend causally among themselves
+    """The prompt-shared pass (`jaxcap.models.shared_decode`): prompts [B, P, D] attend causally among themselves
     (`prompt_mask` bool [B, 1, P, P]); completions [N, C, D] (G = N / B per prompt) to their prompt's real tokens
     (`prompt_real` bool [B, P]) and causally to themselves (`group_attention`), reading the prompt's keys and
     values once for all G. `*_rope`: (cos, sin) of each stream. Returns both streams' outputs."""

@@ -64,9 +64,17 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, *, sp
     head_mask = splash.CausalMask((t, t))
   else:  # causal within the span: key blocks wholly before it are skipped
     head_mask = splash.LocalMask((t, t), window_size=(span - 1, 0), offset=0)
-  block = next(c for c in BLOCKS if t % c == 0)
-  sizes = dict(block_q=block, block_kv=block, block_kv_compute=block)
-  sizes.update(block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  return _run_vmapped(head_mask, n, q, k, v, segments, segments, interpret)
+
+
+def _run_vmapped(head_mask, n: int, q, k, v, q_segments, kv_segments, interpret: bool):
+  """`head_mask` (a splash mask of [Tq, Tk]) for each of `n` heads, the largest `BLOCKS` dividing Tq and Tk, vmapped
+  over the shard's rows: q [b, n, Tq, H], k, v [b, K, Tk, H], segment ids [b, Tq] / [b, Tk] -> [b, n, Tq, H]."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+  bq, bkv = (next(c for c in BLOCKS if x.shape[2] % c == 0) for x in (q, k))
+  sizes = dict(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv)
+  sizes.update(block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
   kernel = splash.make_splash_mha(
     splash.MultiHeadMask([head_mask] * n),
     block_sizes=splash.BlockSizes(**sizes),
@@ -74,7 +82,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, *, sp
     q_seq_shards=1,
     interpret=interpret,
   )
-  ids = splash.SegmentIds(q=segments, kv=segments)
+  ids = splash.SegmentIds(q=q_segments, kv=kv_segments)
   return jax.vmap(kernel, in_axes=(0, 0, 0, splash.SegmentIds(q=0, kv=0)))(q, k, v, ids)
 
 
@@ -128,18 +136,4 @@ def _attend_group(q, k, v, segments, *, shape, interpret):
   _, n, tq, _ = q.shape
   tk = k.shape[2]
   head_mask = splash.NumpyMask(group_mask(*shape, tq, tk))
-  block_q, block_kv = (next(c for c in BLOCKS if t % c == 0) for t in (tq, tk))
-  sizes = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
-  sizes.update(
-    block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q, block_kv_dq=block_kv
-  )
-  kernel = splash.make_splash_mha(
-    splash.MultiHeadMask([head_mask] * n),
-    block_sizes=splash.BlockSizes(**sizes),
-    head_shards=1,
-    q_seq_shards=1,
-    interpret=interpret,
-  )
-  q_ids = jnp.ones(segments.shape[:1] + (tq,), jnp.int32)
-  ids = splash.SegmentIds(q=q_ids, kv=segments)
-  return jax.vmap(kernel, in_axes=(0, 0, 0, splash.SegmentIds(q=0, kv=0)))(q, k, v, ids)
+  return _run_vmapped(head_mask, n, q, k, v, jnp.ones(segments.shape[:1] + (tq,), jnp.int32), segments, interpret)

@@ -89,11 +89,11 @@ def completion_logprobs(
   n, c = completions.shape
   g = n // b
   x_prompt, deepstack = model.embed_vision(prompt_ids, vision)
-  prompt_end = completion_positions(prompt_positions, prompt_mask, c)  # [3, B, C]
+  completion_pos = completion_positions(prompt_positions, prompt_mask, c)  # [3, B, C]
   share = model.cfg.share_prompt if share_prompt is None else share_prompt
   if share and g > 1:  # each prompt through the decoder once for its G completions (`decode_shared`)
     h_prompt, h_completion = decode_shared(
-      model, x_prompt, prompt_positions, prompt_mask, model.embed_tokens(completions), prompt_end, deepstack
+      model, x_prompt, prompt_positions, prompt_mask, model.embed_tokens(completions), completion_pos, deepstack
     )
     # position t predicts token t + 1: the prompt's last slot predicts each completion's first token
     hidden = jnp.concatenate([jnp.repeat(h_prompt[:, p - 1 :], g, axis=0), h_completion[:, : c - 1]], axis=1)
@@ -101,7 +101,7 @@ def completion_logprobs(
     x = jnp.concatenate([jnp.repeat(x_prompt, g, axis=0), model.embed_tokens(completions)], axis=1)
     if deepstack is not None:  # [n, B, P, D] -> [n, N, P + C, D]: the completions are text, nothing to add there
       deepstack = jnp.pad(jnp.repeat(deepstack, g, axis=1), ((0, 0), (0, 0), (0, c), (0, 0)))
-    positions = jnp.repeat(jnp.concatenate([prompt_positions, prompt_end], axis=2), g, axis=1)
+    positions = jnp.repeat(jnp.concatenate([prompt_positions, completion_pos], axis=2), g, axis=1)
     mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.ones((n, c), bool)], axis=1)
     hidden, _ = model.decode(x, positions, mask, deepstack=deepstack)
     hidden = hidden[:, p - 1 : p + c - 1]  # position t predicts token t + 1
