@@ -5,6 +5,7 @@ import pytest
 
 from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.plan import GIB, format_plan, plan
+from jaxcap.config.schema import parse
 from jaxcap.config_files import base_config
 from processes import cli
 
@@ -22,7 +23,7 @@ def _config():
 @pytest.fixture(scope="module")
 def planned():
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
-  return plan(_config(), cfg, jax.devices()[:8], hbm_gib=80.0, text=8)
+  return plan(parse(_config()), cfg, jax.devices()[:8], hbm_gib=80.0, text=8)
 
 
 @pytest.mark.slow
@@ -51,7 +52,7 @@ def test_every_program_compiles_and_reports_memory(planned):
 
 @pytest.mark.slow
 def test_state_is_sharded_not_replicated(planned):
-  one_device = plan(_config(), tiny(dtype=jax.numpy.bfloat16), jax.devices()[:1], 80.0, ("decode",), text=8)
+  one_device = plan(parse(_config()), tiny(dtype=jax.numpy.bfloat16), jax.devices()[:1], 80.0, ("decode",), text=8)
   # fsdp 8 holds roughly an eighth of the state per device (small vectors stay replicated)
   assert planned["train_state_gib_per_device"] < one_device["train_state_gib_per_device"] / 4
 
@@ -59,7 +60,7 @@ def test_state_is_sharded_not_replicated(planned):
 @pytest.mark.slow
 def test_a_plan_over_budget_says_what_to_change(planned):
   budget = planned["peak_gib"] / 2
-  res = plan(_config(), tiny(dtype=jax.numpy.bfloat16, remat="full"), jax.devices()[:8], budget, ("rl_step",), 8)
+  res = plan(parse(_config()), tiny(dtype=jax.numpy.bfloat16, remat="full"), jax.devices()[:8], budget, ("rl_step",), 8)
   assert not res["fits"] and res["advice"]
   assert "rl_step is" in res["advice"][0] and "GiB over" in res["advice"][0]
   text = format_plan(res)
@@ -98,7 +99,7 @@ def test_packed_micro_batches_are_planned_at_the_budget():
   for budget in (64, 256):
     c = _config()
     c.rl.update(dict(micro_batches=1, micro_batch_tokens=budget))
-    result = plan(c, cfg, jax.devices()[:1], hbm_gib=80.0, names=("rl_step", "logprobs"), text=8)
+    result = plan(parse(c), cfg, jax.devices()[:1], hbm_gib=80.0, names=("rl_step", "logprobs"), text=8)
     assert [p["name"] for p in result["programs"]] == ["rl_step", "logprobs"]
     micro = result["batch"]["micro_batches"]
     assert micro.endswith("packed") and all(p["temporaries"] > 0 for p in result["programs"]), result
@@ -112,12 +113,12 @@ def test_presets_of_either_family_and_tiny_by_the_configs_family():
   from jaxcap.plan import model_config
 
   config = _config()
-  assert type(model_config(config, "tiny")).__name__ == "Qwen25VLConfig"
-  assert isinstance(model_config(config, "qwen3-vl-4b"), Qwen3VLConfig)
+  assert type(model_config(parse(config), "tiny")).__name__ == "Qwen25VLConfig"
+  assert isinstance(model_config(parse(config), "qwen3-vl-4b"), Qwen3VLConfig)
   config.model.family = "qwen3_vl"
-  assert isinstance(model_config(config, "tiny"), Qwen3VLConfig)
+  assert isinstance(model_config(parse(config), "tiny"), Qwen3VLConfig)
   with pytest.raises(SystemExit, match="qwen3-vl-8b"):
-    model_config(config, "qwen9")
+    model_config(parse(config), "qwen9")
 
 
 @pytest.mark.slow
@@ -126,7 +127,7 @@ def test_the_paged_engine_is_planned_with_its_pool():
   c.mesh.shape.fsdp = 1
   c.rollout.update(dict(engine="paged", slots=4, page_size=8))
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
-  res = plan(c, cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)
+  res = plan(parse(c), cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)
   assert [p["name"] for p in res["programs"]] == ["paged_prefill", "segment"]
   assert all(p["arguments"] > 0 and p["bytes_accessed"] > 0 for p in res["programs"])
   # prompts of up to 16 tokens = 2 pages of 8, at worst 15 (the second page partly filled: 7 tokens, copied by each
@@ -140,7 +141,7 @@ def test_the_paged_engine_is_planned_with_its_pool():
   assert "paged engine: 4 slots, a pool of 29 pages x 8 tokens" in format_plan(res)
   # data parallel on 2 devices: one engine per device's 2 prompts, each with the whole model
   c.mesh.shape.fsdp = 2
-  two = plan(c, cfg, jax.devices()[:2], 80.0, ("prefill", "decode"), text=8)
+  two = plan(parse(c), cfg, jax.devices()[:2], 80.0, ("prefill", "decode"), text=8)
   assert two["engine"]["shards"] == 2 and two["engine"]["pages"] == 1 + 4 * (2 + 3) + 2 * 2
   segment = lambda r: next(p for p in r["programs"] if p["name"] == "segment")["arguments"]
   pool = lambda r: r["engine"]["pool_bytes"]
@@ -157,13 +158,13 @@ def test_the_slots_that_fit_are_the_most_that_fit():
   c.mesh.shape.fsdp = 1
   c.rollout.update(dict(engine="paged", slots=4, page_size=8))
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
-  budget = plan(c, cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)["peak_gib"] + 2**17 / GIB
-  res = plan(c, cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)
+  budget = plan(parse(c), cfg, jax.devices()[:1], 80.0, ("prefill", "decode"), text=8)["peak_gib"] + 2**17 / GIB
+  res = plan(parse(c), cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)
   n = res["engine"]["slots_fit"]
   assert n > 4 and f"about {n}" in format_plan(res)
   for slots, fits in ((n, True), (n + 1, False)):
     c.rollout.slots = slots
-    assert plan(c, cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)["fits"] is fits, slots
+    assert plan(parse(c), cfg, jax.devices()[:1], budget, ("prefill", "decode"), text=8)["fits"] is fits, slots
 
 
 def test_an_engine_program_over_budget_names_the_engines_settings():
@@ -187,7 +188,7 @@ def test_off_policy_counts_the_queued_round_in_the_passes_it_outlives():
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
   on = _config()
   on.rl.off_policy_steps = 1
-  off_res, on_res = (plan(c, cfg, jax.devices()[:8], 80.0, ("logprobs",), text=8) for c in (_config(), on))
+  off_res, on_res = (plan(parse(c), cfg, jax.devices()[:8], 80.0, ("logprobs",), text=8) for c in (_config(), on))
   assert off_res["queued_round_gib"] == 0 and on_res["queued_round_gib"] > 0
   # the log-prob pass holds the queued round besides the state it does not take: exactly that round's bytes more
   extra = on_res["programs"][0]["resident_outside"] - off_res["programs"][0]["resident_outside"]
