@@ -64,17 +64,22 @@ def run_config(
 # ---------------------------------------------------------------------------------------------- inputs
 def image_conversations(count: int, side: int, rng: np.random.RandomState) -> list:
   """`count` one-image prompts with random `side` x `side` images."""
+  return sized_conversations([(side, side)] * count, rng)
+
+
+def sized_conversations(sizes, rng: np.random.RandomState) -> list:
+  """One one-image prompt per (height, width) in `sizes` (pixels; an int is a square), each a random image."""
   return [
     [
       {
         "role": "user",
         "content": [
-          {"type": "image", "image": (rng.rand(side, side, 3) * 255).astype(np.uint8)},
+          {"type": "image", "image": (rng.rand(*((s, s) if np.isscalar(s) else s), 3) * 255).astype(np.uint8)},
           {"type": "text", "text": "describe the image in detail ."},
         ],
       }
     ]
-    for _ in range(count)
+    for s in sizes
   ]
 
 

@@ -101,7 +101,7 @@ def main():
   from flax import nnx
 
   import jaxcap.models as M
-  from benchmarks.fixtures import WORDS
+  from benchmarks.fixtures import WORDS, sized_conversations
   from jaxcap.processing import Processor, word_tokenizer
   from jaxcap.sampling import bucket_prompts
 
@@ -132,22 +132,8 @@ def main():
   def forward(params, ids, pos, mask, vision):
     return nnx.merge(graphdef, params)(ids, pos, mask, vision)[0]
 
-  def conversations(sides):
-    return [
-      [
-        {
-          "role": "user",
-          "content": [
-            {"type": "image", "image": (rng.rand(h, w, 3) * 255).astype(np.uint8)},
-            {"type": "text", "text": "describe the image in detail ."},
-          ],
-        }
-      ]
-      for h, w in sides
-    ]
-
   def prepared(sides):
-    prompts, rows, _ = bucket_prompts(proc(conversations(sides)), cfg, steps=args.steps)
+    prompts, rows, _ = bucket_prompts(proc(sized_conversations(sides, rng)), cfg, steps=args.steps)
     vision = prompts.vision
     args_ = (
       jnp.asarray(prompts.input_ids),

@@ -41,27 +41,10 @@ import numpy as np
 if not __package__:  # run as a file: the repository root, for `benchmarks.*`
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fixtures import WORDS, run_config  # noqa: E402
-from benchmarks.harness import Section, add_arguments, interleaved, warm_up  # noqa: E402
+from benchmarks.fixtures import WORDS, run_config, sized_conversations  # noqa: E402
+from benchmarks.harness import Section, add_arguments, cpu_timed, interleaved, warm_up  # noqa: E402
 from benchmarks.report import report  # noqa: E402
 from benchmarks.rollout_lengths import stop_schedule  # noqa: E402
-
-PROMPT = "describe the image in detail ."
-
-
-def conversations(sides: list[int], rng: np.random.RandomState) -> list:
-  return [
-    [
-      {
-        "role": "user",
-        "content": [
-          {"type": "image", "image": (rng.rand(s, s, 3) * 255).astype(np.uint8)},
-          {"type": "text", "text": PROMPT},
-        ],
-      }
-    ]
-    for s in sides
-  ]
 
 
 def main():
@@ -126,7 +109,7 @@ def main():
   config.rl.update(dict(batch_size=args.prompts, num_samples=g, micro_batches=m))
   batcher = Batcher(proc, config, mesh, media_threads=1)
   sides = [int(s) for s in args.sides.split(",")]
-  inputs = proc(conversations([sides[i % len(sides)] for i in range(args.prompts)], rng), padding_side="left")
+  inputs = proc(sized_conversations([sides[i % len(sides)] for i in range(args.prompts)], rng), padding_side="left")
   host = batcher.host_prompts(inputs, m)
   placed = place_batch(host, cfg, batcher.pad_id, batcher.bucket_steps)
   prompts_padded, layout = batcher.prompt_batch(placed, m)
@@ -200,7 +183,7 @@ def main():
 
           calls[name] = call
       cpu = {name: [] for name in calls}  # this process's CPU seconds per call (all threads): less moved by load
-      calls = {name: _cpu_timed(fn, cpu[name]) for name, fn in calls.items()}
+      calls = {name: cpu_timed(fn, cpu[name]) for name, fn in calls.items()}
       warm = {name: warm_up(fn) for name, fn in calls.items()}
       for times in cpu.values():
         times.clear()
@@ -228,15 +211,6 @@ def main():
   print("\nsummary (packed / the other side's real tokens/s, ratio of mins):")
   for key, r in results.items():
     print(f"  {key}: {r['ratio_of_mins']:.2f}x")
-
-
-def _cpu_timed(fn, into: list):
-  def timed():
-    t0 = time.process_time()
-    fn()
-    into.append(time.process_time() - t0)
-
-  return timed
 
 
 def _window(window) -> str:
