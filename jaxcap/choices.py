@@ -8,6 +8,7 @@ DTYPES = ("float32", "bfloat16")  # model.dtype (compute), model.param_dtype (ma
 REMAT_POLICIES = ("none", "full", "dots")  # model.remat: activation checkpointing per decoder / vision block
 SCHEDULES = ("cosine", "linear", "constant")  # *.optim.schedule, after the linear warm-up
 RUBRIC_SOURCES = ("policy", "manifest")  # rubrics.source
+NO_LETTER_POLICIES = ("retry", "wrong")  # judge.answerer.no_letter: an answer naming no option
 RESUME_CHANGES = ("refuse", "allow")  # resume_changes
 MASTER_UPDATES = ("exact", "stochastic_rounding")  # *.optim.master_update: how updates land on bf16 masters
 NONFINITE_ACTIONS = ("stop", "skip")  # train.on_nonfinite: what a non-finite or diverged step does to the run

@@ -186,3 +186,9 @@ class Run(Block):
             yield f"reward.{fam}.{k}: unknown option; allowed: {', '.join(sorted(allowed))}"
     if not self.reward and self.rl.steps != 0:
       yield "reward: configure at least one reward family for RL"
+    judged = [f for f in self.reward if f in REWARD_FAMILIES and REWARD_FAMILIES[f].needs_judge]
+    if self.judge.kind == "none" and judged:
+      yield (
+        f"judge.kind='none' but reward.{judged[0]} needs a judge: set judge.kind='http' (with judge.endpoints), or "
+        "use rewards that need none (timestamp_format, caption_length, fn)"
+      )

@@ -95,14 +95,22 @@ async def post_chat(
   timeout_s: float,
   extra_headers: Mapping[str, str] | None = None,
 ) -> ChatReply:
-  """POSTs `body` to the endpoint's /chat/completions; raises EndpointError on any failure."""
+  """POSTs `body` to the endpoint's /chat/completions, or to /completions when it holds a raw "prompt" (the reply
+  then is choices[0].text); raises EndpointError on any failure."""
+  completion = "prompt" in body
   headers = {"Content-Type": "application/json", REQUEST_HEADER: new_request_id(), **(extra_headers or {})}
   headers.update(auth_headers(endpoint))
   start = time.perf_counter()
   try:
     # wait_for bounds the whole exchange; httpx's own timeout only bounds each socket operation.
     response = await asyncio.wait_for(
-      client.post(endpoint.chat_url, json=dict(body), headers=headers, timeout=timeout_s), timeout_s
+      client.post(
+        endpoint.completions_url if completion else endpoint.chat_url,
+        json=dict(body),
+        headers=headers,
+        timeout=timeout_s,
+      ),
+      timeout_s,
     )
   except (asyncio.TimeoutError, httpx.TimeoutException):
     raise EndpointError("timeout", f"{endpoint.url}: no reply within {timeout_s:g} s") from None
@@ -118,13 +126,15 @@ async def post_chat(
     raise EndpointError("auth" if status in (401, 403) else "http_status", message, False, status, text)
   try:
     payload = response.json()
-    text = payload["choices"][0]["message"]["content"]
+    choice = payload["choices"][0]
+    text = choice["text"] if completion else choice["message"]["content"]
     if not isinstance(text, str):
-      raise TypeError(f"message.content is {type(text).__name__}")
+      raise TypeError(f"{'text' if completion else 'message.content'} is {type(text).__name__}")
   except (json.JSONDecodeError, ValueError, KeyError, IndexError, TypeError) as e:
     raise EndpointError(
       "malformed_response",
-      f"{endpoint.url}: not a chat-completions response ({type(e).__name__}: {e}); body starts {response.text[:80]!r}",
+      f"{endpoint.url}: not a {'completions' if completion else 'chat-completions'} response "
+      f"({type(e).__name__}: {e}); body starts {response.text[:80]!r}",
     ) from None
   usage = payload.get("usage") or {}
   return ChatReply(

@@ -99,8 +99,9 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
   return b"".join(chunks)
 
 
-def parse_chat(raw: bytes, served: Sequence[str]) -> dict[str, Any]:
-  """The chat request as a dict, its model and messages checked; RequestError on anything malformed."""
+def parse_chat(raw: bytes, served: Sequence[str], completion: bool = False) -> dict[str, Any]:
+  """The chat request (or with `completion`, the /completions request) as a dict, its model and messages (its
+  prompt) checked; RequestError on anything malformed."""
   try:
     body = json.loads(raw)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -112,6 +113,10 @@ def parse_chat(raw: bytes, served: Sequence[str]) -> dict[str, Any]:
     raise RequestError(422, f"model: expected a string, got {type(model).__name__}")
   if model is not None and model not in served:
     raise RequestError(404, f"The model `{model}` does not exist; this server serves {list(served)}", "model_not_found")
+  if completion:
+    if not isinstance(body.get("prompt"), str) or not body["prompt"]:
+      raise RequestError(422, "prompt: expected a non-empty string")
+    return body
   messages = body.get("messages")
   if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
     raise RequestError(422, "messages: expected a non-empty list of {role, content} objects")

@@ -31,6 +31,11 @@ class Endpoint:
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
 
   @property
+  def completions_url(self) -> str:
+    """The raw-prompt endpoint beside the chat one (/v1/completions)."""
+    return self.chat_url.removesuffix("/chat/completions") + "/completions"
+
+  @property
   def models_url(self) -> str:
     base = self.url.rstrip("/")
     return base.removesuffix("/chat/completions") + "/models"

@@ -9,11 +9,13 @@ Judge kinds are registered in `JUDGE_KINDS`:
   http        LLM judges behind OpenAI-compatible servers (vLLM, SGLang, llama.cpp, TGI): `endpoints` serving
               `model` for every role, or `fleet_config` (JSON: role -> RoleConfig fields)
   factory     any `package.module:function` returning a Judge, called with `options`
+  none        no judge, for runs whose rewards need none (`jaxcap.judges.no_judge`)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 from pathlib import Path
@@ -51,6 +53,7 @@ def http_judge(config, *, scenes, records, seed) -> Judge:
   from jaxcap.judges.endpoint import Endpoint
   from jaxcap.judges.fleet import JudgeFleet, RoleConfig
   from jaxcap.judges.http_judge import HttpJudge, images_from_records
+  from jaxcap.judges.prompts import PromptLibrary
 
   if config.fleet_config:
     rows = json.loads(Path(config.fleet_config).read_text())
@@ -73,7 +76,13 @@ def http_judge(config, *, scenes, records, seed) -> Judge:
       structured_output=config.structured_output,
     )
     roles = {"judge": role}
-  return HttpJudge(JudgeFleet(roles), images=images_from_records(records))
+  a = config.answerer
+  fallback = roles.get("judge") or next(iter(roles.values()))
+  sampled = dict(temperature=float(a.temperature), max_tokens=int(a.max_tokens))
+  if "answerer" not in roles and sampled != dict(temperature=fallback.temperature, max_tokens=fallback.max_tokens):
+    roles["answerer"] = dataclasses.replace(fallback, **sampled)  # the judge's endpoints, sampled as judge.answerer
+  prompts = PromptLibrary(config.prompt_dir or None)
+  return HttpJudge(JudgeFleet(roles), images=images_from_records(records), prompts=prompts, answerer=a)
 
 
 @JUDGE_KINDS.register("factory")
@@ -88,6 +97,13 @@ def factory_judge(config, *, scenes, records, seed) -> Judge:
       "jaxcap.judges.protocol.Judge methods."
     )
   return judge
+
+
+@JUDGE_KINDS.register("none")
+def no_judge(config, *, scenes, records, seed) -> Judge:
+  from jaxcap.judges.no_judge import NoJudge
+
+  return NoJudge()
 
 
 @contextlib.contextmanager

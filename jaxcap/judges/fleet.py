@@ -192,8 +192,9 @@ class JudgeFleet:
     cfg, metrics = pool.config, pool.metrics
     metrics.record(judgment=True)
     sampling = cfg.sampling()
-    key = cache_key(call.messages, sampling)
-    cached = self.cache.get(key)
+    key = cache_key(call.messages if call.prompt is None else [{"prompt": call.prompt}], sampling)
+    # a sampled judge (temperature > 0) is asked every time: N draws of one question are N samples, not one
+    cached = self.cache.get(key) if cfg.temperature == 0 else None
     if cached is not None:
       try:
         value = call.parse(cached)

@@ -46,23 +46,38 @@ __all__ = ["HttpJudge", "images_from_records"]
 
 
 class HttpJudge(PromptedFleet):
-  """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet` (see `PromptedFleet` for the arguments)."""
+  """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet` (see `PromptedFleet` for the arguments);
+  `answerer`: how CapRL's answerer is asked (`jaxcap.judges.settings.Answerer`; default: its defaults)."""
+
+  def __init__(self, fleet, *, answerer=None, **kwargs):
+    from jaxcap.judges.settings import Answerer
+
+    super().__init__(fleet, **kwargs)
+    self.answerer = answerer or Answerer()
 
   # -- CapRL ----------------------------------------------------------------------------------------------
 
   def answer_multiple_choice(self, requests: Sequence[MultipleChoiceRequest]) -> list[MultipleChoiceReply]:
-    """The reply is the parsed option letter ("B"), so either CapRL parsing mode reads it."""
-    items = [
-      (
-        r,
-        dict(caption=r.caption, question=r.question, options=list(r.options)),
-        functools.partial(parsing.parse_letter, options=r.options),
-      )
-      for r in requests
-    ]
-    outcomes = [
-      _too_many_options(r) or o for r, o in zip(requests, self._ask("answer_multiple_choice", "caprl_answer", items))
-    ]
+    """The reply is the parsed option label ("B"), so either CapRL parsing mode reads it; with
+    answerer.no_letter='wrong', '' for an answer naming none (scored wrong, as released), else re-asked."""
+    a = self.answerer
+    by_template: dict[str, list[int]] = {}
+    for i, r in enumerate(requests):
+      by_template.setdefault(a.video_template if r.media == "video" and a.video_template else a.template, []).append(i)
+    outcomes: list = [None] * len(requests)
+    for template, picked in by_template.items():
+      items = []
+      for i in picked:
+        r = requests[i]
+        labels = r.option_labels()
+        parse = (
+          parsing.first_letter
+          if a.no_letter == "wrong"
+          else functools.partial(parsing.parse_letter, options=r.options, labels=labels)
+        )
+        items.append((r, dict(caption=r.caption, question=r.question, options=list(r.options), labels=labels), parse))
+      for i, o in zip(picked, self._ask("answer_multiple_choice", template, items)):
+        outcomes[i] = _too_many_options(requests[i]) or o
     return self._results(outcomes, lambda v: MultipleChoiceReply(reply=v), MultipleChoiceReply)
 
   def answer_visual_questions(self, requests: Sequence[VisualQuestionRequest]) -> list[MultipleChoiceReply]:

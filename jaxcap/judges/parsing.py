@@ -23,9 +23,18 @@ def _quote(reply: str, limit: int = 120) -> str:
   return repr(reply if len(reply) <= limit else reply[:limit] + "...")
 
 
-def parse_letter(reply: str, options: Sequence[str]) -> str:
-  """The option letter a reply picks: a standalone letter A.. (first one), or the exact text of an option."""
-  valid = LETTERS[: len(options)]
+def first_letter(reply: str) -> str:
+  """The first capital A-I anywhere in the reply, or '' when there is none: the released CapRL servers' reading
+  (`parse_easy`) of an answer that follows the pre-filled "The answer is"; '' is an answer that picks nothing."""
+  match = re.search(r"[A-I]", reply)
+  return match.group(0) if match else ""
+
+
+def parse_letter(reply: str, options: Sequence[str], labels: Sequence[str] = ()) -> str:
+  """The option label a reply picks: a standalone label (first one; labels default to A, B, C, ... by position),
+  or the exact text of an option."""
+  labels = tuple(labels) or tuple(LETTERS[: len(options)])
+  valid = "".join(labels)
   stripped = _PREFIX_RE.sub("", reply.strip())
   # Only letters of this question's options count, so the pronoun "I" is not read as option I of four.
   match = re.search(rf"(?<![A-Za-z])([{valid}])(?![A-Za-z])", stripped)

@@ -112,7 +112,13 @@ class PromptedFleet:
     config = self.fleet.role_config(role or ROLES[primitive])
     schema = parsing.SCHEMAS.get(template)
     calls, slots, outcomes = [], [], [None] * len(items)
+    completion = self.prompts.is_completion(template)
     for i, (request, variables, parse) in enumerate(items):
+      if completion:  # a raw prompt (no turns to attach an image to): text-only roles, as the released answerer
+        hint = {"primitive": primitive, "request": dataclasses.asdict(request)}
+        calls.append(JudgeCall((), parse, schema, hint, prompt=self.prompts.render_completion(template, **variables)))
+        slots.append(i)
+        continue
       messages = self.prompts.render(template, **variables)
       image_id = image_ids[i] if image_ids is not None else None
       if image_id is not None and config.send_images:

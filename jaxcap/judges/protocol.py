@@ -28,12 +28,20 @@ class JudgeResult:
 
 @dataclasses.dataclass(frozen=True)
 class MultipleChoiceRequest:
-  """Answer `question` from `caption` alone; options are shown lettered A, B, C, ... in this order."""
+  """Answer `question` from `caption` alone; options are shown in this order, lettered by `labels` (one per
+  option; empty: A, B, C, ...), and the reply names a label. `media`: 'image' or 'video', what the caption
+  describes (an answerer may have a template per media)."""
 
   image_id: str
   caption: str
   question: str
   options: tuple[str, ...]
+  labels: tuple[str, ...] = ()
+  media: str = "image"
+
+  def option_labels(self) -> tuple[str, ...]:
+    """The label of each option: `labels`, or A, B, C, ... by position."""
+    return self.labels or tuple("ABCDEFGHI"[: len(self.options)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,13 +100,15 @@ class RoleConfig:
 
 @dataclasses.dataclass(frozen=True)
 class JudgeCall:
-  """One judgment to obtain: chat `messages`, the reply's JSON `schema` (None for free text), a `parse`
-  that turns reply text into a value or raises ReplyParseError, and an optional structured `hint`."""
+  """One judgment to obtain: chat `messages` (or a raw `prompt` for the /completions endpoint, messages then
+  empty), the reply's JSON `schema` (None for free text), a `parse` that turns reply text into a value or raises
+  ReplyParseError, and an optional structured `hint`."""
 
   messages: tuple[Mapping[str, Any], ...]
   parse: Callable[[str], Any]
   schema: Mapping[str, Any] | None = None
   hint: Mapping[str, Any] | None = None
+  prompt: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,8 @@ async def send_with_retries(
   """One reply: each ask hedged (`send_hedged`); connection errors, 5xx and malformed replies retried with
   backoff up to max_attempts sends. Timeouts are not retried here: the hedge is their one re-ask."""
   cfg = pool.config
-  body: dict[str, Any] = {"messages": list(call.messages), **params}
+  asked = {"messages": list(call.messages)} if call.prompt is None else {"prompt": call.prompt}
+  body: dict[str, Any] = {**asked, **params}
   if call.schema is not None and cfg.structured_output == "json_schema":
     body["response_format"] = {
       "type": "json_schema",

@@ -109,7 +109,7 @@ class _Guard:
     if self.expected is not None and (path.startswith("/v1/") or path == "/stats"):
       got = dict(scope["headers"]).get(b"authorization", b"")
       if not hmac.compare_digest(got, self.expected):
-        if path.endswith("/chat/completions"):
+        if path.endswith("/completions"):
           self.stats.requests += 1
           self.stats.refused[401] = self.stats.refused.get(401, 0) + 1
         reason = "no Authorization header" if not got else "wrong API key"
@@ -148,7 +148,8 @@ def make_app(
   workers: int = DEFAULT_WORKERS,
   body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
-  """FastAPI app with GET /v1/models, POST /v1/chat/completions, GET /stats and GET /health (no auth).
+  """FastAPI app with GET /v1/models, POST /v1/chat/completions and /v1/completions (a raw prompt, as a
+  completion-style answerer asks), GET /stats and GET /health (no auth).
 
   model: the name(s) it serves (a request naming another gets 404, like vLLM); api_key: when set, /v1/* and
   /stats need "Authorization: Bearer <api_key>"; max_body_bytes: larger bodies get 413; workers: threads that
@@ -180,9 +181,9 @@ def make_app(
   async def get_stats():
     return dataclasses.asdict(stats)
 
-  def judge(raw: bytes) -> dict[str, Any]:
+  def judge(raw: bytes, completion: bool = False) -> dict[str, Any]:
     """One request, parsed, judged and answered (a worker thread); raises RequestError."""
-    body = parse_chat(raw, served)
+    body = parse_chat(raw, served, completion)
     if HINT_FIELD not in body:
       raise RequestError(
         400,
@@ -200,12 +201,17 @@ def make_app(
     except Exception as e:  # noqa: BLE001 - deterministic for this request: a retry (5xx) would fail again
       log.exception("rule-based judge failed on a %s request", primitive)
       raise RequestError(422, f"the judge failed on this request ({type(e).__name__}: {e})", "judge_error") from None
-    prompt_words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+    if completion:
+      prompt_words = len(body["prompt"].split())
+      choice = {"index": 0, "text": text, "finish_reason": "stop"}
+    else:
+      prompt_words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+      choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
     return {
-      "object": "chat.completion",
+      "object": "text_completion" if completion else "chat.completion",
       "created": int(time.time()),
       "model": body.get("model") or served[0],
-      "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+      "choices": [choice],
       "usage": {
         "prompt_tokens": prompt_words,
         "completion_tokens": len(text.split()),
@@ -215,18 +221,25 @@ def make_app(
 
   @app.post("/v1/chat/completions")
   async def chat(request: Request):
+    return await answer(request, completion=False)
+
+  @app.post("/v1/completions")
+  async def complete(request: Request):
+    return await answer(request, completion=True)
+
+  async def answer(request: Request, completion: bool):
     stats.requests += 1
     number = stats.requests
     stats.in_flight += 1
     stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
     try:
       raw = await read_body(request, max_body_bytes, body_timeout_s)
-      reply = await asyncio.get_running_loop().run_in_executor(pool, judge, raw)
+      reply = await asyncio.get_running_loop().run_in_executor(pool, judge, raw, completion)
     except RequestError as e:
       stats.refused[e.status] = stats.refused.get(e.status, 0) + 1
       return _error(e.status, str(e), e.code)
     finally:
       stats.in_flight -= 1
-    return {"id": f"chatcmpl-{number}", **reply}
+    return {"id": f"{'cmpl' if completion else 'chatcmpl'}-{number}", **reply}
 
   return app

@@ -6,14 +6,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxcap.choices import NO_LETTER_POLICIES
 from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.judges.factory import JUDGE_KINDS
 from jaxcap.judges.fleet import STRUCTURED_OUTPUT_MODES
 
 
 @dataclasses.dataclass(frozen=True)
+class Answerer(Block):
+  """How CapRL's answerer (the `answerer` role of an http judge) is asked. Templates are names in the prompt
+  directory (jaxcap/judges/prompts, or judge.prompt_dir first): a chat template, or a completion template (a raw
+  prompt with the answer's start pre-filled, sent to /v1/completions) such as the released `caprl_released`."""
+
+  template: str = field("caprl_answer", "the answerer's template for image captions")
+  video_template: str = field("", "its template for video captions ('' = template)")
+  temperature: float = field(0.0, "the answerer's sampling temperature", ge=0)
+  max_tokens: int = field(512, "the most tokens of an answer", ge=1)
+  # 'retry': re-asked (at judge-level retry temperature), then masked, never scored; 'wrong': the answer stands and
+  # scores 0, as the released CapRL servers read a reply without a letter
+  no_letter: str = field("retry", "an answer that names no option", choices=NO_LETTER_POLICIES)
+
+
+@dataclasses.dataclass(frozen=True)
 class JudgeConfig(Block):
-  """The judge (jaxcap.judges.factory): rule_based, http (an OpenAI-compatible fleet) or factory."""
+  """The judge (jaxcap.judges.factory): rule_based, http (an OpenAI-compatible fleet), factory, or none (rewards
+  that need no judge)."""
 
   kind: str = field("rule_based", "the judge kind", choices=JUDGE_KINDS)
   failure_rate: float = field(0.0, "rule_based: share of judgments that fail (to exercise masking)", ge=0, le=1)
@@ -26,6 +43,8 @@ class JudgeConfig(Block):
   fleet_config: str = field("", "http: JSON file, role -> RoleConfig fields (instead of endpoints / model)")
   send_images: bool = field(False, "http: send the image along with the caption")
   structured_output: str = field("json_schema", "http: how replies are constrained", choices=STRUCTURED_OUTPUT_MODES)
+  prompt_dir: str = field("", "http: a folder of *.jinja templates read before the shipped ones ('' = shipped only)")
+  answerer: Answerer = field(Answerer(), "http: how CapRL's answerer is asked")
   factory: str = field("", "factory: 'package.module:function' returning a Judge, called with options")
   options: dict[str, Any] = field({}, "factory: keyword arguments of the factory")
   # every endpoint of every role answers one real judgment before any compute (jaxcap.judges.preflight); the

@@ -1,9 +1,15 @@
 """CapRL: a caption's reward is how well a text-only judge answers the image's questions from it.
 
 R(c) = scale * (1/N) * sum_k r_k with r_k = 1 if the judge's chosen option is the gold one, for N questions
-drawn from the image's M, options shuffled on every draw. Two presets: `CapRLConfig.paper()` (exact match,
-scale 1) and `CapRLConfig.released_code()` (8 draws with replacement, a fixed last option "Can not answer
-based on the caption", first letter A-I of the reply, reward = 2 x mean accuracy).
+drawn from the image's M, options shuffled on every draw. Presets (`preset` option):
+  paper          N = 4 without replacement, shuffled, the reply's letter or option text, scale 1
+  released_code  8 draws with replacement, shuffled, a last option "Can not answer based on the caption", the
+                 first letter A-I of the reply, scale 2 (the CapRL reward server as the paper's runs used it)
+  caprl          CapRL's released launcher: as released_code, but options in the data's order and no
+                 cannot-answer option (the launcher does not pass --shuffle_qa)
+  caprl_plus     CapRL++'s released server: 8 draws with replacement, shuffled, the cannot-answer option always
+                 labelled F (A-D then F for four options), first letter A-I, scale 1 (accuracy as is)
+How the answerer is asked (template, sampling, a reply with no letter) is the judge's: judge.answerer.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class CapRLConfig:
   with_replacement: bool = False  # released code draws with replacement
   shuffle_options: bool = True
   cannot_answer_option: str | None = None  # appended last after shuffling when set
+  cannot_answer_label: str = ""  # its letter ('' = the next after the options; CapRL++ released: always 'F')
   answer_parsing: str = "exact"  # "exact": reply is the letter or the option text; "first_letter": first A-I
   reward_scale: float = 1.0  # released code: 2.0
   min_answered_fraction: float = 0.5  # below this share of non-failed answers the reward is masked
@@ -42,6 +49,8 @@ class CapRLConfig:
       raise ValueError(f"CapRLConfig.answer_parsing={self.answer_parsing!r}: use 'exact' or 'first_letter'.")
     if self.questions_per_caption < 1:
       raise ValueError(f"CapRLConfig.questions_per_caption={self.questions_per_caption}: must be >= 1.")
+    if self.cannot_answer_label and (len(self.cannot_answer_label) != 1 or self.cannot_answer_label not in LETTERS):
+      raise ValueError(f"CapRLConfig.cannot_answer_label={self.cannot_answer_label!r}: one letter A-I, or ''.")
 
   @classmethod
   def paper(cls, **overrides) -> "CapRLConfig":
@@ -58,18 +67,30 @@ class CapRLConfig:
     )
     return cls(**(base | overrides))
 
+  @classmethod
+  def caprl(cls, **overrides) -> "CapRLConfig":
+    return cls.released_code(**(dict(shuffle_options=False, cannot_answer_option=None) | overrides))
 
-def parse_choice(reply: str, options: Sequence[str], mode: str) -> int | None:
-  """Index of the option a judge reply picks, or None when it picks none (scored as wrong, not failed)."""
+  @classmethod
+  def caprl_plus(cls, **overrides) -> "CapRLConfig":
+    return cls.released_code(**(dict(reward_scale=1.0, cannot_answer_label="F") | overrides))
+
+
+PRESETS = ("paper", "released_code", "caprl", "caprl_plus")
+
+
+def parse_choice(reply: str, options: Sequence[str], mode: str, labels: Sequence[str] = ()) -> int | None:
+  """Index of the option a judge reply picks (by its label: `labels`, or A, B, C, ... by position), or None when it
+  picks none (scored as wrong, not failed)."""
+  labels = tuple(labels) or tuple(LETTERS[: len(options)])
   if mode == "first_letter":
     for ch in reply:
       if ch in LETTERS[:9]:
-        idx = LETTERS.index(ch)
-        return idx if idx < len(options) else None
+        return labels.index(ch) if ch in labels else None
     return None
   text = _PREFILL_RE.sub("", reply).strip().strip(".:)( ").strip()
-  if len(text) == 1 and text in LETTERS[: len(options)]:
-    return LETTERS.index(text)
+  if len(text) == 1 and text in labels:
+    return labels.index(text)
   lowered = [o.strip().lower() for o in options]
   return lowered.index(text.lower()) if text.lower() in lowered else None
 
@@ -83,7 +104,8 @@ class CapRLReward:
     self.names = (config.name,)
 
   def draw(self, record: ImageRecord, rng: np.random.Generator) -> list[tuple[str, tuple[str, ...], int]]:
-    """(question, presented options, gold index) for each draw; the options are shuffled per draw."""
+    """(question, presented options, gold index) for each draw; the options are shuffled per draw (labels:
+    `labels`)."""
     cfg, questions = self.config, record.questions
     if not questions:
       return []
@@ -101,6 +123,13 @@ class CapRLReward:
       out.append((q.question, options, options.index(q.answer)))
     return out
 
+  def labels(self, options: Sequence[str]) -> tuple[str, ...]:
+    """The letter of each presented option: A, B, C, ...; the cannot-answer option's own label when it is set."""
+    labels = tuple(LETTERS[: len(options)])
+    if self.config.cannot_answer_option and self.config.cannot_answer_label:
+      labels = labels[:-1] + (self.config.cannot_answer_label,)
+    return labels
+
   def __call__(
     self, captions: Sequence[str], records: Sequence[ImageRecord], *, step: int = 0, first: int = 0
   ) -> RewardBatch:
@@ -112,8 +141,9 @@ class CapRLReward:
       # One generator per (seed, step, caption index in the step's batch): draws don't depend on the rest of the
       # batch, nor on whether it is judged whole or by groups (`first` > 0: streaming judging)
       rng = np.random.default_rng([self.config.seed, step, first + i])
+      media = "video" if record.is_video else "image"
       for question, options, gold in self.draw(record, rng):
-        requests.append(MultipleChoiceRequest(record.id, caption, question, options))
+        requests.append(MultipleChoiceRequest(record.id, caption, question, options, self.labels(options), media))
         owners.append(i)
         golds.append(gold)
     replies = self.judge.answer_multiple_choice(requests) if requests else []
@@ -124,16 +154,17 @@ class CapRLReward:
     asked: list[list[dict]] = [[] for _ in captions]  # evidence: each question, the letter chosen, right or not
     for req, owner, gold, reply in zip(requests, owners, golds, replies):
       drawn[owner] += 1
-      seen = {"question": req.question, "options": list(req.options), "gold": LETTERS[gold]}
+      labels = req.option_labels()
+      seen = {"question": req.question, "options": list(req.options), "gold": labels[gold]}
       asked[owner].append(seen)
       if reply.failed:
         failed["answer_multiple_choice"] += 1
         seen["failed"] = True
         continue
       answered[owner] += 1
-      choice = parse_choice(reply.reply, req.options, self.config.answer_parsing)
+      choice = parse_choice(reply.reply, req.options, self.config.answer_parsing, labels)
       correct[owner] += choice == gold
-      seen.update(letter=None if choice is None else LETTERS[choice], correct=choice == gold)
+      seen.update(letter=None if choice is None else labels[choice], correct=choice == gold)
     valid = (answered > 0) & (answered >= self.config.min_answered_fraction * drawn)
     accuracy = np.divide(correct, answered, out=np.zeros_like(correct), where=answered > 0)
     return make_batch(
@@ -150,7 +181,7 @@ class CapRLReward:
 
 @reward_family("caprl", options=CapRLConfig, extra_options=("preset",))
 def caprl_reward(judge: Judge, *, preset: str = "paper", **options) -> CapRLReward:
-  """CapRL; `preset` 'paper' or 'released_code' sets the defaults the other options override."""
-  if preset not in ("paper", "released_code"):
-    raise ValueError(f"reward.caprl.preset={preset!r}: use 'paper' or 'released_code'.")
+  """CapRL; `preset` (module docstring) sets the defaults the other options override."""
+  if preset not in PRESETS:
+    raise ValueError(f"reward.caprl.preset={preset!r}: use one of {', '.join(PRESETS)}.")
   return CapRLReward(judge, getattr(CapRLConfig, preset)(**options))

@@ -5,7 +5,9 @@
 
 A config's `reward` block names families and their options ({"caprl": {"weight": 1.0, "preset": "paper"}});
 `jaxcap.rewards.mix.build_reward` builds them and `jaxcap.config_files.validate` checks the names and options
-against this registry. A family may also hook into the run:
+against this registry. A family that needs no judge says so (`needs_judge=False`: it may run with judge.kind='none'); one that counts
+caption tokens takes the student's tokenizer (`uses_tokenizer=True`: built with `tokenize=`, str -> token ids).
+A family may also hook into the run:
   prepare_records(run_config, records) -> records   when the run's records are read (e.g. drop stale rubrics)
   before_rl(RLStart) -> (train_records, eval_records) as RL starts or resumes (e.g. write rubrics against the
                                                       policy entering RL); return the same lists when unchanged
@@ -37,10 +39,12 @@ class RLStart:
 
 @dataclasses.dataclass(frozen=True)
 class RewardFamily:
-  build: Callable[..., Any]  # build(judge, **options) -> RewardFunction
+  build: Callable[..., Any]  # build(judge, **options) -> RewardFunction (and tokenize= when uses_tokenizer)
   options: tuple[str, ...]  # option names accepted besides "weight"
   prepare_records: Callable[[Any, list[ImageRecord]], list[ImageRecord]] | None = None
   before_rl: Callable[[RLStart], tuple[list[ImageRecord], list[ImageRecord]]] | None = None
+  needs_judge: bool = True
+  uses_tokenizer: bool = False
 
 
 REWARD_FAMILIES: Registry[RewardFamily] = Registry("reward family", field="reward.{name}")
@@ -53,13 +57,19 @@ def reward_family(
   extra_options: Sequence[str] = (),
   prepare_records: Callable | None = None,
   before_rl: Callable | None = None,
+  needs_judge: bool = True,
+  uses_tokenizer: bool = False,
 ):
   """Registers `build(judge, **options) -> RewardFunction` as reward family `name`. `options`: the accepted
   option names, or a config dataclass whose fields they are; `extra_options` adds names the builder takes."""
   names = tuple(f.name for f in dataclasses.fields(options)) if isinstance(options, type) else tuple(options)
 
   def register(build: Callable) -> Callable:
-    REWARD_FAMILIES.register(name, RewardFamily(build, names + tuple(extra_options), prepare_records, before_rl))
+    family = RewardFamily(
+      build, names + tuple(extra_options), prepare_records, before_rl, needs_judge=needs_judge,
+      uses_tokenizer=uses_tokenizer,
+    )  # fmt: skip
+    REWARD_FAMILIES.register(name, family)
     return build
 
   return register

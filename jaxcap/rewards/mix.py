@@ -9,7 +9,7 @@ Example config (weights scale each component's own weights, e.g. BalCapRL's 0.1/
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from jaxcap.data.records import ImageRecord, align_records
 from jaxcap.judges.protocol import Judge
@@ -38,11 +38,19 @@ class RewardMix:
     )
 
 
-def build_reward(config: Mapping[str, Mapping[str, Any]], judge: Judge) -> RewardMix:
-  """A RewardMix from {reward family: {"weight": w, **family options}} (families: `REWARD_FAMILIES`)."""
+def build_reward(
+  config: Mapping[str, Mapping[str, Any]], judge: Judge, tokenize: Callable[[str], Sequence[int]] | None = None
+) -> RewardMix:
+  """A RewardMix from {reward family: {"weight": w, **family options}} (families: `REWARD_FAMILIES`); `tokenize`
+  (str -> the student's token ids) for the families that count caption tokens."""
   components = []
-  for family, options in config.items():
+  for name, options in config.items():
     options = dict(options)
     weight = float(options.pop("weight", 1.0))
-    components.append((REWARD_FAMILIES[family].build(judge, **options), weight))
+    family = REWARD_FAMILIES[name]
+    if family.uses_tokenizer:
+      if tokenize is None:
+        raise ValueError(f"reward.{name} counts caption tokens: build the reward with the student's tokenize")
+      options["tokenize"] = tokenize
+    components.append((family.build(judge, **options), weight))
   return RewardMix(components)

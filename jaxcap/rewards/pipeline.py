@@ -42,8 +42,9 @@ class RewardPipeline:
 
 def masked_reward(config, judge: Judge | Any, tokenize=None) -> RewardFunction:
   """`config`: the run config (jaxcap.config.run.Run). The run's reward families (`reward` block) with the length mask of `rl.length_mask` when it names dims, and
-  DAPO's overlong penalty (`rl.overlong`, needs `tokenize`: str -> token ids) when its buffer is > 0."""
-  reward = build_reward(dict(config.reward), judge)
+  DAPO's overlong penalty (`rl.overlong`) when its buffer is > 0. `tokenize` (str -> the student's token ids) counts
+  caption tokens for the overlong penalty and the families that use it (`caption_length`)."""
+  reward = build_reward(dict(config.reward), judge, tokenize)
   lm = config.rl.length_mask
   if lm.dims:
     reward = LengthMaskedReward(reward, list(lm.dims), tau_low=lm.tau_low, tau_high=lm.tau_high)

@@ -87,7 +87,7 @@ class RuleBasedJudge:
       if not 2 <= len(r.options) <= len(LETTERS):
         out.append(MultipleChoiceReply(failed=True, error=f"{len(r.options)} options; need 2..9"))
         continue
-      out.append(MultipleChoiceReply(reply=LETTERS[chosen_option(r.caption, r.question, r.options)]))
+      out.append(MultipleChoiceReply(reply=r.option_labels()[chosen_option(r.caption, r.question, r.options)]))
     return out
 
   # -- RubiCap ------------------------------------------------------------------------------------------

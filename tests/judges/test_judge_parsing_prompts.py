@@ -72,6 +72,7 @@ def test_every_template_renders_system_and_user_messages():
     caption="A red circle.",
     question="What colour?",
     options=list(OPTIONS),
+    labels=list("ABCD"[: len(OPTIONS)]),
     criterion="c",
     student_caption="s",
     missing=["m"],
@@ -98,7 +99,11 @@ def test_every_template_renders_system_and_user_messages():
     "pairwise",
     "curation_answer",
   } <= set(names)
+  assert {"caprl_released", "caprl_released_video"} <= set(names)
   for name in names:
+    if lib.is_completion(name):
+      assert lib.render_completion(name, **variables).endswith("<|im_start|>assistant\nThe answer is"[-13:]), name
+      continue
     messages = lib.render(name, **variables)
     assert [m["role"] for m in messages] == ["system", "user"], name
     assert all(m["content"] and "###" not in m["content"] for m in messages), name
@@ -117,8 +122,13 @@ def test_templates_are_user_editable_and_strict(tmp_path):
   ]
   with pytest.raises(jinja2.UndefinedError):
     lib.render("caprl_answer", caption="c")
-  with pytest.raises(FileNotFoundError, match="balcaprl_coverage.jinja"):
-    lib.render("balcaprl_coverage")
+  # a name the folder lacks is the shipped template: a folder holds only what it changes
+  assert (
+    lib.render("likert_direct", caption="c")[1]["content"]
+    == PromptLibrary().render("likert_direct", caption="c")[1]["content"]
+  )
+  with pytest.raises(FileNotFoundError, match="no_such_template.jinja"):
+    lib.render("no_such_template")
 
 
 def test_cache_key_covers_prompt_and_every_sampling_param():

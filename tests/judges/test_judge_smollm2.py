@@ -182,3 +182,22 @@ def test_preflight_passes_against_a_real_llm_server(smollm2, world):
   with _fleet(smollm2) as fleet:
     results = check_judge(HttpJudge(fleet), records=world)
   assert [(r.role, r.ok) for r in results] == [("judge", True), ("answerer", True)], [r.line() for r in results]
+
+
+def test_the_released_answerer_through_smollm2(smollm2, world):
+  """CapRL++ as released against a real server: raw completions with "The answer is" pre-filled, temperature 0.6,
+  10 tokens; every reply is an answer (a letter or none, scored wrong), none is masked."""
+  from jaxcap.judges.settings import Answerer
+
+  answerer = Answerer(template="caprl_released", temperature=0.6, max_tokens=10, no_letter="wrong")
+  role = RoleConfig((smollm2,), model="smollm2", temperature=0.6, max_tokens=10, timeout_s=60, max_concurrency=4)
+  with JudgeFleet({"judge": role}) as fleet:
+    reward = build_reward(
+      {"caprl": {"preset": "caprl_plus", "questions_per_caption": 4}}, HttpJudge(fleet, answerer=answerer)
+    )
+    batch = reward([r.reference_caption for r in world], world)
+    m = fleet.metrics()
+  assert batch.valid.all() and not batch.failed_judgments, batch.failed_judgments
+  assert m["judge/judge/judgments"] == 4 * len(world) and m["judge/judge/completion_tokens"] > 0
+  letters = [q["letter"] for e in batch.evidence for q in e["caprl/accuracy"]["questions"]]
+  assert all(x is None or x in "ABCDF" for x in letters), letters

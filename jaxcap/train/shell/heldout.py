@@ -31,7 +31,7 @@ class HeldOutEval:
   sampler: Sampler
   batcher: Batcher
   greedy: SamplingConfig
-  qa: RewardFunction  # caption-only QA over every question (CapRL, paper preset)
+  qa: RewardFunction | None  # caption-only QA over every question (CapRL, paper preset); None: no judge to ask
   reward: RewardFunction  # the run's own reward
   mesh: Any
   workdir: Path
@@ -71,10 +71,12 @@ class HeldOutEval:
     if not records:
       return {}, []
     captions, lengths = self.captions(params, records, self.batch_size)
-    qa = self.qa(captions, records, step=0)
     own = self.reward(captions, records, step=0)
-    answered = qa.valid[:, 0]  # NaN (null in the logs) when no judgment was valid: nothing was measured
-    metrics = {"eval/qa_accuracy": float(qa.values[answered, 0].mean()) if answered.any() else float("nan")}
+    metrics = {}
+    if self.qa is not None:
+      qa = self.qa(captions, records, step=0)
+      answered = qa.valid[:, 0]  # NaN (null in the logs) when no judgment was valid: nothing was measured
+      metrics["eval/qa_accuracy"] = float(qa.values[answered, 0].mean()) if answered.any() else float("nan")
     if own.valid.any(axis=0).all():  # not, e.g. no RubiCap reward before rubrics are written against the policy
       metrics["eval/reward"] = weighted_mean(own.values, own.valid, own.weights)
     metrics.update({"eval/length": float(np.mean(lengths)), "eval/words": float(own.caption_lengths.mean())})

@@ -65,7 +65,7 @@ class Trainer:
       self.sampler,
       self.batcher,
       self.programs.sampling(temperature=0.0),
-      build_reward(HELDOUT_QA, setup.judge),
+      None if c.judge.kind == "none" else build_reward(HELDOUT_QA, setup.judge),
       self.rewards.evaluation,
       setup.mesh,
       self.rundir.path,
