@@ -82,8 +82,8 @@ def test_a_new_policy_loss_is_one_function_and_one_decorator(scratch):
 
 
 def test_a_new_reward_family_is_one_function_and_one_decorator(scratch):
-  @reward_family("caption_length", options=("target_words",))
-  def caption_length_reward(judge, *, target_words=10):
+  @reward_family("word_target", options=("target_words",))
+  def word_target_reward(judge, *, target_words=10):
     def reward(captions, records, *, step=0):
       values = [[min(len(c.split()) / target_words, 1.0)] for c in captions]
       return make_batch(("length/score",), values, np.ones((len(captions), 1), bool), [1.0], captions, records, {})
@@ -91,18 +91,18 @@ def test_a_new_reward_family_is_one_function_and_one_decorator(scratch):
     reward.names = ("length/score",)
     return reward
 
-  scratch(REWARD_FAMILIES, "caption_length")
+  scratch(REWARD_FAMILIES, "word_target")
   records = [ImageRecord(id="a", image="a.png")] * 2
-  batch = build_reward({"caption_length": {"weight": 2.0, "target_words": 4}}, judge=None)(
+  batch = build_reward({"word_target": {"weight": 2.0, "target_words": 4}}, judge=None)(
     ["a b", "a b c d e"], records
   )
   np.testing.assert_allclose(batch.values[:, 0], [0.5, 1.0])
   np.testing.assert_allclose(batch.weights, [2.0])
   c = base_config()
-  c.reward = {"caption_length": {"target_words": 4}}
+  c.reward = {"word_target": {"target_words": 4}}
   validate(c)
-  c.reward = {"caption_length": {"words": 4}}
-  with pytest.raises(ValueError, match=r"reward.caption_length.words: unknown option; allowed: target_words, weight"):
+  c.reward = {"word_target": {"words": 4}}
+  with pytest.raises(ValueError, match=r"reward.word_target.words: unknown option; allowed: target_words, weight"):
     validate(c)
 
 
@@ -179,11 +179,11 @@ def test_readme_extending_examples_run_as_written(scratch):
     exec(compile(code, "docs/extending.md", "exec"), {})
   scratch(rl.ADVANTAGE_ESTIMATORS, "mean_baseline")
   scratch(rl.POLICY_LOSSES, "reinforce")
-  scratch(REWARD_FAMILIES, "caption_length")
+  scratch(REWARD_FAMILIES, "word_target")
   c = base_config()
   c.rl.estimator = "mean_baseline"
   c.rl.loss.policy = "reinforce"
-  c.reward = {"caption_length": {"weight": 0.5, "target_words": 40}}
+  c.reward = {"word_target": {"weight": 0.5, "target_words": 40}}
   validate(c)
   out = rl.group_advantages(jnp.asarray([[[1.0], [3.0]]]), jnp.ones(1), estimator="mean_baseline")
   np.testing.assert_allclose(out.advantages, [[-1.0, 1.0]])

@@ -3,7 +3,8 @@
 A manifest is JSONL (or Parquet, with pyarrow installed): one row per image with `id`, `image` (path, relative
 to the manifest's folder or absolute) or `frames` (a clip), `questions`, `rubric`, `reference_caption`,
 `reference_units`, `teacher_captions`, and for the synthetic world its `scene` graph (the rule-based judge's
-ground truth).
+ground truth). Rows may also be the released CapRL / CapRL++ verl rows (`jaxcap.data.row_formats`), and the
+manifest a folder of images and videos or a Hugging Face dataset (`jaxcap.data.sources`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
+from jaxcap.data import sources
 from jaxcap.data.records import ImageRecord
+from jaxcap.data.row_formats import as_jaxcap_row
 
 
 class ManifestError(ValueError):
@@ -30,26 +33,24 @@ class Manifest(NamedTuple):
 
 
 def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Manifest:
-  """All rows of a JSONL / Parquet manifest; `require_media=False` accepts rows without image or frames
-  (caption-only evaluation). A corrupt row raises `ManifestError` naming its line; nothing is partially read."""
-  path = Path(path)
-  if not path.exists():
-    raise ManifestError(
-      f"manifest {path} does not exist; set --config.data.train_manifest to a JSONL file "
-      "(one JSON object per line) or leave it empty for the synthetic world."
-    )
+  """All rows of a manifest: a JSONL / Parquet file, a folder of images and videos, a `Dataset.save_to_disk`
+  folder or `hf://<name>[:<split>]` (`jaxcap.data.sources`), its rows jaxcap's or verl's (`jaxcap.data.row_formats`);
+  `require_media=False` accepts rows without image or frames (caption-only evaluation). A corrupt row raises
+  `ManifestError` naming its line; nothing is partially read."""
+  label, base, rows = _source(path)
   records, scenes = [], {}
-  absolute = lambda p: p if os.path.isabs(p) else str(path.parent / p)
-  for lineno, row in _rows(path):
+  absolute = lambda p: p if os.path.isabs(p) else str(base / p)
+  for lineno, row in rows:
     try:
+      row = as_jaxcap_row(row, lineno)
       rec = ImageRecord.from_json(row)
       scene = row.get("scene") or None
       if scene is not None and not (isinstance(scene, dict) and isinstance(scene.get("objects"), list)):
         raise ValueError(f"'scene' must be a scene graph object with an 'objects' list, not {type(scene).__name__}")
     except (ValueError, KeyError, TypeError) as e:
-      raise ManifestError(f"{path}:{lineno}: {e}") from e
+      raise ManifestError(f"{label}:{lineno}: {e}") from e
     if require_media and not rec.image and not rec.frames:
-      raise ManifestError(f"{path}:{lineno} (id {rec.id!r}) has neither 'image' nor 'frames'; every row needs media.")
+      raise ManifestError(f"{label}:{lineno} (id {rec.id!r}) has neither 'image' nor 'frames'; every row needs media.")
     records.append(
       dataclasses.replace(
         rec, image=absolute(rec.image) if rec.image else "", frames=tuple(absolute(p) for p in rec.frames)
@@ -58,8 +59,27 @@ def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Man
     if scene is not None:
       scenes[rec.id] = scene
   if not records:
-    raise ManifestError(f"manifest {path} has no rows")
+    raise ManifestError(f"manifest {label} has no rows")
   return Manifest(records, scenes)
+
+
+def _source(path: str | os.PathLike) -> sources.Source:
+  """The manifest's rows, the label its errors name and the folder its relative media paths resolve against."""
+  spec = sources.hub_spec(path)
+  path = Path(path)
+  if spec is None and not path.exists():
+    raise ManifestError(
+      f"manifest {path} does not exist; set --config.data.train_manifest to a JSONL / Parquet file, a folder of "
+      "images, a `save_to_disk` dataset folder or hf://<dataset>[:<split>], or leave it empty for the synthetic world."
+    )
+  try:
+    if spec is not None:
+      return sources.hub_rows(spec)
+    if path.is_dir():
+      return sources.directory_rows(path)
+  except ValueError as e:
+    raise ManifestError(str(e)) from e
+  return sources.Source(str(path), path.parent, _rows(path))
 
 
 def _rows(path: Path) -> list[tuple[int, Any]]:
@@ -69,7 +89,7 @@ def _rows(path: Path) -> list[tuple[int, Any]]:
       import pyarrow.parquet as pq
     except ImportError as e:
       raise ManifestError(f"{path} is Parquet; `pip install pyarrow` to read it, or convert it to JSONL") from e
-    return [(i + 1, r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    return [(i + 1, sources.drop_nulls(r)) for i, r in enumerate(pq.read_table(path).to_pylist())]
   rows = []
   with open(path, "rb") as f:  # decoded line by line, so an error names the line
     for lineno, raw in enumerate(f, 1):

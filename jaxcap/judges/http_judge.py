@@ -18,6 +18,7 @@ import functools
 from typing import Any, Callable, Mapping, Sequence
 
 from jaxcap.judges import parsing
+from jaxcap.judges.answerer import Answerer
 from jaxcap.judges.fleet import Outcome
 from jaxcap.judges.prompted_fleet import PromptedFleet, images_from_records
 from jaxcap.judges.protocol import (
@@ -49,9 +50,7 @@ class HttpJudge(PromptedFleet):
   """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet` (see `PromptedFleet` for the arguments);
   `answerer`: how CapRL's answerer is asked (`jaxcap.judges.settings.Answerer`; default: its defaults)."""
 
-  def __init__(self, fleet, *, answerer=None, **kwargs):
-    from jaxcap.judges.settings import Answerer
-
+  def __init__(self, fleet, *, answerer: Answerer | None = None, **kwargs):
     super().__init__(fleet, **kwargs)
     self.answerer = answerer or Answerer()
 

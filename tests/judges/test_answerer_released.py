@@ -14,7 +14,8 @@ from jaxcap.judges.fleet import JudgeFleet, RoleConfig
 from jaxcap.judges.http_judge import HttpJudge
 from jaxcap.judges.parsing import first_letter
 from jaxcap.judges.protocol import MultipleChoiceRequest
-from jaxcap.judges.settings import Answerer, JudgeConfig
+from jaxcap.judges.answerer import Answerer
+from jaxcap.judges.settings import JudgeConfig
 from jaxcap.rewards.caprl import CapRLConfig, CapRLReward
 from jaxcap.world.judge_server import rule_based_app_for_manifest
 from jaxcap.world.dataset import generate_dataset, judge_for_manifest

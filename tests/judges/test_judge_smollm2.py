@@ -187,7 +187,7 @@ def test_preflight_passes_against_a_real_llm_server(smollm2, world):
 def test_the_released_answerer_through_smollm2(smollm2, world):
   """CapRL++ as released against a real server: raw completions with "The answer is" pre-filled, temperature 0.6,
   10 tokens; every reply is an answer (a letter or none, scored wrong), none is masked."""
-  from jaxcap.judges.settings import Answerer
+  from jaxcap.judges.answerer import Answerer
 
   answerer = Answerer(template="caprl_released", temperature=0.6, max_tokens=10, no_letter="wrong")
   role = RoleConfig((smollm2,), model="smollm2", temperature=0.6, max_tokens=10, timeout_s=60, max_concurrency=4)
