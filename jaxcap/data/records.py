@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 # RubiCap severity weights.
@@ -121,6 +122,7 @@ class ImageRecord:
   reference_caption: str = ""
   reference_units: tuple[str, ...] = ()  # atomic facts of the reference; derived by the judge when empty
   teacher_captions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  prompt: str = ""  # this row's own user text after its media (a released verl row's); '' = the run's data.prompt
 
   @property
   def is_video(self) -> bool:
@@ -137,6 +139,7 @@ class ImageRecord:
       "reference_caption": self.reference_caption,
       "reference_units": list(self.reference_units),
       "teacher_captions": dict(self.teacher_captions),
+      **({"prompt": self.prompt} if self.prompt else {}),
     }
 
   @classmethod
@@ -159,7 +162,26 @@ class ImageRecord:
       reference_caption=row.get("reference_caption", ""),
       reference_units=tuple(row.get("reference_units", ())),
       teacher_captions=dict(row.get("teacher_captions", {})),
+      prompt=_prompt_text(row.get("prompt")),
     )
+
+
+def _prompt_text(value: Any) -> str:
+  """A row's own prompt: a string, or chat messages (the user turn's text, `<image>` / `<video>` placeholders
+  removed: the media come from the row's image or video, ahead of the text, as jaxcap lays out a prompt)."""
+  if isinstance(value, str):
+    return re.sub(r"<(?:image|video)>", "", value).strip()
+  if not isinstance(value, (list, tuple)):
+    return ""
+  for message in value:
+    if isinstance(message, Mapping) and message.get("role") == "user":
+      content = message.get("content")
+      if isinstance(content, (list, tuple)):
+        content = " ".join(
+          str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+      return _prompt_text(content) if isinstance(content, str) else ""
+  return ""
 
 
 def align_records(captions: Sequence[str], records: Sequence[ImageRecord]) -> list[ImageRecord]:

@@ -1,6 +1,6 @@
 """The row formats a manifest may hold, as jaxcap rows: jaxcap's own, and the released CapRL / CapRL++ verl rows.
 
-A verl row has `prompt` (chat messages; jaxcap captions with its own prompt), `images` or `videos` (paths, or
+A verl row has `prompt` (chat messages: the user turn's text becomes the record's own prompt), `images` or `videos` (paths, or
 dicts {"image": path} / {"video": path} / {"bytes": ..., "path": ...}), `reward_model: {"ground_truth": [...]}` and
 optionally `extra_info`. Each ground-truth item is a dict {"question", "choices", "answer": "C"} or a
 [question_text, "C"] pair whose text holds option lines "   - A) Red"; the answer is a letter. A "Can not answer
@@ -51,6 +51,8 @@ def verl_row(row: Mapping[str, Any], number: int) -> dict[str, Any]:
   extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
   row_id = next((v for v in (extra.get("index"), row.get("id")) if v is not None), number)
   out: dict[str, Any] = {"id": str(row_id), **_media(row, extra)}
+  if row.get("prompt"):
+    out["prompt"] = row["prompt"]  # chat messages: ImageRecord keeps the user turn's text
   reward = row.get("reward_model")
   if not isinstance(reward, Mapping):
     raise ValueError(f"'reward_model' must be an object with a 'ground_truth' list, not {type(reward).__name__}")

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from jaxcap.data.records import ImageRecord
 from jaxcap.data.manifest import ManifestError, read_manifest
 from jaxcap.data.records import MultipleChoiceQuestion
 
@@ -96,6 +97,30 @@ def test_verl_rows_from_jsonl_and_parquet(tmp_path):
   assert records[0].questions == EXPECTED_QUESTIONS["17"]
   assert [q.options for q in records[1].questions] == [q.options for q in EXPECTED_QUESTIONS["2"]]
   assert [q.answer for q in records[1].questions] == ["Two", "On the sofa"]
+  # the row's own prompt: the user turn's text, its <image> placeholder gone (the media lead the prompt)
+  assert {r.prompt for r in records} == {"Please describe this image in detail."}
+
+
+def test_a_rows_own_prompt_is_what_the_batcher_asks(monkeypatch):
+  """Batcher.inputs captions each record with its own prompt, else data.prompt (media and processor stubbed)."""
+  import threading
+  from types import SimpleNamespace
+
+  import jaxcap.train.rollouts.batching as batching
+
+  asked = []
+  monkeypatch.setattr(batching.data_lib, "conversation", lambda record, prompt, *a, **k: asked.append(prompt))
+  batcher = batching.Batcher.__new__(batching.Batcher)
+  batcher.config = SimpleNamespace(data=SimpleNamespace(prompt="Describe this image in detail.", image_size=0,
+                                                        pad_to_multiple=1))  # fmt: skip
+  processor = lambda convs, **kw: convs
+  processor.vision_cfg, processor.video_cfg = SimpleNamespace(max_image_pixels=0), None
+  batcher.processor, batcher.media_threads, batcher._processing = processor, 1, threading.Lock()
+  own = ImageRecord(id="a", image="a.mp4", prompt="Describe the video in time order.")
+  batcher.inputs([own, ImageRecord(id="b", image="b.png")])
+  assert asked == ["Describe the video in time order.", "Describe this image in detail."]
+  assert ImageRecord.from_json({"id": "x", "prompt": "<video>Describe it."}).prompt == "Describe it."
+  assert ImageRecord.from_json(own.to_json()) == own and "prompt" not in ImageRecord(id="b").to_json()
 
 
 def test_verl_videos_and_rows_without_questions(tmp_path):

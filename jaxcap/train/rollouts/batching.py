@@ -55,10 +55,10 @@ class Batcher:
 
   def inputs(self, records: Sequence[ImageRecord], prompts: Sequence[str] | None = None):
     """The processor's batch (host numpy) of `records`' prompts: each record's media then its text of `prompts`
-    (default: `data.prompt` for every record); the media are decoded on a few threads."""
+    (default: each record's own prompt, else `data.prompt`); the media are decoded on a few threads."""
     d = self.config.data
     vision_cfg = self.processor.vision_cfg
-    prompts = [d.prompt] * len(records) if prompts is None else list(prompts)
+    prompts = [r.prompt or d.prompt for r in records] if prompts is None else list(prompts)
     if len(prompts) != len(records):
       raise ValueError(f"{len(prompts)} prompts for {len(records)} records; give one per record")
     load = lambda r, p: data_lib.conversation(
