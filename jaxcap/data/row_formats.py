@@ -1,8 +1,8 @@
 """The row formats a manifest may hold, as jaxcap rows: jaxcap's own, and the released CapRL / CapRL++ verl rows.
 
-A verl row has `prompt` (chat messages: the user turn's text becomes the record's own prompt), `images` or `videos` (paths, or
-dicts {"image": path} / {"video": path} / {"bytes": ..., "path": ...}), `reward_model: {"ground_truth": [...]}` and
-optionally `extra_info`. Each ground-truth item is a dict {"question", "choices", "answer": "C"} or a
+A verl row has `prompt` (chat messages: the user turn's text becomes the record's own prompt), `images` or
+`videos` (paths, or dicts {"image": path} / {"video": path} / {"bytes": ..., "path": ...}),
+`reward_model: {"ground_truth": [...]}` and optionally `extra_info`. Each ground-truth item is a dict {"question", "choices", "answer": "C"} or a
 [question_text, "C"] pair whose text holds option lines "   - A) Red"; the answer is a letter. A "Can not answer
 based on the caption" option is dropped (jaxcap adds its own), and a label written into an option ("A) Red",
 "A. Red", "(A) Red") is stripped, so no option carries its original letter once options are shuffled.
