@@ -10,6 +10,7 @@ from jaxcap.data.media_check import BAD_MEDIA_POLICIES
 from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.config import dtype_from_name
 from jaxcap.models.families import FAMILIES
+from jaxcap.processing.rules import PROCESSOR_RULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +164,20 @@ class Data(Block):
   image_size: int = field(84, "every image resized to this square side, pixels", ge=0, hint="0 = native size")
   min_pixels: int = field(0, "the native-size pixel budget's floor (0 = the checkpoint's preprocessor_config)", ge=0)
   max_pixels: int = field(0, "the native-size pixel budget's ceiling (0 = the checkpoint's preprocessor_config)", ge=0)
+  # how video files are sampled and sized (the processor's video config: jaxcap/processing/video.py, qwen3_video.py);
+  # 0 = the checkpoint's own (video_preprocessor_config.json, else the family's defaults: 2 fps, 4..768 frames)
+  video_fps: float = field(0.0, "frames sampled per second of a video file (0 = the checkpoint's)", ge=0)
+  video_min_frames: int = field(0, "fewest frames sampled from a video (0 = the checkpoint's)", ge=0)
+  video_max_frames: int = field(
+    0, "most frames sampled from a video (0 = the checkpoint's)", ge=0, hint="0, or at least 2 (the temporal patch)"
+  )
+  video_min_pixels: int = field(
+    0, "each video frame's pixel floor (0 = the checkpoint's; Qwen3-VL has none: its floor bounds the clip)", ge=0
+  )
+  video_max_pixels: int = field(0, "each video frame's pixel ceiling (0 = the checkpoint's)", ge=0)
+  video_total_pixels: int = field(
+    0, "a clip's pixel budget, shared over its frames (0 = the checkpoint's; Qwen3-VL: its clip max_pixels)", ge=0
+  )
   pad_to_multiple: int = field(16, "sequence lengths padded to a multiple of this", ge=1)
   # more steps pad less and compile more programs (benchmarks/mixed_sizes.py); padding is masked: the same math
   bucket_steps: int = field(
@@ -184,5 +199,25 @@ class Data(Block):
         f"{at}min_pixels={self.min_pixels}, max_pixels={self.max_pixels}: need 0 <= min_pixels <= max_pixels "
         "(0 = the checkpoint's own)"
       )
+    for low, high in (("video_min_frames", "video_max_frames"), ("video_min_pixels", "video_max_pixels")):
+      lo, hi = getattr(self, low), getattr(self, high)
+      if lo and hi and lo > hi:
+        yield f"{at}{low}={lo}, {high}={hi}: need {low} <= {high} (0 = the checkpoint's own)"
+    if self.video_max_frames == 1:
+      yield (
+        f"{at}video_max_frames=1: a clip needs at least 2 frames (the temporal patch; a single frame is an image); "
+        f"set {at}video_max_frames >= 2, or 0 for the checkpoint's own"
+      )
+    if self.video_min_pixels and not run.model.checkpoint and not _has_frame_floor(run.model.family):
+      yield (
+        f"{at}video_min_pixels={self.video_min_pixels}: the {run.model.family} student's video processor has no "
+        f"per-frame pixel floor (its floor bounds the whole clip); set {at}video_min_pixels=0"
+      )
     if self.train_manifest and not self.eval_manifest and run.eval.num_images:
       yield f"{at}eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation"
+
+
+def _has_frame_floor(family: str) -> bool:
+  """Whether the video processor of the embedded student's family bounds each frame from below (Qwen3-VL's floor
+  bounds the whole clip); an unknown family (its own error) passes."""
+  return family not in FAMILIES or PROCESSOR_RULES[FAMILIES[family].processor].video_config.per_frame_floor

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar, Mapping
 
 import numpy as np
 
@@ -64,7 +65,7 @@ def qwen3_video_resize(
 class Qwen3VideoPreprocessConfig(VideoPreprocessConfig):
   """Qwen3-VL's video settings; defaults are transformers' `Qwen3VLVideoProcessor`'s. min_pixels / max_pixels
   bound the whole clip (pixels, summed over frames); max_video_tokens caps each frame (tokens) when
-  cap_pixels_per_frame."""
+  cap_pixels_per_frame (total_pixels, Qwen2.5-VL's clip budget, is not used: max_pixels is)."""
 
   min_pixels: int = 128 * 32 * 32
   max_pixels: int = 32 * 32 * 768
@@ -73,6 +74,7 @@ class Qwen3VideoPreprocessConfig(VideoPreprocessConfig):
   image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
   cap_pixels_per_frame: bool = False
   max_video_tokens: int = 768
+  per_frame_floor: ClassVar[bool] = False  # min_pixels bounds the whole clip
 
   def frame_max_pixels(self, num_frames: int) -> int:
     """Each frame's share of the clip budget (pixels) for `num_frames` frames."""
@@ -115,6 +117,41 @@ class Qwen3VideoPreprocessConfig(VideoPreprocessConfig):
   def frame_indices(self, total_frames: int, nframes: int) -> np.ndarray:
     """int64 [nframes]: `np.linspace(0, total_frames - 1, nframes).round()`, as transformers samples."""
     return np.linspace(0, total_frames - 1, nframes).round().astype(np.int64)
+
+  def with_sampling(
+    self,
+    *,
+    fps: float | None = None,
+    min_frames: int | None = None,
+    max_frames: int | None = None,
+    min_frame_pixels: int | None = None,
+    max_frame_pixels: int | None = None,
+    total_pixels: int | None = None,
+    names: Mapping[str, str] | None = None,
+  ) -> "Qwen3VideoPreprocessConfig":
+    """`VideoPreprocessConfig.with_sampling` in Qwen3-VL's terms: the clip's budget `total_pixels` is max_pixels
+    (transformers' size.longest_edge); each frame's ceiling is max_video_tokens (whole merged tokens:
+    max_frame_pixels // factor^2) with cap_pixels_per_frame on; there is no per-frame floor (min_pixels bounds the
+    whole clip), so `min_frame_pixels` raises ValueError, as does a ceiling below the floor the cap keeps
+    (int(1.05 x min_pixels))."""
+    name = lambda arg: (names or {}).get(arg, arg)
+    if min_frame_pixels is not None:
+      raise ValueError(
+        f"{name('min_frame_pixels')}={min_frame_pixels}: Qwen3-VL's video processor has no per-frame pixel floor "
+        f"(its min_pixels={self.min_pixels} bounds the whole clip); unset {name('min_frame_pixels')}"
+      )
+    changes = dict(fps=None if fps is None else float(fps), min_frames=min_frames, max_frames=max_frames)
+    changes.update(max_pixels=total_pixels)
+    if max_frame_pixels is not None:
+      floor = max(int(self.min_pixels * 1.05), self.factor * self.factor)
+      if max_frame_pixels < floor:
+        raise ValueError(
+          f"{name('max_frame_pixels')}={max_frame_pixels} is below the per-frame floor {floor} px that Qwen3-VL's "
+          f"per-frame cap keeps (int(1.05 x min_pixels={self.min_pixels}), min_pixels bounding the whole clip); "
+          f"raise {name('max_frame_pixels')} to at least {floor}"
+        )
+      changes.update(max_video_tokens=max_frame_pixels // (self.factor * self.factor), cap_pixels_per_frame=True)
+    return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
   @classmethod
   def from_image(cls, cfg: VisionPreprocessConfig, **overrides) -> "Qwen3VideoPreprocessConfig":

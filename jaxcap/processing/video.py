@@ -12,7 +12,8 @@ as a list are used as they are.
 
 Pixel budget (transformers' `cap_pixels_per_frame=True`, which mirrors qwen-vl-utils' VIDEO_TOTAL_PIXELS): each
 frame gets at most max(min(max_pixels, total_pixels * temporal_patch_size // nframes), int(min_pixels * 1.05))
-pixels, total_pixels = int(max_video_tokens * (patch * merge)^2 * 0.9) (128,000 tokens by default), then
+pixels, total_pixels (the clip's budget) as given (qwen-vl-utils' per-video `total_pixels`), else transformers'
+int(max_video_tokens * (patch * merge)^2 * 0.9) (128,000 tokens by default), then
 `smart_resize`. Resizing is torch's antialiased bicubic on uint8 (what torchvision's `resize` runs on the CPU for
 uint8 video tensors), reimplemented here in numpy to the bit; rescale / normalise follow transformers'
 torchvision backend (uint8 -> float32, minus mean * 255, over std * 255).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 from PIL import Image
@@ -56,8 +57,9 @@ class VideoPreprocessConfig:
   """Video pixel budget, geometry, normalisation and frame sampling; defaults are transformers'
   `Qwen2VLVideoProcessor`'s and qwen-vl-utils' (fps 2, 4..768 frames, a 128k-token budget across frames).
 
-  min_pixels / max_pixels bound each frame's resized area (pixels); fps is the sampling rate for files
-  (frames per second); num_frames, when set, samples that many frames instead."""
+  min_pixels / max_pixels bound each frame's resized area (pixels); total_pixels is the clip's budget, shared over
+  its frames when cap_pixels_per_frame (None: transformers' int(max_video_tokens * factor^2 * 0.9), `clip_pixels`);
+  fps is the sampling rate for files (frames per second); num_frames, when set, samples that many frames instead."""
 
   min_pixels: int = VIDEO_MIN_PIXELS
   max_pixels: int = VIDEO_MAX_PIXELS
@@ -77,6 +79,8 @@ class VideoPreprocessConfig:
   cap_pixels_per_frame: bool = True
   max_video_tokens: int = MAX_VIDEO_TOKENS
   max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS  # for frames given as image files
+  total_pixels: int | None = None
+  per_frame_floor: ClassVar[bool] = True  # min_pixels bounds each frame (`with_sampling`'s min_frame_pixels)
 
   def __post_init__(self):
     if self.resample != Image.Resampling.BICUBIC:
@@ -90,15 +94,17 @@ class VideoPreprocessConfig:
     return self.patch_size * self.merge_size
 
   @property
-  def total_pixels(self) -> int:
-    """The pixel budget of a whole clip (transformers: int(max_video_tokens * factor^2 * 0.9))."""
+  def clip_pixels(self) -> int:
+    """The pixel budget of a whole clip: total_pixels, else transformers' int(max_video_tokens * factor^2 * 0.9)."""
+    if self.total_pixels is not None:
+      return self.total_pixels
     return int(self.max_video_tokens * self.factor * self.factor * 0.9)
 
   def frame_max_pixels(self, num_frames: int) -> int:
     """Each frame's pixel cap for a clip of `num_frames` frames (before temporal padding)."""
     if not self.cap_pixels_per_frame:
       return self.max_pixels
-    share = self.total_pixels * self.temporal_patch_size // max(num_frames, 1)
+    share = self.clip_pixels * self.temporal_patch_size // max(num_frames, 1)
     return max(min(self.max_pixels, share), int(self.min_pixels * 1.05))
 
   def target_size(self, height: int, width: int, num_frames: int) -> tuple[int, int]:
@@ -126,6 +132,36 @@ class VideoPreprocessConfig:
       pick(nframes, self.num_frames),
       self.temporal_patch_size,
     )
+
+  def with_sampling(
+    self,
+    *,
+    fps: float | None = None,
+    min_frames: int | None = None,
+    max_frames: int | None = None,
+    min_frame_pixels: int | None = None,
+    max_frame_pixels: int | None = None,
+    total_pixels: int | None = None,
+    names: Mapping[str, str] | None = None,
+  ) -> "VideoPreprocessConfig":
+    """This config with other frame sampling and pixel budget, each None keeping this config's own: `fps` (frames
+    per second sampled from a file), `min_frames` / `max_frames`, each frame's pixel floor / ceiling, and the
+    clip's pixel budget (`total_pixels`, shared over its frames: turns `cap_pixels_per_frame` on, which applies it).
+    `names`: what errors call the arguments (e.g. the run config's fields). Raises ValueError where a given per-frame
+    bound leaves the ceiling below the floor (which would silently win where the clip budget binds)."""
+    name = lambda arg: (names or {}).get(arg, arg)
+    changes = dict(fps=None if fps is None else float(fps), min_frames=min_frames, max_frames=max_frames)
+    changes.update(min_pixels=min_frame_pixels, max_pixels=max_frame_pixels)
+    if total_pixels is not None:
+      changes.update(total_pixels=int(total_pixels), cap_pixels_per_frame=True)
+    out = dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+    if (min_frame_pixels is not None or max_frame_pixels is not None) and out.max_pixels < out.min_pixels:
+      raise ValueError(
+        f"each frame's pixel ceiling {name('max_frame_pixels')}={out.max_pixels} is below its floor, "
+        f"{out.min_pixels} px ({'given' if min_frame_pixels is not None else 'the min_pixels kept'}); "
+        f"raise {name('max_frame_pixels')} or set {name('min_frame_pixels')} lower"
+      )
+    return out
 
   def frame_indices(self, total_frames: int, nframes: int) -> np.ndarray:
     """int64 [nframes]: which frames of the file to take (`sample_indices`)."""

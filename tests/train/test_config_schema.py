@@ -22,13 +22,15 @@ KEYS = {
   "": ["compile_cache", "name", "resume_changes", "seed", "workdir"],
   "checkpoint": ["every", "max_to_keep"],
   "data": ["bad_media", "bucket_steps", "check_media", "eval_manifest", "group_by_size", "image_size"]
-  + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"],
+  + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"]
+  + ["video_fps", "video_max_frames", "video_max_pixels", "video_min_frames", "video_min_pixels", "video_total_pixels"],
   "distributed": ["coordinator_address", "num_processes", "process_id"],
   "eval": ["at_rl_start", "at_start", "batch_size", "every", "num_images"],
   "export": ["hf", "peft"],
   "judge": ["api_key_env", "endpoints", "factory", "failure_patience", "failure_rate", "fleet_config", "kind"]
-  + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "seed", "send_images"]
+  + ["max_concurrency", "min_valid_fraction", "model", "options", "preflight", "prompt_dir", "seed", "send_images"]
   + ["structured_output", "timeout_s"],
+  "judge.answerer": ["max_tokens", "no_letter", "temperature", "template", "video_template"],
   "mesh.shape": ["data", "fsdp", "tensor"],
   "model": ["checkpoint", "dtype", "family", "logprob_chunk", "param_dtype", "remat", "scan_layers", "share_prompt"],
   "model.lora": ["alpha", "dropout", "rank", "targets", "vision", "weight_qtype"],
@@ -271,6 +273,8 @@ def test_resume_policies_of_the_schema():
     "rl.filter_groups_max_extra",
   ):
     assert schema.resume_policy(key) == ALTERS, key
+  for key in ("data.max_pixels", "data.video_fps", "data.video_max_frames", "data.video_total_pixels"):
+    assert schema.resume_policy(key) == ALTERS, key  # they change what the model sees
   # a key the schema no longer has takes its block's policy (a field since removed from eval still may change)
   assert (schema.resume_policy("eval.removed"), schema.resume_policy("rl.removed")) == (ALLOWED, ALTERS)
 

@@ -37,14 +37,15 @@ class Setup:
   eval_records: list[ImageRecord]
   judge: Judge
   scenes: dict  # scene id -> synthetic-world Scene, for rows that carry one (empty for other data)
-  sft_targets: SFTTarget
+  sft_targets: SFTTarget | None  # None when the run has no SFT phase (sft.steps=0)
   mesh: Any
 
 
 def build(config: Run, workdir: Path) -> Setup:
   mesh = make_mesh(dict(config.mesh.shape))
   if config.data.train_manifest:
-    train_path, eval_path = Path(config.data.train_manifest), Path(config.data.eval_manifest or "")
+    # kept as strings: Path() folds "hf:///abs/dataset" into "hf:/abs/dataset", a relative name
+    train_path, eval_path = config.data.train_manifest, config.data.eval_manifest or ""
   else:
     train_path, eval_path = embedded.build_world_manifests(config, workdir)
   train = read_manifest(train_path)
@@ -65,7 +66,9 @@ def build(config: Run, workdir: Path) -> Setup:
     prepare = REWARD_FAMILIES[name].prepare_records
     if prepare is not None:
       train_records, eval_records = prepare(config, train_records), prepare(config, eval_records)
-  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_target_fn(config, scenes), mesh)
+  # built only for a run with an SFT phase: `:paper` sets sft.steps=0 and keeps the world's default targets
+  sft_targets = sft_target_fn(config, scenes) if config.sft.steps else None
+  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_targets, mesh)
 
 
 def with_pixel_budget(vision_cfg, data):
@@ -75,21 +78,61 @@ def with_pixel_budget(vision_cfg, data):
   return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 
+# the data block's video fields -> `VideoPreprocessConfig.with_sampling`'s arguments
+VIDEO_SAMPLING = {
+  "video_fps": "fps",
+  "video_min_frames": "min_frames",
+  "video_max_frames": "max_frames",
+  "video_min_pixels": "min_frame_pixels",
+  "video_max_pixels": "max_frame_pixels",
+  "video_total_pixels": "total_pixels",
+}
+
+
+def with_video_sampling(video_cfg, data):
+  """The processor's video settings with `data.video_*` where set (0 keeps the checkpoint's own, from its
+  video_preprocessor_config.json, else the family's defaults): frames per second, the fewest / most frames, each
+  frame's pixel floor / ceiling, the clip's pixel budget. Raises ValueError naming the field where the checkpoint's
+  video processor cannot take a setting (Qwen3-VL's has no per-frame floor)."""
+  given = {arg: getattr(data, key) for key, arg in VIDEO_SAMPLING.items() if getattr(data, key)}
+  if not given:
+    return video_cfg
+  return video_cfg.with_sampling(**given, names={arg: f"data.{key}" for key, arg in VIDEO_SAMPLING.items()})
+
+
+def with_run_media(processor: Processor, data) -> Processor:
+  """`processor` (a checkpoint's or the embedded student's) with the run's media settings where set: the image pixel
+  budget (`with_pixel_budget`) and video sampling (`with_video_sampling`). Every processor built from a run config
+  (`_student`) goes through here."""
+  processor.vision_cfg = with_pixel_budget(processor.vision_cfg, data)
+  processor.video_cfg = with_video_sampling(processor.video_cfg, data)
+  return processor
+
+
+def checkpoint_processor(config: Run, cfg) -> Processor:
+  """The processor of `model.checkpoint` (its tokenizer, image / video processor configs and prompt) for a model of
+  config `cfg`, with the run's media settings (`with_run_media`)."""
+  return with_run_media(Processor.from_pretrained(config.model.checkpoint, cfg=cfg), config.data)
+
+
 def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
-  """A local HF checkpoint (`model.checkpoint`) loaded shard by shard onto the mesh, or the embedded student."""
+  """A local HF checkpoint (`model.checkpoint`) loaded shard by shard onto the mesh, or the embedded student; the
+  processor with the run's media settings (`with_run_media`)."""
   m = config.model
   if m.checkpoint:
+    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype))
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
-    check_train_memory(config, read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype)))
+    check_train_memory(config, checkpoint_cfg)
+    checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(
       m.checkpoint,
       mesh=mesh,
       **m.compute(),
     )
-    processor = Processor.from_pretrained(m.checkpoint, cfg=model.cfg)
+    processor = checkpoint_processor(config, model.cfg)
   else:
     model, processor = embedded.build_student(config, workdir, mesh)
-  processor.vision_cfg = with_pixel_budget(processor.vision_cfg, config.data)
+    processor = with_run_media(processor, config.data)
   return with_lora(model, config, mesh), processor
 
 
