@@ -68,6 +68,44 @@ def real_model_run(
   c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True))
 
 
+def released_answerer(c: ml_collections.ConfigDict, *, video: bool) -> None:
+  """The released CapRL / CapRL++ answerer (`serve_rm.py`): a raw completion prompt with "The answer is"
+  pre-filled (the video template on video captions), sampled at temperature 0.6 for at most 10 tokens, and a reply
+  naming no letter scored wrong (not re-asked, not masked)."""
+  c.judge.answerer.update(
+    dict(
+      template="caprl_released",
+      video_template="caprl_released_video" if video else "",
+      temperature=0.6,
+      max_tokens=10,
+      no_letter="wrong",
+    )
+  )
+
+
+def released_plus(c: ml_collections.ConfigDict, *, video: bool) -> None:
+  """CapRL++'s released verl recipe (`train_caprl.sh`, `serve_rm.py`): 128 prompts x 8 rollouts a step, actor lr
+  1e-5 constant after 20 warm-up steps, up to 4,096 new tokens, seq-mean-token-mean, the rollout's own log-probs as
+  the old policy's, verl's PPO clip 0.2 and dual clip 3; reward = QA accuracy (shuffled, cannot-answer F) + 0.2 x
+  the length reward (+ 0.2 x the timestamp format on video); the Qwen3-4B-Instruct answerer as released."""
+  real_model_run(c, max_new_tokens=4096, max_pixels=448 * 448)
+  stage = "video" if video else "image"
+  c.name, c.workdir = f"caprl_plus_{stage}", f"runs/caprl_plus_{stage}"
+  c.data.prompt = "Please describe this image in detail."  # the rows' own prompt wins (the released video rows')
+  c.reward = {
+    "caprl": {"weight": 1.0, "preset": "caprl_plus"},
+    "caption_length": {"weight": 0.2, "full_until": 2048, "zero_at": 3072},
+  }
+  if video:
+    c.reward["timestamp_format"] = {"weight": 0.2, "min_brackets": 3, "max_minute": 599}
+  released_answerer(c, video=video)
+  c.rl.update(dict(steps=600, batch_size=128, num_samples=8, micro_batches=32, estimator="rloo"))
+  c.rl.recompute_old_logprobs = False
+  c.rl.optim = optim(1e-5, warmup_steps=20, schedule="constant")
+  c.rl.loss.update(dict(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2, dual_clip_c=3.0))
+  c.sampling.temperature = 1.0
+
+
 def validate(c: ml_collections.ConfigDict) -> Run:
   """The typed run config, parsed once at the command line's boundary: every module below it takes the frozen
   `Run`. Fails before any compute with every error at once, each naming the field and the fix
