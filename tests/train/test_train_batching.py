@@ -155,6 +155,16 @@ def test_prefetching_loader_yields_the_same_batches_ahead_and_resumes():
   resumed.close()
 
 
+def test_a_global_batch_of_one_prefetches(parts):
+  """One record a step, prepared ahead (a first real run's smallest setting): grain once overflowed len() here."""
+  records = parts[0][:4]
+  plain = record_loader(records, 1, seed=0, process_index=0, process_count=1)
+  want = [[r.id for r in next(plain)] for _ in range(6)]
+  ahead = record_loader(records, 1, seed=0, process_index=0, process_count=1, prepare=lambda b: [r.id for r in b])
+  assert [next(ahead) for _ in range(6)] == want and sorted(sum(want[:4], [])) == sorted(r.id for r in records)
+  ahead.close()
+
+
 def test_pending_metrics_are_the_eager_values_in_order():
   device = {"loss": jnp.float32(0.25), "adv/reward_mean": jnp.arange(2, dtype=jnp.float32), "grad_norm": jnp.ones(())}
   pending = PendingMetrics(device, {"reward/mean": 0.5, "length/mean": 3.0})

@@ -59,7 +59,9 @@ def record_loader(
     ds = grain.MapDataset.range(len(records)).repeat().map_with_index(pick)
   else:
     ds = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat()
-  ds = ds.batch(batch_size * process_count, batch_fn=list).map(lambda batch: batch[lo:hi])
+  # the stream is endless, so dropping a remainder drops nothing; it keeps len() an index-sized int (grain rounds an
+  # endless length up through a float: a global batch of 1 overflowed)
+  ds = ds.batch(batch_size * process_count, batch_fn=list, drop_remainder=True).map(lambda batch: batch[lo:hi])
   if prepare is None:
     return iter(ds.to_iter_dataset())
   # One thread, so `prepare` (the processor, its tokenizer) never runs concurrently with itself; the buffer
