@@ -70,16 +70,17 @@ def rollout_steps(workdir: Path, thumbs: Thumbnails) -> list[dict]:
 
 
 def _media_index(workdir: Path, config: dict) -> dict[str, str]:
-  """Held-out image id -> its media path (the eval manifest's, else the synthetic world's)."""
+  """Held-out image id -> its media path (the eval manifest's, in any form `read_manifest` reads, else the
+  synthetic world's); empty when it cannot be read (the page shows captions without thumbnails)."""
+  from jaxcap.data.manifest import ManifestError, read_manifest
+
   manifest = (config.get("data") or {}).get("eval_manifest") or ""
-  path = Path(manifest) if manifest else workdir / "world" / "heldout" / "manifest.jsonl"
-  out = {}
-  for row in json_lines(path):
-    media = row.get("image") or row.get("video") or (row.get("frames") or [""])[0]
-    if media and not Path(media).is_absolute():
-      media = str(path.parent / media)
-    out[str(row.get("id"))] = media
-  return out
+  source = manifest or str(workdir / "world" / "heldout" / "manifest.jsonl")
+  try:
+    records = read_manifest(source, require_media=False).records
+  except (ManifestError, OSError):
+    return {}
+  return {r.id: r.image or (r.frames[0] if r.frames else "") for r in records}
 
 
 def _caption_sets(workdir: Path) -> dict[str, dict[str, dict]]:
