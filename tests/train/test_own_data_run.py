@@ -26,7 +26,7 @@ def test_released_preset_on_a_plain_manifest_with_a_python_reward_and_no_judge(b
   (tmp_path / "my_reward.py").write_text(
     "def score(captions, records):\n  return [min(len(set(c.split())) / 8, 1.0) if c.strip() else None for c in captions]\n"
   )
-  reward = {"fn": {"function": f"{tmp_path / 'my_reward.py'}:score"}, "caption_length": {"weight": 0.2, "zero_at": 9}}
+  reward = {"fn": {"function": f"{tmp_path / 'my_reward.py'}:score"}, "caption_length": {"weight": 0.2, "full_until": 4, "zero_at": 9}}
   workdir = tmp_path / "run"
   launch(
     "caprl:released_plus",
@@ -51,5 +51,5 @@ def test_released_preset_on_a_plain_manifest_with_a_python_reward_and_no_judge(b
     np.testing.assert_allclose(
       r["reward/mean"], r["reward/fn/score"] + 0.2 * r["reward/caption_length/score"], rtol=1e-5
     )
-  config = json.loads((workdir / "config.json").read_text())
+  config = json.loads((workdir / "config.json").read_text())["config"]
   assert config["rl"]["recompute_old_logprobs"] is False and config["judge"]["kind"] == "none"
