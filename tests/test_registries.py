@@ -93,9 +93,7 @@ def test_a_new_reward_family_is_one_function_and_one_decorator(scratch):
 
   scratch(REWARD_FAMILIES, "word_target")
   records = [ImageRecord(id="a", image="a.png")] * 2
-  batch = build_reward({"word_target": {"weight": 2.0, "target_words": 4}}, judge=None)(
-    ["a b", "a b c d e"], records
-  )
+  batch = build_reward({"word_target": {"weight": 2.0, "target_words": 4}}, judge=None)(["a b", "a b c d e"], records)
   np.testing.assert_allclose(batch.values[:, 0], [0.5, 1.0])
   np.testing.assert_allclose(batch.weights, [2.0])
   c = base_config()
