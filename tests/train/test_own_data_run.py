@@ -26,7 +26,10 @@ def test_released_preset_on_a_plain_manifest_with_a_python_reward_and_no_judge(b
   (tmp_path / "my_reward.py").write_text(
     "def score(captions, records):\n  return [min(len(set(c.split())) / 8, 1.0) if c.strip() else None for c in captions]\n"
   )
-  reward = {"fn": {"function": f"{tmp_path / 'my_reward.py'}:score"}, "caption_length": {"weight": 0.2, "full_until": 4, "zero_at": 9}}
+  reward = {
+    "fn": {"function": f"{tmp_path / 'my_reward.py'}:score"},
+    "caption_length": {"weight": 0.2, "full_until": 4, "zero_at": 9},
+  }
   workdir = tmp_path / "run"
   launch(
     "caprl:released_plus",
