@@ -145,7 +145,7 @@ def test_judge_factory_from_config():
   with pytest.raises(ValueError, match="needs ground-truth scenes"):
     build_judge(JudgeConfig(kind="rule_based"))
   with pytest.raises(
-    ValueError, match=r"judge.kind='llm': unknown judge kind; choose one of http, factory, rule_based"
+    ValueError, match=r"judge.kind='llm': unknown judge kind; choose one of http, factory, none, rule_based"
   ):
     build_judge(JudgeConfig(kind="llm"))
   # the trainer's, eval's and the CLIs' judge blocks are one config with one vocabulary
