@@ -149,4 +149,4 @@ def test_judge_factory_from_config():
   ):
     build_judge(JudgeConfig(kind="llm"))
   # the trainer's, eval's and the CLIs' judge blocks are one config with one vocabulary
-  assert set(JUDGE_KINDS) == {"rule_based", "http", "factory"} and JudgeConfig().kind in JUDGE_KINDS
+  assert set(JUDGE_KINDS) == {"rule_based", "http", "factory", "none"} and JudgeConfig().kind in JUDGE_KINDS
