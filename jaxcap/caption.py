@@ -87,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  from jaxcap.checkpoint import CheckpointError
   from jaxcap.sampling.footprint import MemoryShortError
 
   try:
@@ -96,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
   except MemoryShortError as e:  # the memory check, before loading: one line with the numbers and the fix
     print(f"error: {e}", file=sys.stderr, flush=True)
+    return 2
+  except (CheckpointError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
+    # bad input (no checkpoint, no images folder, an output path that cannot be written): one line, nothing lost
+    what = f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
+    print(f"error: {what}", file=sys.stderr, flush=True)
     return 2
 
 

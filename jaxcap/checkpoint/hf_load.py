@@ -37,7 +37,7 @@ class _TensorIndex:
     if index_file.exists():
       weight_map = json.loads(index_file.read_text())["weight_map"]
     elif (directory / "model.safetensors").exists():
-      with safe_open(directory / "model.safetensors", "numpy") as f:
+      with _opened(directory / "model.safetensors") as f:
         weight_map = {k: "model.safetensors" for k in f.keys()}
     else:
       raise CheckpointError(
@@ -52,8 +52,20 @@ class _TensorIndex:
   def slice(self, name: str):
     file = self.weight_map[name]
     if file not in self._files:
-      self._files[file] = safe_open(self.directory / file, "numpy")
+      self._files[file] = _opened(self.directory / file)
     return self._files[file].get_slice(name)
+
+
+def _opened(path: Path):
+  """safe_open(path), or a CheckpointError naming the file when it is missing, truncated or not safetensors."""
+  try:
+    return safe_open(path, "numpy")
+  except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable by a stable name
+    size = path.stat().st_size if path.exists() else None
+    raise CheckpointError(
+      f"{path}: cannot read it as safetensors ({type(e).__name__}: {e}; {size} bytes on disk); the file is "
+      "missing, truncated or damaged: copy or download it again"
+    ) from e
 
 
 def read_config(directory: str | os.PathLike, **overrides) -> Qwen25VLConfig:

@@ -43,7 +43,7 @@ def save_peft_adapters(model: nnx.Module, directory: str | os.PathLike, *, base_
       ai, bi = (a[i], b[i]) if stacked else (a, b)
       tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(ai.T)
       tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(bi.T)
-    modules.add(path[-1])
+    modules.update(names)
     rank = a.shape[-1]
     alpha = lin.lora_scale * rank
   if not tensors:
@@ -61,6 +61,8 @@ def save_peft_adapters(model: nnx.Module, directory: str | os.PathLike, *, base_
       "fan_in_fan_out": False,
       "init_lora_weights": True,
       "inference_mode": True,
+      # the full names of the adapted modules: a bare name ("gate_proj") would also match the vision tower's MLPs
+      # in PEFT, which would attach fresh adapters there
       "target_modules": sorted(modules),
       "task_type": None,
     }

@@ -71,6 +71,13 @@ class Lora(Block):
       yield f"{at}targets={list(self.targets)}: unknown module name(s) {', '.join(unknown)}; choose among {known}"
     if not self.targets:
       yield f"{at}targets=[]: name at least one module (default: {', '.join(LORA_TARGETS)})"
+    if self.weight_qtype and self.rank and not run.model.checkpoint and run.sft.steps:
+      # the embedded student has no pretrained base: its SFT trains the base, which QLoRA stores as integers
+      yield (
+        f"{at}weight_qtype={self.weight_qtype!r}: the embedded student (no model.checkpoint) trains its base in SFT "
+        f"(sft.steps={run.sft.steps}), and a quantized base cannot train; set model.checkpoint to a pretrained base, "
+        f"sft.steps=0, or {at}weight_qtype=''"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

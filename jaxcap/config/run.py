@@ -49,7 +49,11 @@ class Export(Block):
   RESUME = ALLOWED
 
   hf: bool = field(True, "export the final policy as a Hugging Face checkpoint (with LoRA: merged)")
-  peft: bool = field(False, "with LoRA: also the adapters alone in PEFT's layout, in <workdir>/export_adapters")
+  peft: bool = field(False, "with LoRA: the adapters alone in PEFT's layout, in <workdir>/export_adapters")
+
+  def check(self, run, at):
+    if self.peft and not run.model.lora.rank:
+      yield f"{at}peft=True exports LoRA adapters, but model.lora.rank=0 trains none; set model.lora.rank or {at}peft=False"
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # jaxcap.train.logs.trackers builds each

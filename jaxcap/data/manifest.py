@@ -12,12 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from jaxcap.data import sources
 from jaxcap.data.records import ImageRecord
 from jaxcap.data.row_formats import as_jaxcap_row
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class ManifestError(ValueError):
@@ -38,7 +42,7 @@ def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Man
   `require_media=False` accepts rows without image or frames (caption-only evaluation). A corrupt row raises
   `ManifestError` naming its line; nothing is partially read."""
   label, base, rows = _source(path)
-  records, scenes = [], {}
+  records, scenes, seen = [], {}, {}
   absolute = lambda p: p if os.path.isabs(p) else str(base / p)
   for lineno, row in rows:
     try:
@@ -50,7 +54,21 @@ def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Man
     except (ValueError, KeyError, TypeError) as e:
       raise ManifestError(f"{label}:{lineno}: {e}") from e
     if require_media and not rec.image and not rec.frames:
-      raise ManifestError(f"{label}:{lineno} (id {rec.id!r}) has neither 'image' nor 'frames'; every row needs media.")
+      raise ManifestError(
+        f"{label}:{lineno} (id {rec.id!r}) has no media; every row needs 'image', 'video' or 'frames' (a verl row: "
+        "'images' or 'videos')."
+      )
+    url = next((p for p in (rec.image, *rec.frames) if _URL.match(p)), None)
+    if url is not None:  # read as a local path it would fail later as "does not exist", naming no cause
+      raise ManifestError(
+        f"{label}:{lineno} (id {rec.id!r}): {url!r} is a URL; media are read from local files only: download them "
+        "and give their paths (relative to the manifest's folder, or absolute)"
+      )
+    if rec.id in seen:  # rewards key questions, rubrics and scenes by id: a second row would judge against the first's
+      raise ManifestError(
+        f"{label}:{lineno}: id {rec.id!r} is also the id of row {seen[rec.id]}; give every row its own id."
+      )
+    seen[rec.id] = lineno
     records.append(
       dataclasses.replace(
         rec, image=absolute(rec.image) if rec.image else "", frames=tuple(absolute(p) for p in rec.frames)

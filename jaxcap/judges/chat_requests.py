@@ -106,6 +106,8 @@ def parse_chat(raw: bytes, served: Sequence[str], completion: bool = False) -> d
     body = json.loads(raw)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise RequestError(400, f"request body is not valid JSON: {e}") from None
+  except RecursionError:  # the parser's depth limit: a request's fault, not the server's (no 5xx to retry)
+    raise RequestError(400, "request body nests too deeply to parse; a chat request is a few levels deep") from None
   if not isinstance(body, dict):
     raise RequestError(422, f"request body must be a JSON object, got {type(body).__name__}")
   model = body.get("model")

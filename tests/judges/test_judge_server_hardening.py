@@ -86,6 +86,12 @@ BAD_REQUESTS = [
     "jaxcap_request.request: missing field 'criterion' for check_criteria",
   ),
   (_body(jaxcap_request=_hint(options=["only one"])), 422, "the judge gave no judgment: 1 options; need 2..9"),
+  # a body nested past the JSON parser's depth limit (a RecursionError inside it was a 500)
+  (
+    b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    400,
+    "request body nests too deeply to parse; a chat request is a few levels deep",
+  ),
 ]
 
 

@@ -154,6 +154,18 @@ def test_not_a_checkpoint_directory(tmp_path):
     load_hf_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0001])  # the data cut short; the header itself cut short
+def test_truncated_safetensors_file_is_named(checkpoint, tmp_path, keep):
+  src, _ = checkpoint
+  dst = tmp_path / "truncated"
+  shutil.copytree(src, dst)
+  path = dst / "model.safetensors"
+  data = path.read_bytes()
+  path.write_bytes(data[: max(8, int(len(data) * keep))])
+  with pytest.raises(CheckpointError, match=r"truncated/model\.safetensors: cannot read it as safetensors.*download"):
+    load_hf_checkpoint(dst)
+
+
 def test_missing_tensor_is_named(checkpoint, tmp_path):
   src, _ = checkpoint
   dst = tmp_path / "missing"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors.numpy import load_file
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -315,3 +316,8 @@ def test_peft_adapters_load_on_the_base_in_transformers(tmp_path):
     jnp.asarray(batch.input_ids), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask), batch.vision()
   )
   assert float(np.abs(np.asarray(plain) - want).max()) > 1e-2  # the adapters were loaded, not ignored
+  adapted = {n.removeprefix("base_model.model.") for n, m in back.named_modules() if hasattr(m, "lora_A")}
+  written = {
+    k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0] for k in load_file(out / "adapter_model.safetensors")
+  }
+  assert adapted == written and not any("visual" in n for n in adapted)  # no fresh adapters beside the trained ones

@@ -94,3 +94,24 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path, monkeypatch, co
   monkeypatch.setattr(annotation_files, "open", fake_open, raising=False)
   with pytest.raises(PermissionError):
     caption.append_lines(path, [{"id": "a"}])
+
+
+@pytest.mark.parametrize("bad", ["checkpoint", "images", "out"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, bad):
+  """No checkpoint, no images folder, an output path under a file: one `error:` line naming it, no traceback."""
+  save_tiny_checkpoint(M.tiny(), 0, tmp_path / "ckpt")
+  images = tmp_path / "images"
+  images.mkdir()
+  Image.fromarray(np.zeros((56, 56, 3), np.uint8)).save(images / "a.png")
+  (tmp_path / "a_file").write_text("x")
+  paths = {"checkpoint": tmp_path / "ckpt", "images": images, "out": tmp_path / "captions.jsonl"}
+  paths[bad] = {
+    "checkpoint": tmp_path / "no_ckpt",
+    "images": tmp_path / "no_images",
+    "out": tmp_path / "a_file" / "c.jsonl",
+  }[bad]
+  args = ["--checkpoint", str(paths["checkpoint"]), "--images", str(paths["images"]), "--out", str(paths["out"])]
+  assert caption.main([*args, "--max_new_tokens", "2", "--no_progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: ") and str(paths[bad].parent if bad == "out" else paths[bad]) in err[-1], err
+  assert not any("Traceback" in line for line in err)

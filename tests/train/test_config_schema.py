@@ -202,6 +202,20 @@ def test_checks_apply_only_where_the_field_is_used():
   assert "data.eval_manifest" in _errors(c) and "eval.num_images=0" in _errors(c)
 
 
+def test_qlora_on_the_embedded_students_sft_is_refused():
+  """The embedded student has no pretrained base: its SFT trains the base, which QLoRA would hold as integers."""
+  c = base_config()
+  c.model.lora.rank, c.model.lora.weight_qtype = 4, "nf4"
+  msg = _errors(c)
+  assert (
+    "model.lora.weight_qtype='nf4': the embedded student" in msg and "sft.steps=0" in msg and msg.count("\n  - ") == 1
+  )
+  c.sft.steps = 0  # RL trains the adapters only
+  validate(c)
+  c.sft.steps, c.model.checkpoint = 2, "/ckpt"  # a pretrained base: SFT trains the adapters
+  validate(c)
+
+
 def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
   c = base_config()
   c.rl.filter_groups, c.rl.filter_groups_max_extra = "spread", 12  # rl.batch_size 8

@@ -76,3 +76,17 @@ def test_the_trainer_stops_before_loading_a_checkpoint_that_cannot_fit(tmp_path)
   )
   assert out.returncode == 2, out.stderr[-2000:]
   assert "needs at least" in out.stderr and "64.00 KiB is available (JAXCAP_MEMORY_BUDGET)" in out.stderr, out.stderr
+
+
+def test_lora_advice_names_the_frozen_bases_dtype_then_quantization():
+  from jaxcap.train.steps.adapters import lora_advice
+
+  f32 = lora_advice(_config(**{"model.lora.rank": 8, "model.param_dtype": "float32"}))
+  assert "--config.model.param_dtype=bfloat16" in f32 and "weight_qtype=int8" in f32
+  assert f32.index("param_dtype") < f32.index("weight_qtype")  # the cheaper change first
+  bf16 = lora_advice(_config(**{"model.lora.rank": 8, "model.param_dtype": "bfloat16"}))
+  assert "param_dtype" not in bf16 and "weight_qtype=int8" in bf16
+  done = lora_advice(
+    _config(**{"model.lora.rank": 8, "model.param_dtype": "bfloat16", "model.lora.weight_qtype": "int8"})
+  )
+  assert done == ""

@@ -2,6 +2,9 @@
 budget, the filter/* counts, the assembled rewards (unfilled slots masked) and the rows gathered on device."""
 
 import dataclasses
+from types import SimpleNamespace
+
+import jax
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +17,7 @@ from jaxcap.train.rollouts.source import OnPolicy
 from jaxcap.train.shell.phases import schedule_for
 from jaxcap.train.rollouts.refill import (
   GroupFilter,
+  NothingKeptError,
   RefillGroups,
   SlotFill,
   assembled_rewards,
@@ -117,12 +121,41 @@ def test_gather_moves_each_slot_from_its_round_in_the_update_layout():
   assert gather_rows([None, None], index) is None
 
 
+class _FlatSource:
+  """Rolls out and judges rounds whose groups have `values` (flat: no spread), for RefillGroups.round."""
+
+  num_samples, micro_batches = G, 1
+
+  def __init__(self, values):
+    self.values = values
+
+  def rollout(self, state, batch, key, step):
+    rnd = _round(self.values)
+    return dataclasses.replace(rnd, rollouts=SimpleNamespace(host_lengths=np.ones(len(self.values) * G, int)))
+
+  def judge(self, rnd, step):
+    return rnd.rewards
+
+
+def test_a_filter_that_keeps_nothing_warns_then_stops_the_run_naming_itself(capfd):
+  refill = RefillGroups(GroupFilter("spread", G, max_rounds=1), patience=3)
+  for step in (1, 2):
+    refill.round(_FlatSource([FLAT, FLAT]), None, None, step, jax.random.key(0))
+  assert "warning: RL step 2: rl.filter_groups='spread' kept no group" in capfd.readouterr().out
+  refill.round(_FlatSource([FLAT, SPREADS]), None, None, 3, jax.random.key(0))  # a kept group: the count restarts
+  refill.round(_FlatSource([FLAT, FLAT]), None, None, 4, jax.random.key(0))
+  refill.round(_FlatSource([FLAT, FLAT]), None, None, 5, jax.random.key(0))
+  with pytest.raises(NothingKeptError, match=r"kept no group .* for 3 step\(s\) in a row.*stopping at RL step 6"):
+    refill.round(_FlatSource([FLAT, FLAT]), None, None, 6, jax.random.key(0))
+
+
 def test_the_phase_chooses_the_sources_schedule_from_the_config_and_names_unknown_dimensions():
   c = base_config()
   names = ("caprl/accuracy",)
   assert isinstance(schedule_for(validate(c), names, 10, 5), OnPolicy)  # filter off, on-policy
   c.rl.filter_groups, c.rl.filter_groups_max_extra = "caprl/accuracy", 16  # rl.batch_size 8: two extra batches
-  assert schedule_for(validate(c), names, 10, 5) == RefillGroups(GroupFilter("caprl/accuracy", 8, max_rounds=3))
+  want = RefillGroups(GroupFilter("caprl/accuracy", 8, max_rounds=3), patience=c.train.collapse_steps)
+  assert schedule_for(validate(c), names, 10, 5) == want
   c.rl.filter_groups = "rubicap/score"
   with pytest.raises(ConfigError, match=r"rl.filter_groups='rubicap/score'.*\['caprl/accuracy'\]"):
     schedule_for(validate(c), names, 10, 5)

@@ -22,10 +22,27 @@ def test_corrupt_manifest_line_is_named(tmp_path):
 
 
 def test_row_without_media_or_id_is_named(tmp_path):
-  with pytest.raises(ManifestError, match=r"m\.jsonl:1 .*'b'.*neither 'image' nor 'frames'"):
+  with pytest.raises(ManifestError, match=r"m\.jsonl:1 .*'b'.*has no media; every row needs 'image', 'video'"):
     read_manifest(_manifest(tmp_path, [{"id": "b"}]))
   with pytest.raises(ManifestError, match=r"m\.jsonl:1: .*without an 'id'"):
     read_manifest(_manifest(tmp_path, [{"image": "x.png"}]))
+
+
+def test_a_repeated_id_is_refused_naming_both_rows(tmp_path):
+  """Rewards key questions, rubrics and scenes by id: a second row with an id would be judged as the first."""
+  rows = [{"id": "a", "image": "a.png"}, {"id": "b", "image": "b.png"}, {"id": "a", "image": "c.png"}]
+  with pytest.raises(ManifestError, match=r"m\.jsonl:3: id 'a' is also the id of row 1; give every row its own id"):
+    read_manifest(_manifest(tmp_path, rows))
+
+
+@pytest.mark.parametrize(
+  "media", [{"image": "https://example.com/a.jpg"}, {"frames": ["f0.png", "s3://bucket/f1.png"]}]
+)
+def test_a_url_is_refused_with_the_fix(tmp_path, media):
+  with pytest.raises(
+    ManifestError, match=r"m\.jsonl:1 \(id 'a'\): '.*://.*' is a URL; media are read from local files"
+  ):
+    read_manifest(_manifest(tmp_path, [{"id": "a", **media}]))
 
 
 def test_missing_image_is_named_before_any_compute(tmp_path):

@@ -147,6 +147,18 @@ def _gather_fn(sharding):
   return jax.jit(fn, out_shardings=sharding)
 
 
+class NothingKeptError(RuntimeError):
+  """Dynamic sampling kept no group for `train.collapse_steps` RL steps in a row."""
+
+
+def _kept_nothing_message(mode: str, g: int, rounds: int, steps: int) -> str:
+  what = "no valid reward spread" if mode == "spread" else f"no spread in {mode!r}"
+  return (
+    f"rl.filter_groups={mode!r} kept no group ({what} among the G={g} samples of any prompt, {rounds} round(s) "
+    f"drawn) for {steps} step(s) in a row: those steps train on nothing"
+  )
+
+
 @dataclasses.dataclass
 class RefillGroups:
   """The rollout source's schedule under dynamic sampling (`rl.filter_groups`): judged rounds until every slot holds
@@ -155,6 +167,10 @@ class RefillGroups:
 
   group_filter: GroupFilter
   draw: Callable[[], Any] | None = None  # the loader's next batch, bound by `attach`
+  # steps in a row that kept no group before the run stops (train.collapse_steps; 0 = never): such a step trains
+  # on nothing, and a reward with no spread in any group will not start spreading by itself
+  patience: int = 0
+  empty_steps: int = dataclasses.field(default=0, compare=False)
 
   def attach(self, loader):
     self.draw = lambda: next(loader)  # refills move the loader's saved position with them
@@ -174,6 +190,7 @@ class RefillGroups:
       return judged(r, self.draw())
 
     fill, rounds, filter_metrics = self.group_filter.fill(judged(0, batch), more)
+    self.check_kept(filter_metrics, step)
     first = rounds[0]
     rewards = assembled_rewards(fill, rounds, g)
     if not fill.moved_anywhere:
@@ -185,3 +202,20 @@ class RefillGroups:
     arrays = tuple(gather_rows([getattr(x, f) for x in rounds], index) for f in ("tokens", "cmask", "behaviour"))
     lengths = np.concatenate([rounds[r].rollouts.host_lengths[i * g : (i + 1) * g] for r, i in fill.source])
     return JudgedRound(assembled, placed, lengths, *arrays, lambda: rewards, first, filter_metrics)
+
+  def check_kept(self, metrics: dict[str, float], step: int) -> None:
+    """Counts a step whose filter kept no group (every process agrees: the counts are summed); warns, and after
+    `patience` such steps in a row stops the run naming the filter and the fixes."""
+    if metrics["filter/generated"] and metrics["filter/generated"] > metrics["filter/dropped"]:
+      self.empty_steps = 0
+      return
+    self.empty_steps += 1
+    f = self.group_filter
+    message = _kept_nothing_message(f.mode, f.num_samples, int(metrics["filter/rounds"]), self.empty_steps)
+    if self.patience and self.empty_steps >= self.patience:
+      raise NothingKeptError(
+        f"{message}; stopping at RL step {step} (train.collapse_steps={self.patience}). Check that the rewards vary "
+        "within a group (reward/* in metrics.jsonl, the rollout records), raise rl.num_samples or "
+        "sampling.temperature, or set rl.filter_groups=off"
+      )
+    print(f"warning: RL step {step}: {message}", flush=True)

@@ -122,7 +122,7 @@ def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_e
       f"rl.filter_groups={rl.filter_groups!r} names no reward dimension of this run; use off, spread or one of "
       f"{list(reward_names)}"
     )
-  return RefillGroups(GroupFilter.from_config(rl))
+  return RefillGroups(GroupFilter.from_config(rl), patience=int(config.train.collapse_steps))
 
 
 def _stop_ids(sampler) -> tuple[int, ...]:

@@ -160,8 +160,9 @@ class RunDirectory:
   # -- the end -----------------------------------------------------------------------------------------------
 
   def export(self, params, graphdef, processor) -> None:
-    """The policy as an HF checkpoint in <workdir>/export (with the tokenizer and prompt settings it was trained
-    with); bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights."""
+    """The policy as an HF checkpoint in <workdir>/export (export.hf; with the tokenizer and prompt settings it was
+    trained with; bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights) and
+    the LoRA adapters alone in <workdir>/export_adapters (export.peft), each on its own."""
     bad, total = nonfinite_weights(params)
     if bad:  # the step guard keeps training finite; this catches weights that started out broken
       raise ValueError(
@@ -171,11 +172,12 @@ class RunDirectory:
     src = c.model.checkpoint or str(self.path / "tokenizer")
     dtype = jnp.bfloat16 if c.model.dtype == "bfloat16" else None
     model = nnx.merge(graphdef, params)
-    save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
+    if c.export.hf:
+      save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
+      if is_lead_process():
+        processor.save_prompt_settings(self.path / "export")
     if c.export.peft and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
       save_peft_adapters(model, self.path / "export_adapters", base_model=c.model.checkpoint)
-    if is_lead_process():
-      processor.save_prompt_settings(self.path / "export")
 
   def finish(self, closers: Sequence[Closer]) -> None:
     """Closes the run's parts (in order), the checkpoint manager, and releases the workdir."""

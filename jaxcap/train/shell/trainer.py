@@ -223,7 +223,7 @@ class Trainer:
     """Curves, the HF export and summary.json, then every part closed and the workdir released."""
     if is_lead_process() and self.config.logging.curves and self.metrics.path.exists():
       plot_curves(self.metrics.path, self.rundir.path / "curves.png")
-    if self.config.export.hf:
+    if self.config.export.hf or self.config.export.peft:
       self.rundir.export(params, self.graphdef, self.setup.processor)
     (self.rundir.path / "summary.json").write_text(to_json(self.summary, indent=2))
     self.rundir.finish(self._closers())

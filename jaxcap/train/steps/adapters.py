@@ -104,6 +104,11 @@ def lora_advice(config: Run) -> str:
       "; or train low-rank adapters on a frozen base (--config.model.lora.rank=16, optimizer state for the "
       "adapters only, no KL reference copy; --config.model.lora.weight_qtype=int8 also quantizes the base)"
     )
+  base = ""
+  if config.model.param_dtype == "float32":  # a frozen base needs no float32 master copy
+    base = (
+      "; or hold the frozen base in bfloat16 (--config.model.param_dtype=bfloat16: it is float32 now, twice the bytes)"
+    )
   if not config.model.lora.weight_qtype:
-    return "; or quantize the frozen base (--config.model.lora.weight_qtype=int8, or nf4 / int4: QLoRA)"
-  return ""
+    return base + "; or quantize the frozen base (--config.model.lora.weight_qtype=int8, or nf4 / int4: QLoRA)"
+  return base
