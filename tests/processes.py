@@ -23,9 +23,24 @@ CONFIGS = ROOT / "configs"
 # LLVM at -O0 and XLA's older loop emitters instead of the fusion emitters compile the tiny model's SFT step ~5x
 # faster (8.8 s -> 1.7 s here; docs/benchmarks-history.md, "test compile flags") and run it in about as long.
 # Tests only: a user's run keeps XLA's defaults. Both sides of every in-test comparison compile with the same flags.
-FAST_COMPILE_FLAGS = (
-  "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-)
+def fast_compile_flags(jaxlib_version: str | None = None) -> str:
+  """The flags for `jaxlib_version` (default: the installed one, read without importing jax): jaxlib 0.11 removed
+  the loop emitters' switch and rejects `--xla_cpu_use_fusion_emitters` (the suite aborted at its first compile)."""
+  if jaxlib_version is None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+      jaxlib_version = version("jaxlib")
+    except PackageNotFoundError:
+      jaxlib_version = "0"
+  major_minor = tuple(int(p) for p in (jaxlib_version.split(".") + ["0", "0"])[:2] if p.isdigit())
+  flags = ["--xla_backend_optimization_level=0", "--xla_cpu_parallel_codegen_split_count=1"]
+  if major_minor < (0, 11):
+    flags.insert(1, "--xla_cpu_use_fusion_emitters=false")
+  return " ".join(flags)
+
+
+FAST_COMPILE_FLAGS = fast_compile_flags()
 
 
 def cpu_env(devices: int = 1, **changes: str | None) -> dict[str, str]:
