@@ -90,3 +90,17 @@ def test_lora_advice_names_the_frozen_bases_dtype_then_quantization():
     _config(**{"model.lora.rank": 8, "model.param_dtype": "bfloat16", "model.lora.weight_qtype": "int8"})
   )
   assert done == ""
+
+
+def test_generation_past_the_models_context_is_refused_before_any_compute():
+  from jaxcap.train.shell.setup import check_context
+
+  cfg = M.tiny()
+  check_context(_config(**{"sampling.max_new_tokens": 64}), cfg)
+  context = cfg.text.max_position_embeddings
+  with pytest.raises(
+    ConfigError, match=rf"sampling.max_new_tokens=100000000 does not fit the model's context of {context}"
+  ):
+    check_context(_config(**{"sampling.max_new_tokens": 100_000_000}), cfg)
+  with pytest.raises(ConfigError, match=r"sft.max_target_tokens=.* set sft.max_target_tokens below"):
+    check_context(_config(**{"sft.max_target_tokens": context}), cfg)

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from jaxcap.config.cli import ConfigError
 from jaxcap.config.run import Run
 from flax import nnx
 
@@ -62,6 +63,7 @@ def build(config: Run, workdir: Path) -> Setup:
   # every judge endpoint and role answers one real judgment, before the (minutes-long) checkpoint load
   judge = preflight_judge(judge, config.judge, records=train_records + eval_records)
   model, processor = _student(config, workdir, mesh)
+  check_context(config, model.cfg)
   for name in config.reward:  # e.g. RubiCap drops the manifest's rubrics when RL writes its own
     prepare = REWARD_FAMILIES[name].prepare_records
     if prepare is not None:
@@ -69,6 +71,19 @@ def build(config: Run, workdir: Path) -> Setup:
   # built only for a run with an SFT phase: `:paper` sets sft.steps=0 and keeps the world's default targets
   sft_targets = sft_target_fn(config, scenes) if config.sft.steps else None
   return Setup(model, processor, train_records, eval_records, judge, scenes, sft_targets, mesh)
+
+
+def check_context(config: Run, cfg) -> None:
+  """Refuses generation lengths past the model's context before any compute (a paged pool sized for
+  sampling.max_new_tokens=100000000 died on its allocation after SFT)."""
+  context = int(cfg.text.max_position_embeddings)
+  longest = max(int(config.sampling.max_new_tokens), int(config.sft.max_target_tokens) if config.sft.steps else 0)
+  if longest >= context:
+    key = "sampling.max_new_tokens" if longest == int(config.sampling.max_new_tokens) else "sft.max_target_tokens"
+    raise ConfigError(
+      f"{key}={longest} does not fit the model's context of {context} positions (max_position_embeddings) beside "
+      f"its prompt; set {key} below {context}"
+    )
 
 
 def with_pixel_budget(vision_cfg, data):
