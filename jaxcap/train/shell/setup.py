@@ -63,7 +63,6 @@ def build(config: Run, workdir: Path) -> Setup:
   # every judge endpoint and role answers one real judgment, before the (minutes-long) checkpoint load
   judge = preflight_judge(judge, config.judge, records=train_records + eval_records)
   model, processor = _student(config, workdir, mesh)
-  check_context(config, model.cfg)
   for name in config.reward:  # e.g. RubiCap drops the manifest's rubrics when RL writes its own
     prepare = REWARD_FAMILIES[name].prepare_records
     if prepare is not None:
@@ -137,6 +136,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   if m.checkpoint:
     checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype))
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
+    check_context(config, checkpoint_cfg)
     check_train_memory(config, checkpoint_cfg)
     checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(
@@ -147,6 +147,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
     processor = checkpoint_processor(config, model.cfg)
   else:
     model, processor = embedded.build_student(config, workdir, mesh)
+    check_context(config, model.cfg)
     processor = with_run_media(processor, config.data)
   return with_lora(model, config, mesh), processor
 
