@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from jaxcap.config.schema import parse
-from jaxcap.config_files import base_config
 from jaxcap.data.records import ImageRecord
 from jaxcap.judges.factory import build_judge
 from jaxcap.judges.no_judge import NoJudgeError
 from jaxcap.judges.protocol import MultipleChoiceRequest
 from jaxcap.rewards import build_reward, length_window, timestamp_format_score
+from processes import load_config
 
 RELEASED = Path("CapRL++/train/verl/recipe/video_captionrl")
 
@@ -123,24 +123,14 @@ def test_a_python_function_is_a_reward_and_none_masks(tmp_path):
     build_reward({"fn": {"function": "no_such_module_anywhere:score"}}, judge=None)
 
 
-def _run(**changes):
-  c = base_config()
-  for key, value in changes.items():
-    *path, leaf = key.split(".")
-    node = c
-    for k in path:
-      node = node[k]
-    node[leaf] = value
-  return c
-
-
 def test_judge_none_takes_only_rewards_that_need_no_judge():
-  ok = parse(_run(**{"judge.kind": "none", "reward": {"fn": {"function": "m:f"}, "timestamp_format": {"weight": 0.2}}}))
+  rewards = {"fn": {"function": "m:f"}, "timestamp_format": {"weight": 0.2}}
+  ok = parse(load_config("caprl", **{"judge.kind": "none", "reward": rewards}))
   assert ok.judge.kind == "none"
   from jaxcap.config.schema import validate
 
   with pytest.raises(ValueError, match="judge.kind='none' but reward.caprl needs a judge"):
-    validate(_run(**{"judge.kind": "none"}))
+    validate(load_config("caprl", **{"judge.kind": "none"}))
   judge = build_judge(ok.judge)
   assert judge.answer_multiple_choice([]) == []
   with pytest.raises(NoJudgeError, match="answer_multiple_choice"):
