@@ -48,7 +48,7 @@ __all__ = ["HttpJudge", "images_from_records"]
 
 class HttpJudge(PromptedFleet):
   """Implements `jaxcap.judges.protocol.Judge` against a `JudgeFleet` (see `PromptedFleet` for the arguments);
-  `answerer`: how CapRL's answerer is asked (`jaxcap.judges.settings.Answerer`; default: its defaults)."""
+  `answerer`: how CapRL's answerer is asked (`jaxcap.judges.answerer.Answerer`; default: its defaults)."""
 
   def __init__(self, fleet, *, answerer: Answerer | None = None, **kwargs):
     super().__init__(fleet, **kwargs)

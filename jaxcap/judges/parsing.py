@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
+from jaxcap.judges.protocol import option_labels
+
 LETTERS = "ABCDEFGHI"
 _FENCE_RE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 _PREFIX_RE = re.compile(r"^\s*(?:the\s+)?(?:correct\s+)?(?:answer|option)\s*(?:is)?\s*[:\-]?\s*", re.I)
@@ -33,7 +35,7 @@ def first_letter(reply: str) -> str:
 def parse_letter(reply: str, options: Sequence[str], labels: Sequence[str] = ()) -> str:
   """The option label a reply picks: a standalone label (first one; labels default to A, B, C, ... by position),
   or the exact text of an option."""
-  labels = tuple(labels) or tuple(LETTERS[: len(options)])
+  labels = option_labels(len(options), labels)
   valid = "".join(labels)
   stripped = _PREFIX_RE.sub("", reply.strip())
   # Only letters of this question's options count, so the pronoun "I" is not read as option I of four.

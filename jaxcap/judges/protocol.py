@@ -41,7 +41,12 @@ class MultipleChoiceRequest:
 
   def option_labels(self) -> tuple[str, ...]:
     """The label of each option: `labels`, or A, B, C, ... by position."""
-    return self.labels or tuple("ABCDEFGHI"[: len(self.options)])
+    return option_labels(len(self.options), self.labels)
+
+
+def option_labels(count: int, labels: Sequence[str] = ()) -> tuple[str, ...]:
+  """`labels`, or the first `count` of A, B, C, ... I: the letters options are shown with."""
+  return tuple(labels) or tuple("ABCDEFGHI"[:count])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxcap.judges.protocol import Judge, MultipleChoiceRequest
+from jaxcap.judges.protocol import Judge, MultipleChoiceRequest, option_labels
 from jaxcap.rewards.batch import RewardBatch, make_batch
 from jaxcap.data.records import ImageRecord, align_records
 from jaxcap.rewards.families import reward_family
@@ -82,7 +82,7 @@ PRESETS = ("paper", "released_code", "caprl", "caprl_plus")
 def parse_choice(reply: str, options: Sequence[str], mode: str, labels: Sequence[str] = ()) -> int | None:
   """Index of the option a judge reply picks (by its label: `labels`, or A, B, C, ... by position), or None when it
   picks none (scored as wrong, not failed)."""
-  labels = tuple(labels) or tuple(LETTERS[: len(options)])
+  labels = option_labels(len(options), labels)
   if mode == "first_letter":
     for ch in reply:
       if ch in LETTERS[:9]:
@@ -104,8 +104,8 @@ class CapRLReward:
     self.names = (config.name,)
 
   def draw(self, record: ImageRecord, rng: np.random.Generator) -> list[tuple[str, tuple[str, ...], int]]:
-    """(question, presented options, gold index) for each draw; the options are shuffled per draw (labels:
-    `labels`)."""
+    """(question, presented options, gold index) for each draw; the options are shuffled per draw (their
+    letters: `labels`)."""
     cfg, questions = self.config, record.questions
     if not questions:
       return []
@@ -125,7 +125,7 @@ class CapRLReward:
 
   def labels(self, options: Sequence[str]) -> tuple[str, ...]:
     """The letter of each presented option: A, B, C, ...; the cannot-answer option's own label when it is set."""
-    labels = tuple(LETTERS[: len(options)])
+    labels = option_labels(len(options))
     if self.config.cannot_answer_option and self.config.cannot_answer_label:
       labels = labels[:-1] + (self.config.cannot_answer_label,)
     return labels
