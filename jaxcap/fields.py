@@ -146,8 +146,11 @@ def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str
   """`cls` from `data` (one section of `ConfigDict.to_dict()`); unknown and missing keys and wrong types go to
   `errors` (their paths to `bad`), and such fields keep their defaults."""
   known = [f.name for f in dataclasses.fields(cls)]
+  renamed = getattr(cls, "RENAMED", {})
   for key in data:
-    if key not in known:
+    if key in renamed and key not in known:
+      errors.append(f"{at}{key}: renamed {at}{renamed[key]}; {renamed.get('?' + key, 'use the new name')}")
+    elif key not in known:
       near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
       fix = f"did you mean {' or '.join(at + k for k in near)}?" if near else f"the fields are {', '.join(known)}"
       errors.append(f"{at}{key}: unknown field; {fix}")

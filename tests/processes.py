@@ -219,12 +219,14 @@ def start(cmd: Sequence[str], env: Mapping[str, str] | None = None, **kw) -> sub
   return subprocess.Popen(list(cmd), env=cpu_env(1) if env is None else dict(env), cwd=ROOT, **kw)
 
 
-def kill_after_checkpoint(cmd: Sequence[str], workdir, log, min_step: int, timeout: float = 600) -> None:
-  """Starts the trainer `cmd` (writing to `workdir`, its output to the file `log`), SIGKILLs it as soon as a
-  checkpoint of global step >= `min_step` is on disk (so mid-run, after that checkpoint) and waits for it; fails,
-  showing the log's tail, if the run ended before it could be killed."""
+def kill_after_checkpoint(
+  cmd: Sequence[str], workdir, log, min_step: int, timeout: float = 600, env: Mapping[str, str] | None = None
+) -> None:
+  """Starts the trainer `cmd` (writing to `workdir`, its output to the file `log`; environment `env` as `start`'s),
+  SIGKILLs it as soon as a checkpoint of global step >= `min_step` is on disk (so mid-run, after that checkpoint)
+  and waits for it; fails, showing the log's tail, if the run ended before it could be killed."""
   with open(log, "w") as out:  # a file, not a pipe nobody reads while it runs
-    proc = start(cmd, stdout=out)
+    proc = start(cmd, env=env, stdout=out)
   ckpts = Path(workdir) / "checkpoints"
   deadline = time.time() + timeout
   while time.time() < deadline:

@@ -184,16 +184,19 @@ def test_an_engine_program_over_budget_names_the_engines_settings():
 
 
 @pytest.mark.slow
-def test_off_policy_counts_the_queued_round_in_the_passes_it_outlives():
+def test_async_counts_the_queued_rounds_in_the_passes_they_outlive():
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
-  on = _config()
-  on.rl.off_policy_steps = 1
-  off_res, on_res = (plan(parse(c), cfg, jax.devices()[:8], 80.0, ("logprobs",), text=8) for c in (_config(), on))
+  on, two = _config(), _config()
+  on.rl.max_staleness, two.rl.max_staleness = 1, 2
+  off_res, on_res, two_res = (
+    plan(parse(c), cfg, jax.devices()[:8], 80.0, ("logprobs",), text=8) for c in (_config(), on, two)
+  )
   assert off_res["queued_round_gib"] == 0 and on_res["queued_round_gib"] > 0
+  assert two_res["queued_round_gib"] == 2 * on_res["queued_round_gib"]  # k rounds queued colocated
   # the log-prob pass holds the queued round besides the state it does not take: exactly that round's bytes more
   extra = on_res["programs"][0]["resident_outside"] - off_res["programs"][0]["resident_outside"]
   assert extra == on_res["queued_round_gib"] * GIB
-  assert "the queued round's prompts and rollouts" in format_plan(on_res)
+  assert "the queued rounds' prompts and rollouts" in format_plan(on_res)
 
 
 def test_a_program_the_compiler_refuses_for_memory_is_reported_not_raised():

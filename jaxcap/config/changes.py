@@ -38,10 +38,13 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def diff(old: dict, new: dict, defaults: dict | None = None) -> list[Change]:
+def diff(old: dict, new: dict, defaults: dict | None = None, renamed: dict | None = None) -> list[Change]:
   """Changed leaves between two `resolved()` dicts, sorted by key. A key the old config lacks is no change when the
-  new value is its default in `defaults` (a field added to jaxcap since the run started)."""
+  new value is its default in `defaults` (a field added to jaxcap since the run started); the old config's keys
+  are read under their new names (`renamed`: old dotted key -> new)."""
+  renamed = renamed or {}
   a = {**flatten(old.get("config", {})), **flatten({"runtime": old.get("runtime", {})})}
+  a = {renamed.get(k, k): v for k, v in a.items()}
   b = {**flatten(new.get("config", {})), **flatten({"runtime": new.get("runtime", {})})}
   defaults = defaults or {}
   out = []

@@ -47,3 +47,17 @@ class Rollout(Block):
     "attention on CPU), 'reference' (the jnp reference) or 'pallas'",
     choices=ROLLOUT_ATTENTION,
   )
+  # disaggregated placement (jaxcap.train.rollouts.placement): rollouts on devices of their own, the learner on the rest
+  devices: int = field(
+    0,
+    "devices of each process given to the rollouts; the learner's mesh (mesh.shape) takes the others",
+    ge=0,
+    hint="0 = colocated: rollouts and updates share every device; > 0 needs rl.max_staleness >= 1",
+  )
+
+  def check(self, run, at):
+    if self.devices and not run.rl.max_staleness:
+      yield (
+        f"{at}devices={self.devices} splits rollouts from the learner, which then wait on each other every step; "
+        "set rl.max_staleness >= 1 (rounds rolled out while the learner updates) or rollout.devices=0"
+      )

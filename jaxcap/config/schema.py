@@ -77,6 +77,17 @@ def replaced(block: fields.Block, changes: dict[str, Any]) -> fields.Block:
   return block
 
 
+def renamed_keys(cls: type[Block] = None, at: str = "") -> dict[str, str]:
+  """Dotted old key -> new key of every field renamed (a block's `RENAMED`), e.g. to compare a saved config."""
+  cls = cls or Run
+  out = {f"{at}{old}": f"{at}{new}" for old, new in getattr(cls, "RENAMED", {}).items() if not old.startswith("?")}
+  for f in dataclasses.fields(cls):
+    tp = fields.hints(cls)[f.name]
+    if fields.is_block(tp):
+      out.update(renamed_keys(tp, f"{at}{f.name}."))
+  return out
+
+
 def resume_policy(key: str) -> str:
   """ALLOWED, ALTERS or SHAPE for a dotted key of a saved config: its field's policy (a key below a dict field,
   such as reward.caprl.preset, takes that field's; a whole block its block's); a key the schema lacks (a field

@@ -141,6 +141,12 @@ class Sft(Phase):
 class Rl(Phase):
   """Group-relative policy optimisation against the reward."""
 
+  # old name -> new name (and, keyed '?old', how to carry the old value over), named by the parser's error
+  RENAMED = {
+    "off_policy_steps": "max_staleness",
+    "?off_policy_steps": "the same value means the same schedule (1: each round rolled out one update ahead)",
+  }
+
   steps: int = field(100, "RL steps (0 = no RL)", ge=0, resume=ALLOWED)
   batch_size: int = field(8, "images per process per RL step", ge=1, hint="records per process per step")
   num_samples: int = field(
@@ -182,15 +188,15 @@ class Rl(Phase):
     ge=0,
     hint="a multiple of rl.batch_size; 0 = drop without refilling",
   )
-  # one-step off-policy (jaxcap.train.rollouts.off_policy): the next step's rollouts are generated from the current weights
-  # while this step's judgments finish and its update runs; the sampler's log-probs are the behaviour policy's
-  off_policy_steps: int = field(
+  # asynchronous RL (jaxcap.train.rollouts.fully_async): a rollout thread generates and judges the rounds of the next k
+  # steps while the learner updates; round r is rolled out by the weights of update max(window start, r - k), a rule
+  # that reads only the config, so a run (and its resume) is the same whatever the timing; the sampler's log-probs
+  # are the behaviour policy's
+  max_staleness: int = field(
     0,
     "updates between the weights that generate a step's rollouts and the weights it updates",
     ge=0,
-    le=1,
-    rule="use 0 (on-policy) or 1",
-    hint="1 overlaps the next rollouts with this step's judging and update",
+    hint="0 = on-policy; k > 0 rolls out and judges the next k steps' rounds while this step updates",
   )
   # streaming judging (jaxcap.rewards.streaming): the paged engine hands each prompt's G captions to the judge as
   # soon as they are decoded; the rewards are those of judging the batch after the rollout, so a resume may change
@@ -201,10 +207,10 @@ class Rl(Phase):
 
   def check(self, run, at):
     yield from super().check(run, at)
-    if self.off_policy_steps and self.filter_groups != "off":
+    if self.max_staleness and self.filter_groups != "off":
       yield (
-        f"{at}off_policy_steps={self.off_policy_steps} does not combine with {at}filter_groups={self.filter_groups!r} "
-        f"yet (refills would draw from the loader ahead of the queued batch); set one of them off"
+        f"{at}max_staleness={self.max_staleness} does not combine with {at}filter_groups={self.filter_groups!r} "
+        f"yet (refills would draw from the loader ahead of the queued batches); set one of them off"
       )
     if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
       yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"

@@ -91,9 +91,10 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     inputs.patches,
   )
   state_bytes = per_device_bytes(state)
-  # rl.off_policy_steps=1: the next step's round (its prompts and rollouts) is held through this step's passes
+  # rl.max_staleness = k, colocated: the next k steps' rounds (prompts and rollouts) are held through this step's
+  # passes; on rollout devices of their own (rollout.devices) they wait there, and only this step's is copied over
   queued = per_device_bytes((prompt_batch, rollouts.tokens, rollouts.mask, rollouts.old_logprobs))
-  queued = queued if config.rl.off_policy_steps else 0
+  queued = queued * config.rl.max_staleness if not config.rollout.devices else 0
   params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
   sample_layout = layout_for(np.asarray([grid] * rows), cfg.vision)

@@ -99,7 +99,7 @@ def format_plan(result: dict) -> str:
       lines.append(f"{r['name']}: not compiled, {r['error']}")
   if result.get("queued_round_gib"):
     lines.append(
-      f"rl.off_policy_steps: the queued round's prompts and rollouts, {result['queued_round_gib']:.2f} GiB per device, "
+      f"rl.max_staleness: the queued rounds' prompts and rollouts, {result['queued_round_gib']:.2f} GiB per device, "
       "held through the RL step and the log-prob pass (in their 'other state')"
     )
   for r in result["programs"]:

@@ -140,7 +140,7 @@ class BudgetedReward(RewardStage):
     self.budget = budget
     self.last_valid_fraction = float("nan")
     # with several processes, each call's counts until `settle` agrees them; a FIFO, since with
-    # rl.off_policy_steps the next step's call may finish before this step's settle
+    # rl.max_staleness the next steps' calls may finish before this step's settle
     self._pending: collections.deque[tuple] = collections.deque()
 
   def settle(self) -> None:

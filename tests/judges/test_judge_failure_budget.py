@@ -222,7 +222,7 @@ def test_processes_agree_on_the_budget_with_summed_counts(monkeypatch, manifest,
 
 
 def test_settle_takes_the_calls_in_order(monkeypatch, manifest, world):
-  """rl.off_policy_steps: the next step's call may finish before this step's settle; each settle agrees the oldest
+  """rl.max_staleness: the next steps' calls may finish before this step's settle; each settle agrees the oldest
   unsettled call's counts, so the budget sees every step once, in order."""
   import jax
   import numpy as np

@@ -37,7 +37,7 @@ KEYS = {
   "model.student": ["rope_theta", "text_heads", "text_layers", "text_width", "vision_depth", "vision_width"],
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
-  + ["micro_batch_tokens", "micro_batches", "num_samples", "off_policy_steps", "packing_min_saving"]
+  + ["micro_batch_tokens", "max_staleness", "micro_batches", "num_samples", "packing_min_saving"]
   + ["recompute_old_logprobs", "steps", "stream_judging"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
@@ -46,7 +46,7 @@ KEYS = {
   "rl.rollout_correction": ["is_level", "is_threshold", "reject", "reject_lower", "reject_upper"],
   "logging": ["curves", "mlflow_uri", "project", "rollout_groups", "rollout_max_chars", "rollouts_every", "trackers"],
   "rl.optim": OPTIM,
-  "rollout": ["attention", "engine", "page_size", "pages", "segment_steps", "slots"],
+  "rollout": ["attention", "devices", "engine", "page_size", "pages", "segment_steps", "slots"],
   "rubrics": ["batch_size", "min_agreement", "source"],
   "sampling": ["max_new_tokens", "temperature", "top_k", "top_p"],
   "sft": ["batch_size", "freeze_vision", "max_fraction", "max_target_tokens", "micro_batch_tokens", "micro_batches"]
@@ -151,7 +151,8 @@ def test_missing_field_is_named():
     ("rl.overlong.buffer", 49, "must not exceed sampling.max_new_tokens=48"),
     ("rl.filter_groups_max_extra", -8, ">= 0"),
     ("rl.filter_groups", "", "use off, spread or a reward dimension's name"),
-    ("rl.off_policy_steps", 2, "use 0 (on-policy) or 1"),
+    ("rl.max_staleness", -1, ">= 0"),
+    ("rollout.devices", 2, "set rl.max_staleness >= 1"),
     ("rl.micro_batch_tokens", -1, ">= 0"),
     ("rl.micro_batch_tokens", 48, "must exceed sampling.max_new_tokens=48"),
     ("sft.micro_batch_tokens", 48, "must exceed sft.max_target_tokens=48"),
@@ -229,13 +230,20 @@ def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
   validate(c)
 
 
-def test_off_policy_steps_do_not_combine_with_the_group_filter_yet():
+def test_max_staleness_does_not_combine_with_the_group_filter_yet():
   c = base_config()
-  c.rl.off_policy_steps = 1
+  c.rl.max_staleness = 1
   validate(c)
   c.rl.filter_groups = "spread"
   msg = _errors(c)
-  assert "rl.off_policy_steps=1 does not combine with rl.filter_groups='spread'" in msg and msg.count("\n  - ") == 1
+  assert "rl.max_staleness=1 does not combine with rl.filter_groups='spread'" in msg and msg.count("\n  - ") == 1
+
+
+def test_the_old_name_of_max_staleness_is_named_with_the_new_one():
+  c = base_config()
+  c.rl.off_policy_steps = 1
+  msg = _errors(c)
+  assert "rl.off_policy_steps: renamed rl.max_staleness; the same value means the same schedule" in msg
 
 
 def test_packed_micro_batches_run_on_one_process():

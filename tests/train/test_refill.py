@@ -12,7 +12,7 @@ import pytest
 
 from jaxcap.config.cli import ConfigError
 from jaxcap.config_files import base_config, validate
-from jaxcap.train.rollouts.off_policy import OffPolicy
+from jaxcap.train.rollouts.fully_async import FullyAsync
 from jaxcap.train.rollouts.source import OnPolicy
 from jaxcap.train.shell.phases import schedule_for
 from jaxcap.train.rollouts.refill import (
@@ -159,5 +159,11 @@ def test_the_phase_chooses_the_sources_schedule_from_the_config_and_names_unknow
   c.rl.filter_groups = "rubicap/score"
   with pytest.raises(ConfigError, match=r"rl.filter_groups='rubicap/score'.*\['caprl/accuracy'\]"):
     schedule_for(validate(c), names, 10, 5)
-  c.rl.filter_groups, c.rl.filter_groups_max_extra, c.rl.off_policy_steps = "off", 0, 1
-  assert schedule_for(validate(c), names, 10, 5) == OffPolicy(10, 5)
+  c.rl.filter_groups, c.rl.filter_groups_max_extra, c.rl.max_staleness = "off", 0, 2
+  schedule = schedule_for(validate(c), names, 10, 5)
+  assert isinstance(schedule, FullyAsync) and (schedule.steps, schedule.checkpoint_every, schedule.max_staleness) == (
+    10,
+    5,
+    2,
+  )
+  assert schedule.sync is None  # colocated: the loop rolls out

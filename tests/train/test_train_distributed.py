@@ -2,7 +2,7 @@
 same global batch: SFT steps on the full embedded base, then RL steps on LoRA adapters with the KL to the base
 (rollouts sampled across both processes, rewards judged per process, advantages and the loss over the global batch;
 a small entropy bonus keeps the RL loss non-zero while the tiny student's rewards are still flat). RL is one-step
-off-policy (rl.off_policy_steps=1): both processes queue the same rounds (a process out of step would hang the
+off-policy (rl.max_staleness=1): both processes queue the same rounds (a process out of step would hang the
 next collective), so RL step 1 is the on-policy step and step 2 trains on the round queued during step 1. A
 full-parameter RL step over two processes is tests/train/test_sharded_state.py's."""
 
@@ -44,13 +44,13 @@ RUN = [
   "--config.model.lora.rank=4",
   "--config.rl.loss.kl_coef=0.05",
   "--config.sft.steps=2",
-  "--config.rl.off_policy_steps=1",
+  "--config.rl.max_staleness=1",
 ]
 
 
 def _staleness(workdir):
   rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-  return [(r["step"], r["offpolicy/staleness"]) for r in rows if r["phase"] == "rl" and "loss" in r]
+  return [(r["step"], r["async/staleness"]) for r in rows if r["phase"] == "rl" and "loss" in r]
 
 
 def test_two_processes_match_one(tmp_path):

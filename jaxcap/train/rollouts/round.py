@@ -32,7 +32,7 @@ class JudgedRound:
   layout on device. `rewards()` waits for the judge and returns (values float32 [B*G, R], valid bool [B*G, R]);
   the learner calls it only after it has dispatched the round's log-prob passes, so they run while the judge
   judges. `first` is the round of the loader's own batch (its rewards, once judged, are the step's reward metrics
-  and rollout records); `metrics` the source's own (filter/*, offpolicy/*)."""
+  and rollout records); `metrics` the source's own (filter/*, async/*)."""
 
   batch: Any
   placed: Any

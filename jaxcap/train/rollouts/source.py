@@ -9,14 +9,16 @@ as soon as the engine has decoded them), and one schedule chosen from the config
   OnPolicy       each step's batch rolled out from its own weights (default)
   RefillGroups   dynamic sampling: groups without signal replaced by groups of further batches (rl.filter_groups,
                  jaxcap.train.rollouts.refill)
-  OffPolicy      one-step off-policy: the next step's round rolled out ahead from these weights
-                 (rl.off_policy_steps, jaxcap.train.rollouts.off_policy)
+  FullyAsync     asynchronous: the next k steps' rounds rolled out and judged while this step updates, on the
+                 learner's devices or the rollouts' own (rl.max_staleness, rollout.devices;
+                 jaxcap.train.rollouts.fully_async)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from concurrent.futures import Future
 from typing import Any, Protocol, Sequence
 
@@ -27,6 +29,7 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.rewards.overlap import OverlappedReward
 from jaxcap.sampling import Sampler
 from jaxcap.train.rollouts.batching import Batcher
+from jaxcap.train.rollouts.placement import onto
 from jaxcap.train.rollouts.round import JudgedRound, Round
 from jaxcap.train.steps.batches import HostBatch
 
@@ -80,15 +83,22 @@ class RolloutSource:
     return self.schedule.round(self, state, batch, step, jax.random.fold_in(state.key, step))
 
   def rollout(self, state, batch: HostBatch, key: jax.Array, step: int) -> Round:
-    """G rollouts per prompt of `batch` from `key`, in the update's layout on device (not judged yet; with
-    streaming judging, its groups are being judged as step `step`'s: `Round.judging`)."""
+    """G rollouts per prompt of `batch` from `key` and the weights in `state`, in the update's layout on device (not
+    judged yet; with streaming judging, its groups are being judged as step `step`'s: `Round.judging`)."""
     placed = self.sampler.place(batch.prompts)  # the step's one upload of prompts and pixels
-    source = batch.prompts if self.sampler.wants_host_batch else placed  # the paged engine's
-    kw: dict[str, Any] = dict(num_samples=self.num_samples, params=state.params)
+    return self.lay_out(self.generate(state.params, batch, key, step, placed), placed)
+
+  def generate(self, params, batch: HostBatch, key: jax.Array, step: int, placed=None) -> "Generated":
+    """G rollouts per prompt of `batch` from `params`, on the ambient mesh (the rollout thread's, with
+    rl.max_staleness), not laid out for the update; `placed`: its prompts already placed there (the static
+    sampler then reuses them). With streaming judging its groups are judged as step `step`'s as they finish."""
+    source = batch.prompts if self.sampler.wants_host_batch or placed is None else placed  # the paged engine's
+    kw: dict[str, Any] = dict(num_samples=self.num_samples, params=params)
     stream = None
     if self.stream_judging and self.sampler.streams_groups:
       stream = self.reward.stream(batch.records, group_size=self.num_samples, step=step)
       kw["on_group"] = functools.partial(_hand_to_judge, stream, self.sampler.tokenizer)
+    t0 = time.perf_counter()
     try:
       rollouts = self.sampler(source, key, **kw)
       if stream is not None and stream.added != len(batch.records):
@@ -97,8 +107,14 @@ class RolloutSource:
       if stream is not None:  # its judging thread would wait for the missing groups
         stream.cancel()
       raise
-    arrays = self.batcher.rollout_batch(rollouts.arrays, placed, self.num_samples, self.micro_batches, True)
-    return Round(batch, placed, rollouts, *arrays, rewards=None, judging=None if stream is None else stream.future)
+    return Generated(batch, rollouts, None if stream is None else stream.future, time.perf_counter() - t0)
+
+  def lay_out(self, gen: "Generated", placed) -> Round:
+    """A generated round in the update's layout on the learner's mesh (`placed`: its prompts there); rollouts
+    generated on other devices (rollout.devices) are copied over device to device first."""
+    arrays = onto(gen.rollouts.arrays, self.batcher.mesh)
+    arrays = self.batcher.rollout_batch(arrays, placed, self.num_samples, self.micro_batches, True)
+    return Round(gen.batch, placed, gen.rollouts, *arrays, rewards=None, judging=gen.judging)
 
   def submit(self, rnd: Round, step: int) -> Future:
     """The future of a round's RewardBatch: its streamed judging, or its captions submitted now (waits for this
@@ -116,6 +132,18 @@ class RolloutSource:
     rewards = self.submit(rnd, step).result()
     self.settle()
     return rewards
+
+
+@dataclasses.dataclass
+class Generated:
+  """A batch's rollouts as the sampler returned them (on the devices that generated them), the future of their
+  streamed judging (None: judged after the rollout) and the rollout's wall seconds (dispatch to return: with the
+  paged engine, the whole decode; the static sampler returns once dispatched)."""
+
+  batch: HostBatch
+  rollouts: Any
+  judging: Future | None = None
+  seconds: float = 0.0
 
 
 def _hand_to_judge(stream, tokenizer, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:

@@ -18,7 +18,8 @@ from jaxcap.registry import Registry
 from jaxcap.rewards.families import REWARD_FAMILIES, RLStart
 from jaxcap.rl.group_filter import OFF, SPREAD
 from jaxcap.train.steps.adapters import trains_base
-from jaxcap.train.rollouts.off_policy import OffPolicy
+from jaxcap.train.rollouts.fully_async import FullyAsync
+from jaxcap.train.rollouts.placement import WeightSync
 from jaxcap.train.steps.programs import reference_is_base, rollout_correction_config, with_reference
 from jaxcap.train.rollouts.refill import GroupFilter, RefillGroups
 from jaxcap.train.rollouts.source import OnPolicy, RolloutSource
@@ -109,12 +110,12 @@ class SFTPhase(Phase):
       trainer.evaluate(state.params, self.name, 0, tag="start")
 
 
-def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_every: int):
-  """The rollout source's schedule the `rl` block chooses: one-step off-policy (rl.off_policy_steps), dynamic
-  sampling (rl.filter_groups; the schema refuses both at once) or on-policy."""
+def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_every: int, sync=None):
+  """The rollout source's schedule the `rl` block chooses: asynchronous (rl.max_staleness; `sync` onto the rollout
+  devices, None colocated), dynamic sampling (rl.filter_groups; the schema refuses both at once) or on-policy."""
   rl = config.rl
-  if rl.off_policy_steps:
-    return OffPolicy(steps, checkpoint_every)
+  if rl.max_staleness:
+    return FullyAsync(steps, checkpoint_every, rl.max_staleness, sync)
   if rl.filter_groups == OFF:
     return OnPolicy()
   if rl.filter_groups != SPREAD and rl.filter_groups not in reward_names:
@@ -123,6 +124,15 @@ def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_e
       f"{list(reward_names)}"
     )
   return RefillGroups(GroupFilter.from_config(rl), patience=int(config.train.collapse_steps))
+
+
+def weight_sync(trainer: Trainer) -> WeightSync | None:
+  """How the learner's weights reach the rollout devices (rollout.devices), or None when they share the learner's."""
+  mesh = trainer.setup.rollout_mesh
+  if mesh is None:
+    return None
+  frozen_base = trainer.config.model.lora.rank > 0 and not trains_base(trainer.config, "rl")
+  return WeightSync(mesh, trainer.sampler.cfg.dtype, adapters_only=frozen_base)
 
 
 def _stop_ids(sampler) -> tuple[int, ...]:
@@ -144,7 +154,7 @@ class RLPhase(Phase):
       trainer.rewards.train,
       c.rl.num_samples,
       c.rl.micro_batches,
-      schedule=schedule_for(c, trainer.rewards.names, c.rl.steps, every),
+      schedule=schedule_for(c, trainer.rewards.names, c.rl.steps, every, weight_sync(trainer)),
       stream_judging=c.rl.stream_judging,
     )
     learner = RLLearner(
@@ -164,7 +174,7 @@ class RLPhase(Phase):
     return cls("rl", index, c.rl.steps, c.rl.batch_size, c.sft.steps, update, c.eval.every, checkpoint_every=every)
 
   def attach(self, loader):
-    """The rollout source draws refills (rl.filter_groups) and look-ahead batches (rl.off_policy_steps) from the
+    """The rollout source draws refills (rl.filter_groups) and look-ahead batches (rl.max_staleness) from the
     phase's loader: its saved position counts them."""
     return self.update.source.attach(loader)
 

@@ -153,7 +153,7 @@ def check(config: Run, workdir: Path, position: Position | None) -> list[str]:
       "cannot be compared with the run's; it is saved as the run's once the checkpoint restores under it"
     )
   else:
-    changes = diff(saved, new, defaults=flatten(schema.defaults()))
+    changes = diff(saved, new, defaults=flatten(schema.defaults()), renamed=schema.renamed_keys())
   impossible = _position_problems(config, saved, position)
   impossible += _world_problems(config, workdir)
   by_kind: dict[str, list[Change]] = {"allowed": [], "inert": [], "alters": [], "impossible": []}

@@ -24,6 +24,7 @@ from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
+from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
 from jaxcap.train.steps.adapters import lora_rank, with_run_lora
 from jaxcap.train.shell.memory_check import check_train_memory
 from jaxcap.world import student as embedded
@@ -39,11 +40,14 @@ class Setup:
   judge: Judge
   scenes: dict  # scene id -> synthetic-world Scene, for rows that carry one (empty for other data)
   sft_targets: SFTTarget | None  # None when the run has no SFT phase (sft.steps=0)
-  mesh: Any
+  mesh: Any  # the learner's (and, colocated, the rollouts')
+  rollout_mesh: Any = None  # rollout.devices > 0: the rollouts' own devices (jaxcap.train.rollouts.placement)
 
 
 def build(config: Run, workdir: Path) -> Setup:
-  mesh = make_mesh(dict(config.mesh.shape))
+  train_devices, rollout_devices = split_devices(config.rollout.devices)
+  mesh = make_mesh(dict(config.mesh.shape), train_devices)
+  rollouts = rollout_mesh(rollout_devices) if rollout_devices else None
   if config.data.train_manifest:
     # kept as strings: Path() folds "hf:///abs/dataset" into "hf:/abs/dataset", a relative name
     train_path, eval_path = config.data.train_manifest, config.data.eval_manifest or ""
@@ -69,7 +73,7 @@ def build(config: Run, workdir: Path) -> Setup:
       train_records, eval_records = prepare(config, train_records), prepare(config, eval_records)
   # built only for a run with an SFT phase: `:paper` sets sft.steps=0 and keeps the world's default targets
   sft_targets = sft_target_fn(config, scenes) if config.sft.steps else None
-  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_targets, mesh)
+  return Setup(model, processor, train_records, eval_records, judge, scenes, sft_targets, mesh, rollouts)
 
 
 def check_context(config: Run, cfg) -> None:
