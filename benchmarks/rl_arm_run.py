@@ -17,8 +17,21 @@ import numpy as np
 
 from benchmarks.rl_host_time import _config, _window_ns, device_busy_ns
 
-# arm -> (rl.stream_judging, rl.off_policy_steps)
-ARMS = {"today": (False, 0), "off1": (False, 1), "stream": (True, 0), "stream_off1": (True, 1)}
+# arm -> (rl.stream_judging, rl.max_staleness, rollout.devices)
+ARMS = {
+  "today": (False, 0, 0),
+  "off1": (False, 1, 0),
+  "stream": (True, 0, 0),
+  "stream_off1": (True, 1, 0),
+  "async2": (True, 2, 0),  # k = 2 colocated
+  "async2_split": (True, 2, -1),  # k = 2, half of the devices roll out, the learner has the other half
+}
+
+
+def rollout_devices(arm: str) -> int:
+  """The arm's rollout.devices in this process (-1: half of the devices)."""
+  n = ARMS[arm][2]
+  return jax.local_device_count() // 2 if n < 0 else n
 
 
 class _TimedFuture:
@@ -42,12 +55,13 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   from jaxcap.train.learner.rl import RLUpdate
   from jaxcap.train.rollouts.source import RolloutSource
 
-  stream, off_policy = ARMS[arm]
+  stream, staleness, _ = ARMS[arm]
   workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")
   trace_dir = os.path.join(workdir, "trace")
   config = _config(args, workdir)
-  config.rl.off_policy_steps = off_policy
+  config.rl.max_staleness = staleness
   config.rl.stream_judging = stream
+  config.rollout.devices = rollout_devices(arm)
   config.rollout.engine = args.engine
   if judge_url is not None:
     config.judge.kind = "http"
@@ -109,12 +123,20 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))
   rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
   rl = [r for r in rows if r.get("phase") == "rl" and "loss" in r]
+  timed = [r for r in rl if first < r["step"] <= last]  # the window's steps (metrics.jsonl numbers them from 1)
+  learner_wait = sum(waits) + sum(r.get("async/learner_wait_s", 0.0) for r in timed)
+  split = rollout_devices(arm) > 0
   return {
     "steps_per_s": args.steps / wall,
     "s_per_step": wall / args.steps,
     "device_busy_fraction": busy_ns / 1e9 / wall,
     "judge_wait_s": sum(waits) / args.steps,
-    "staleness": [r.get("offpolicy/staleness") for r in rl],
+    # the loop blocked on a round's rollout or its rewards: an upper bound of the learner's idle share (its last
+    # dispatched passes may still be running then); colocated, the learner's devices also roll out
+    "learner_idle_fraction": learner_wait / wall,
+    # split arms: the share of the window the rollout devices were not rolling out the window's rounds
+    "rollout_idle_fraction": 1 - sum(r.get("time/rollout_s", 0.0) for r in timed) / wall if split else None,
+    "staleness": [r.get("async/staleness") for r in rl],
     "valid_fraction": [r.get("judge/valid_fraction") for r in rl],
     "device": what,
     "load_average": os.getloadavg(),

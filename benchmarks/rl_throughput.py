@@ -1,14 +1,27 @@
-"""RL steps per second against a slow judge for today's step, streaming judging and streaming + one-step
-off-policy, and the share of each step's wall time the device was busy.
+"""RL steps per second against a slow judge for today's step, streaming judging, streaming + one-step off-policy
+and asynchronous RL (rl.max_staleness = 2, colocated or on rollout devices of their own), the share of each step's
+wall time the device was busy, and the learner's and the rollout devices' idle shares.
 
 Runs the main job (`Trainer`, in this process) on the embedded default (`configs/caprl.py`, the tiny student, as
 `benchmarks/rl_host_time.py` sets it up: short SFT warm start, no held-out evaluation, no mid-run checkpoints),
 once per arm and repeat, the arms interleaved (today, stream, stream_off1, today, ...). Arms:
 
-    today        rl.stream_judging=False, rl.off_policy_steps=0   (the batch judged after its rollout)
-    off1         rl.stream_judging=False, rl.off_policy_steps=1
-    stream       rl.stream_judging=True,  rl.off_policy_steps=0   (each group judged as it finishes decoding)
-    stream_off1  rl.stream_judging=True,  rl.off_policy_steps=1
+    today         rl.stream_judging=False, rl.max_staleness=0   (the batch judged after its rollout)
+    off1          rl.stream_judging=False, rl.max_staleness=1
+    stream        rl.stream_judging=True,  rl.max_staleness=0   (each group judged as it finishes decoding)
+    stream_off1   rl.stream_judging=True,  rl.max_staleness=1
+    async2        rl.stream_judging=True,  rl.max_staleness=2   (colocated: the loop rolls out 2 steps ahead)
+    async2_split  rl.stream_judging=True,  rl.max_staleness=2,  rollout.devices = half of this process's devices
+                  (a rollout thread on its own devices; the learner on the others)
+
+The split arm needs several devices: on a CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=8` (every arm
+then runs on the 8 virtual devices, the learner's mesh of the split arm on 4 of them). What a CPU cannot show:
+its virtual devices share the host's cores, so the split arm's rollout and learner devices compete for the same
+two cores, and `device_busy_fraction` counts the XLA CPU threads of all of them together. The idle shares are
+measured by the loop instead: `learner_idle_fraction` is the share of the window the loop blocked on a round's
+rollout or its rewards (an upper bound: the passes it dispatched last may still be running), and
+`rollout_idle_fraction` (split arm) the share the rollout devices were not rolling out. On a pod or a GPU node the
+two device sets run in parallel for real.
 
 `--judge http` (default): the judge is the embedded world's rule-based oracle behind its OpenAI-compatible server
 (`jaxcap.world.judge_server`, in a thread of this process, over localhost), which adds `--judge-latency-ms` to
@@ -85,7 +98,9 @@ def main(argv=None):
   ap.add_argument("--latencies", default="200", help="ms added per request (http) or per step's judging (sleep)")
   ap.add_argument("--judge-latency-ms", type=float, default=None, help="one latency (overrides --latencies)")
   ap.add_argument("--concurrency", type=int, default=8, help="judge.max_concurrency: requests in flight (http)")
-  ap.add_argument("--arms", default="today,stream,stream_off1", help=f"comma-separated, of {', '.join(ARMS)}")
+  ap.add_argument(
+    "--arms", default="today,stream,stream_off1,async2_split", help=f"comma-separated, of {', '.join(ARMS)}"
+  )
   ap.add_argument("--engine", choices=("paged", "static"), default="paged", help="rollout.engine")
   ap.add_argument("--repeats", type=int, default=1, help="runs per arm, interleaved")
   ap.add_argument("--steps", type=int, default=3, help="RL steps timed per run")
@@ -107,6 +122,10 @@ def main(argv=None):
   unknown = [a for a in arms if a not in ARMS]
   if unknown:
     ap.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+  if any(ARMS[a][2] for a in arms) and jax.local_device_count() < 2:
+    ap.error(
+      "the split arms need several devices; on a CPU run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    )
   latencies = (
     [args.judge_latency_ms] if args.judge_latency_ms is not None else [float(x) for x in args.latencies.split(",")]
   )
@@ -125,7 +144,7 @@ def main(argv=None):
     "repeats": args.repeats,
     "latencies": {},
   }
-  keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s")
+  keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s", "learner_idle_fraction")
   if not args.no_prime:
     with _judge_server(args, latencies[0]) as url:
       print(f"priming run: {json.dumps(one_run(args, arms[0], 'prime', url, latencies[0]))}", flush=True)
@@ -137,9 +156,12 @@ def main(argv=None):
           runs[arm].append(one_run(args, arm, f"{arm}_{int(latency)}_{r}", url, latency))
           print(f"latency {latency:g} ms, {arm}, repeat {r}: {json.dumps(runs[arm][-1])}", flush=True)
     med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in keys} for arm in arms}
-    if "today" in med:
-      for arm in arms:
-        med[arm]["speedup_vs_today"] = med[arm]["steps_per_s"] / med["today"]["steps_per_s"]
+    for arm in arms:
+      idle = [x["rollout_idle_fraction"] for x in runs[arm] if x["rollout_idle_fraction"] is not None]
+      med[arm]["rollout_idle_fraction"] = statistics.median(idle) if idle else None
+      for base in ("today", "stream_off1"):
+        if base in med:
+          med[arm][f"speedup_vs_{base}"] = med[arm]["steps_per_s"] / med[base]["steps_per_s"]
     out["latencies"][f"{latency:g}"] = {"median": med, "runs": runs}
   out["load_average_end"] = os.getloadavg()
   summary = {k: v for k, v in out.items() if k != "latencies"}

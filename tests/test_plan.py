@@ -216,3 +216,32 @@ def test_a_program_the_compiler_refuses_for_memory_is_reported_not_raised():
   assert temporaries == int(17.12 * 2**30)
   with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):  # other failures still raise
     compile_or_refusal(Refused("INVALID_ARGUMENT: bad"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 4], ids=["full", "lora"])
+def test_a_disaggregated_plan_runs_the_rollouts_on_their_devices_with_the_whole_model(rank):
+  """rollout.devices=4 of 8: the learner's programs on a 4-device mesh, the sampler's on the other 4 with the
+  whole model in the compute dtype on each, beside room for the next version (all of it, or LoRA's adapters)."""
+  cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")
+  c = _config()
+  c.rl.max_staleness, c.rollout.devices, c.model.lora.rank = 2, 4, rank
+  split = plan(parse(c), cfg, jax.devices()[:8], 80.0, ("logprobs", "prefill"), text=8)
+  assert split["layout"] == {
+    "learner": {"devices": 4, "mesh": {"data": 1, "fsdp": 4, "tensor": 1}},
+    "rollouts": {"devices": 4, "mesh": {"data": 4, "fsdp": 1, "tensor": 1}},
+  }
+  _, prefill = split["programs"]
+  params = split["model"]["params"]  # float32 masters: the rollouts read them in bfloat16, whole
+  assert prefill["arguments"] >= 2 * params
+  moved = split["weight_sync_gib"] * GIB
+  assert prefill["resident_outside"] == moved
+  if rank:
+    assert 0 < moved < 0.1 * 2 * params  # the adapters only
+  else:
+    assert moved == 2 * params
+  assert "disaggregated: learner on 4 devices" in format_plan(split)
+  c.rollout.devices, c.rl.max_staleness = 0, 0
+  colocated = plan(parse(c), cfg, jax.devices()[:8], 80.0, ("prefill",), text=8)
+  assert colocated["weight_sync_gib"] == 0 and colocated["layout"]["rollouts"] == "colocated"
+  assert colocated["programs"][0]["arguments"] < prefill["arguments"]  # the params' float32 shard of 8 devices

@@ -19,6 +19,7 @@ from jaxcap.models.families import family_of_config, layout_for
 from jaxcap.models.flops import model_flops, param_counts, peak_tflops
 from jaxcap.models.qwen25vl import VisionInput
 from jaxcap.plan.inputs import decode_state_shardings, per_device_bytes, rl_step_inputs, with_shardings
+from jaxcap.plan.layout import Layout
 from jaxcap.plan.report import GIB, advice
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
@@ -73,7 +74,8 @@ def compile_or_refusal(lowered):
 def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48):
   """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
 
-  mesh = make_mesh(dict(config.mesh.shape), devices=devices)
+  placement = Layout.of(config, devices)  # the learner's mesh, and the rollouts' (rollout.devices: their own)
+  mesh = placement.learner
   model_cls = family_of_config(cfg).model_cls
   # with model.lora: the adapters and any quantized base, as the run builds them
   graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: with_run_lora(model_cls(cfg, rngs=nnx.Rngs(0)), config)))
@@ -98,12 +100,14 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
   sample_layout = layout_for(np.asarray([grid] * rows), cfg.vision)
+  sync = placement.sync_bytes(config, params, cfg.dtype)  # a version's copy onto each rollout device (0 colocated)
+  on_rollouts = placement.arr if placement.split else arr  # the sampler's prompts, where the rollouts run
   sample_prompts = Prompts(
-    arr((rows, p), jnp.int32, ("batch", None)),
-    arr((rows, p), jnp.bool_, ("batch", None)),
-    arr((3, rows, p), jnp.int32, (None, "batch", None)),
-    arr((rows,), jnp.int32, ("batch",)),
-    VisionInput(arr((rows * patches, cfg.vision.patch_dim), jnp.float32, ("batch", None)), sample_layout),
+    on_rollouts((rows, p), jnp.int32, ("batch", None)),
+    on_rollouts((rows, p), jnp.bool_, ("batch", None)),
+    on_rollouts((3, rows, p), jnp.int32, (None, "batch", None)),
+    on_rollouts((rows,), jnp.int32, ("batch",)),
+    VisionInput(on_rollouts((rows * patches, cfg.vision.patch_dim), jnp.float32, ("batch", None)), sample_layout),
   )
   gen_kw = programs.generation_statics(cfg, pad_id=0)
 
@@ -160,14 +164,14 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
   if engine is not None and {"prefill", "decode"} & set(names):  # the run's rollouts: the paged engine's programs
     # data parallel: each device runs its own engine over its block of the prompts, with the whole model (a copy in
     # the compute dtype, `PagedSampler`: the train state's own shard stays resident beside it)
-    shards, one = engine_shards(mesh, rows), make_mesh({"data": 1}, devices=devices[:1])
+    shards, one = engine_shards(placement.rollouts, rows), placement.first
+    beside = sync if placement.split else state_bytes  # the next version arriving, or the train state's own shard
     ins = engine_inputs(config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards)
     stop_ids = (int(cfg.eos_token_id),)
     lowerings = engine_programs(config, cfg, graphdef, programs.sampling(), g, stop_ids, devices[0].platform)
     engine_names = [name for name, old in (("paged_prefill", "prefill"), ("segment", "decode")) if old in names]
     peaks = {
-      n: compile_one(n, lowerings[n], getattr(ins, n.removeprefix("paged_")), state_bytes, on=one).peak
-      for n in engine_names
+      n: compile_one(n, lowerings[n], getattr(ins, n.removeprefix("paged_")), beside, on=one).peak for n in engine_names
     }
     fit = None
     if not config.rollout.pages:  # a pool sized by the slots: the same programs at twice the slots give the slope
@@ -175,25 +179,27 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
         config, cfg, params, graphdef, sample_prompts, g, devices[0].platform, one, shards, 2 * engine.slots
       )
       more_peaks = {
-        n: compile_one(n, lowerings[n], getattr(more, n.removeprefix("paged_")), state_bytes, one, False).peak
+        n: compile_one(n, lowerings[n], getattr(more, n.removeprefix("paged_")), beside, one, False).peak
         for n in engine_names
       }
       fit = slots_that_fit(engine.slots, peaks, more_peaks, 2 * engine.slots, hbm_gib * GIB)
     engine_plan = dataclasses.asdict(dataclasses.replace(ins.plan, slots_fit=fit))
     names = tuple(n for n in names if n not in ("prefill", "decode"))
-  if {"prefill", "decode"} & set(names):
-    sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh)))
+  if {"prefill", "decode"} & set(names):  # the static sampler, on the rollouts' mesh
+    on, weights = placement.rollouts, placement.rollout_params(params, cfg.dtype)
+    beside = sync if placement.split else state_bytes - params_bytes
+    sample_key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(on, logical_to_spec((), (), on)))
     prefill = functools.partial(generate.prefill_jit.lower, num_samples=g, **gen_kw)
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(on):
       decode_state = jax.eval_shape(
-        functools.partial(generate.prefill, num_samples=g, **gen_kw), params, sample_prompts, sample_key
+        functools.partial(generate.prefill, num_samples=g, **gen_kw), weights, sample_prompts, sample_key
       )
     if "prefill" in names:
-      compile_one("prefill", prefill, (params, sample_prompts, sample_key), state_bytes - params_bytes)
+      compile_one("prefill", prefill, (weights, sample_prompts, sample_key), beside, on=on)
     if "decode" in names:
-      decode_state = with_shardings(decode_state, decode_state_shardings(decode_state, mesh))
+      decode_state = with_shardings(decode_state, decode_state_shardings(decode_state, on))
       decode = functools.partial(generate.decode_jit.lower, **gen_kw)
-      compile_one("decode", decode, (params, decode_state), state_bytes - params_bytes)
+      compile_one("decode", decode, (weights, decode_state), beside, on=on)
 
   counts = param_counts(abstract_params)
   # the update's work as the run lays it out (each prompt once for its group, model.share_prompt) and repeated
@@ -208,6 +214,8 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "model": {"params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))},
     "mesh": dict(mesh.shape),
     "devices": len(devices),
+    "layout": placement.describe(),
+    "weight_sync_gib": sync / GIB,
     "device_kind": getattr(devices[0], "device_kind", str(devices[0].platform)),
     "batch": {
       "prompts": prompts_total,
@@ -220,7 +228,7 @@ def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "pr
     "update_model_tflop": flops["total"] / 1e12,
     "update_decoder_tflop": {"as_run": flops["decoder"] / 1e12, "prompt_repeated": repeated["decoder"] / 1e12},
     "prompt_shared": shared is not None,
-    "update_s_at_40pct_mfu": flops["total"] / len(devices) / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
+    "update_s_at_40pct_mfu": flops["total"] / mesh.size / (0.4 * chip_tflops * 1e12) if chip_tflops else None,
     "train_state_gib_per_device": state_bytes / GIB,
     "train_state_parts": state_breakdown(state, config),
     "queued_round_gib": queued / GIB,

@@ -69,6 +69,20 @@ def decoder_line(result: dict) -> str:
   )
 
 
+def layout_lines(result: dict) -> list[str]:
+  """Where the learner and the rollouts run (rollout.devices), and what a version moves (nothing colocated)."""
+  layout = result.get("layout") or {}
+  if layout.get("rollouts", "colocated") == "colocated":
+    return []
+  learner, rollouts = layout["learner"], layout["rollouts"]
+  return [
+    f"disaggregated: learner on {learner['devices']} devices (mesh {learner['mesh']}), rollouts on "
+    f"{rollouts['devices']} (mesh {rollouts['mesh']}, the whole model on each); each update moves "
+    f"{result['weight_sync_gib']:.2f} GiB to each rollout device, device to device (rollout programs' "
+    "'other state': the next version arriving)"
+  ]
+
+
 def format_plan(result: dict) -> str:
   lines = [
     f"model {result['model']['params'] / 1e9:.2f}B params on {result['devices']} x {result['device_kind']}, "
@@ -82,6 +96,7 @@ def format_plan(result: dict) -> str:
       else ""
     ),
     decoder_line(result),
+    *layout_lines(result),
     f"train state per device: {result['train_state_gib_per_device']:.2f} GiB "
     f"(params {result['params_gib_per_device']:.2f} GiB)",
     format_breakdown(result["train_state_parts"]),
