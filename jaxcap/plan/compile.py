@@ -23,7 +23,7 @@ from jaxcap.plan.layout import Layout
 from jaxcap.plan.report import GIB, advice
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
-from jaxcap.sharding import logical_to_spec, make_mesh
+from jaxcap.sharding import logical_to_spec
 from jaxcap.train.steps.adapters import state_breakdown, with_run_lora
 from jaxcap.train.packing.inputs import PackedInputs
 from jaxcap.train.packing.batch import planned_rows
