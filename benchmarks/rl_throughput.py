@@ -37,7 +37,8 @@ engine's per-row `max_lengths`, seeded by the rollout's index, the same in every
 2-step SFT writes max-length captions, so without it every group finishes in the last decode segment and streaming
 has nothing to overlap; a trained student's captions vary in length. Compiled programs are kept in a persistent
 cache shared by the runs, and one unrecorded run of the first arm fills it first (`--no-prime` skips it), so no
-arm pays the paged engine's compilations of new buckets inside its timed window more than another.
+arm pays the paged engine's compilations of new buckets inside its timed window more than another (one priming
+run per device layout: a split arm's rollout programs are compiled for its own devices).
 
 After `--warmup` RL steps (compiles) the next `--steps` are timed from the start of one step's update call to the
 start of the call after the last, and traced with `jax.profiler` for the device-busy share
@@ -65,7 +66,7 @@ if not __package__:  # run as a file (python benchmarks/rl_throughput.py): the r
   sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import cpu_model  # noqa: E402
-from benchmarks.rl_arm_run import ARMS, one_run  # noqa: E402
+from benchmarks.rl_arm_run import ARMS, one_run, rollout_devices  # noqa: E402
 from benchmarks.rl_host_time import _config  # noqa: E402
 
 KEY = "rl-throughput-benchmark"
@@ -145,9 +146,11 @@ def main(argv=None):
     "latencies": {},
   }
   keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s", "learner_idle_fraction")
-  if not args.no_prime:
+  if not args.no_prime:  # one per device layout: a split arm's rollouts compile programs of their own devices
+    primes = {rollout_devices(arm): arm for arm in reversed(arms)}
     with _judge_server(args, latencies[0]) as url:
-      print(f"priming run: {json.dumps(one_run(args, arms[0], 'prime', url, latencies[0]))}", flush=True)
+      for arm in primes.values():
+        print(f"priming run ({arm}): {json.dumps(one_run(args, arm, 'prime', url, latencies[0]))}", flush=True)
   for latency in latencies:
     runs = {arm: [] for arm in arms}
     with _judge_server(args, latency) as url:
