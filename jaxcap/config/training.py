@@ -198,6 +198,12 @@ class Rl(Phase):
     ge=0,
     hint="0 = on-policy; k > 0 rolls out and judges the next k steps' rounds while this step updates",
   )
+  partial_rollouts: bool = field(
+    False,
+    "a window's rounds through one paged engine: samples still decoding when a round finishes continue under the "
+    "next weights (each token's version recorded) instead of the slots idling",
+    hint="needs rl.max_staleness >= 2 and rollout.engine=paged; one engine per process (rollout.devices=1)",
+  )
   # streaming judging (jaxcap.rewards.streaming): the paged engine hands each prompt's G captions to the judge as
   # soon as they are decoded; the rewards are those of judging the batch after the rollout, so a resume may change
   # it. The static engine finishes every group at once: there the batch is judged after the rollout either way.
@@ -212,6 +218,15 @@ class Rl(Phase):
         f"{at}max_staleness={self.max_staleness} does not combine with {at}filter_groups={self.filter_groups!r} "
         f"yet (refills would draw from the loader ahead of the queued batches); set one of them off"
       )
+    if self.partial_rollouts and self.max_staleness < 2:
+      yield (
+        f"{at}partial_rollouts=True needs {at}max_staleness >= 2 (a round's samples run on under the next weights, "
+        f"one update newer); now {self.max_staleness}"
+      )
+    if self.partial_rollouts and run.rollout.engine != "paged":
+      yield f"{at}partial_rollouts=True needs rollout.engine=paged (the static sampler has no samples in flight)"
+    if self.partial_rollouts and self.stream_judging:
+      yield f"{at}partial_rollouts=True judges each round as it finishes; set {at}stream_judging=False"
     if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
       yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"
     if self.batch_size >= 1 and self.filter_groups_max_extra > 0 and self.filter_groups_max_extra % self.batch_size:

@@ -19,7 +19,7 @@ from jaxcap.sampling.paged_attention import ATTENTION_CHOICES
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import Rollouts, SampledArrays
 from jaxcap.sampling.sampler import Sampler
-from jaxcap.sampling.scheduler import generate
+from jaxcap.sampling.scheduler import generate, shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,13 @@ class PagedSampler(Sampler):
     kw = dict(num_samples=num_samples, sampling=sampling, params=params, max_lengths=max_lengths, stats=stats)
     kw["on_group"] = on_group
     return self.stream([prompts], key, **kw)[0]
+
+  def rounds(self, feed, key: jax.Array, *, num_samples: int = 1, sampling: SamplingConfig | None = None):
+    """The engine over a stream of chunks and weights (`feed`: `jaxcap.sampling.chunk_feed`; partial rollouts,
+    `jaxcap.train.rollouts.partial`) on the default device: a generator stepping once per decode segment, which
+    hands each chunk back to `feed.finished` as it completes. Weights come from the feed, in the compute dtype."""
+    kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
+    return shard(None, None, key, feed=feed, num_samples=num_samples, pad_id=self.pad_id, **kw)
 
   def stream(
     self,

@@ -41,6 +41,7 @@ class PageAllocator:
   """Free page ids 1 .. P - 1 (page 0 is the null page)."""
 
   def __init__(self, pages: int):
+    self.pages = pages
     self.free = list(range(pages - 1, NULL_PAGE, -1))
 
   def take(self, n: int) -> list[int]:
@@ -48,6 +49,12 @@ class PageAllocator:
 
   def give(self, pages: Sequence[int]) -> None:
     self.free.extend(pages)
+
+  def grow(self, pages: int) -> int:
+    """Adds the ids of a pool grown to `pages` pages (taken after the free ones); returns `pages`."""
+    self.free = list(range(pages - 1, self.pages - 1, -1)) + self.free
+    self.pages = pages
+    return pages
 
 
 def prompt_tokens(attention_mask: np.ndarray, rows: int) -> np.ndarray:

@@ -54,6 +54,14 @@ class PagePool:
     return self.k[0].shape[1]
 
 
+def grow_pool(pool: PagePool, pages: int) -> PagePool:
+  """`pool` with `pages` pages (at least as many as it has): its pages kept at their ids, zeros after them (a
+  stream of chunks whose next one needs more pages than the pool was sized for)."""
+  more = pages - pool.pages
+  grow = lambda p: jnp.pad(p, ((0, 0), (0, more), (0, 0), (0, 0))) if more > 0 else p
+  return PagePool(tuple(map(grow, pool.k)), tuple(map(grow, pool.v)))
+
+
 def write_prompt_pages(pool: PagePool, keys, values, page_ids: jax.Array, real: jax.Array) -> PagePool:
   """Writes prefilled prompts into the pool, left-aligned. keys[i] [B, K, H, T] / values[i] [B, K, T, H] (a
   `KVCache`'s layout: left-padded, T a multiple of Z); real int32 [B]: each prompt's tokens (its last `real`

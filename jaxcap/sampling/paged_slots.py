@@ -106,5 +106,21 @@ def compact(slots: Slots, index, *, out_rows):
   return dataclasses.replace(taken, row=jnp.where(keep, taken.row, out_rows), done=jnp.where(keep, taken.done, True))
 
 
+def clear_rows(out: Outputs, first, *, rows: int, pad_id: int) -> Outputs:
+  """`out` with rows [first, first + rows) (int32 scalar first) emptied: pad tokens, zero log-probs and lengths
+  (a stream's rows, reused by a later chunk once handed back)."""
+  TRACE_COUNTS["clear_rows"] += 1
+  n = out.tokens.shape[1]
+  put = lambda a, x: jax.lax.dynamic_update_slice(a, x, (first,) + (0,) * (a.ndim - 1))
+  zeros = jnp.zeros((rows, n), jnp.float32)
+  return Outputs(
+    put(out.tokens, jnp.full((rows, n), pad_id, jnp.int32)),
+    put(out.sample_logprobs, zeros),
+    put(out.policy_logprobs, zeros),
+    put(out.lengths, jnp.zeros((rows,), jnp.int32)),
+  )
+
+
+clear_rows_jit = jax.jit(clear_rows, static_argnames=("rows", "pad_id"), donate_argnames=("out",))
 admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots", "pool"))
 compact_jit = jax.jit(compact, static_argnames=("out_rows",))

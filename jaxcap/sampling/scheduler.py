@@ -38,8 +38,9 @@ from jaxcap.sampling import paged_attention, paged_slots
 from jaxcap.sampling import paged_decode as programs
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.host_slots import BUCKET_STEPS, REFILL_FRACTION, HostSlots, row_bucket, smaller_bucket
+from jaxcap.sampling.chunk_feed import EagerFeed, TokenVersions
 from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages, prompt_tokens
-from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, grow_pool
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import SampledArrays
@@ -48,7 +49,11 @@ from jaxcap.sampling.rollouts import SampledArrays
 def generate(params, chunks: Sequence[SamplerBatch], key: jax.Array, **kw) -> SampledArrays:
   """G samples of every real prompt of `chunks` (host `SamplerBatch`es, in order) on the default device: one
   `shard` run to its end. Keywords as `shard`'s."""
-  run = shard(params, chunks, key, **kw)
+  return run_to_end(shard(params, chunks, key, **kw))
+
+
+def run_to_end(run):
+  """Drives a `shard` generator to its end; its return value."""
   while True:
     try:
       next(run)
@@ -58,7 +63,7 @@ def generate(params, chunks: Sequence[SamplerBatch], key: jax.Array, **kw) -> Sa
 
 def shard(
   params,
-  chunks: Sequence[SamplerBatch],
+  chunks: Sequence[SamplerBatch] | None,
   key: jax.Array,
   *,
   graphdef,
@@ -73,6 +78,7 @@ def shard(
   numbers: np.ndarray | None = None,
   groups: np.ndarray | None = None,
   embed: Callable[[int], tuple | None] = lambda c: None,
+  feed=None,
 ):
   """The engine on one device (its arrays where `params` are, or the default device), as a generator that yields
   once per decode segment, right after dispatching it (so a caller can run several devices' shards in turn,
@@ -86,18 +92,36 @@ def shard(
   dispatch: the scheduler's own time), pages, free_pages and the programs' trace counts. `on_group(prompt, tokens
   int32 [G, N], lengths int32 [G])`, when given, is called on this thread once per real prompt (numbered
   groups[offset + b], default as the output rows are), as soon as its G samples have finished, with their host
-  copies. `embed(c)`: chunk c's `embed_vision` on this device, or None to embed it in the prefill."""
+  copies. `embed(c)`: chunk c's `embed_vision` on this device, or None to embed it in the prefill.
+
+  `feed` (a stream, `jaxcap.sampling.chunk_feed`; then `params` and `chunks` are None): chunks and weights come
+  from it as the engine needs them, chunk c entering only once every chunk before c - feed.ahead has finished,
+  each finished chunk handed back with its tokens' weights versions; output rows are reused (`feed.ring`), and
+  the generator returns None."""
+  feed = EagerFeed(params, chunks) if feed is None else feed
   g, n_new, z = num_samples, sampling.max_new_tokens, engine.page_size
   stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
-  offsets = np.cumsum([0] + [c.block for c in chunks])
-  out_rows = int(offsets[-1]) * g
+  offsets = np.cumsum([0] + list(feed.blocks))
+  count, ring = len(feed.blocks), feed.ring
+  out_rows = int(ring or offsets[-1]) * g
+  out_row = (lambda row: row % out_rows) if ring else (lambda row: row)
   numbers = np.arange(offsets[-1]) if numbers is None else np.asarray(numbers)
   groups = numbers if groups is None else np.asarray(groups)
-  chunk_real = [prompt_tokens(c.prompts.attention_mask, c.rows) for c in chunks]
-  chunk_pages = [prompt_pages(r, z) for r in chunk_real]
-  total_pages = pool_pages(chunk_real, slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
+  chunk_real: dict[int, np.ndarray] = {}  # each chunk's prompts' tokens, pages and samples' own pages, once at hand
+  chunk_pages: dict[int, np.ndarray] = {}
+  chunk_own: dict[int, int] = {}
+
+  def at_hand(c: int, chunk: SamplerBatch) -> SamplerBatch:
+    if c not in chunk_real:
+      chunk_real[c] = prompt_tokens(chunk.prompts.attention_mask, chunk.rows)
+      chunk_pages[c] = prompt_pages(chunk_real[c], z)
+      chunk_own[c] = int(own_pages(n_new, z, chunk_real[c] % z).max(initial=0))  # its prompts' most
+    return chunk
+
+  for c, chunk in enumerate(feed.available()):
+    at_hand(c, chunk)
+  total_pages = pool_pages(list(chunk_real.values()), slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
   own = lambda prompt: int(own_pages(n_new, z, prompts[prompt].real % z))  # a queued sample's own pages
-  chunk_own = [int(own_pages(n_new, z, r % z).max(initial=0)) for r in chunk_real]  # its prompts' most
   attention = paged_attention.choose(
     engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z, head_dim=cfg.text.head_dim
   )
@@ -106,23 +130,35 @@ def shard(
   pool = PagePool.zeros(text.num_hidden_layers, total_pages, z, text.num_key_value_heads, text.head_dim, cfg.dtype)
   alloc = PageAllocator(total_pages)
   out = paged_slots.Outputs.empty(out_rows, n_new, pad_id)
-  limits = np.full(out_rows, n_new, np.int64) if max_lengths is None else np.minimum(max_lengths, n_new)
+  limits = np.full(int(offsets[-1]) * g, n_new, np.int64) if max_lengths is None else np.minimum(max_lengths, n_new)
   model_static = dict(graphdef=graphdef, sampling=sampling, num_samples=g)
-  weights = programs.SegmentWeights(params, graphdef)
+  left = [-1] * count  # each chunk's samples not finished (-1: not prefilled yet)
+  current, version = feed.weights(0)
+  weights = programs.SegmentWeights(current, graphdef)
+  versions = TokenVersions(out_rows, n_new) if ring else None
 
   rows = engine.slots
   slots = paged_slots.Slots.empty(rows, out_rows)
   host = HostSlots(rows)
   prompts: dict[int, PromptPages] = {}
   queue: collections.deque = collections.deque()
-  pending = collections.deque(range(len(chunks)))
-  count = collections.Counter()
+  pending = collections.deque(range(count))
+  count_ = collections.Counter()
   host_s, since = 0.0, time.perf_counter()
+
+  def oldest() -> int:
+    return next((c for c in range(count) if left[c] != 0), count)
+
+  def use_weights() -> None:  # a stream's weights change when its oldest unfinished chunk does
+    nonlocal current, version, weights
+    params, v = feed.weights(min(oldest(), count - 1))
+    if params is not current:
+      current, version, weights = params, v, programs.SegmentWeights(params, graphdef)
 
   def prefill_next():
     nonlocal pool, out
     c = pending.popleft()
-    chunk = chunks[c]
+    chunk = feed.chunk(c)
     padded = pad_length(chunk.prompts, -(-chunk.prompts.length // z) * z, pad_id)
     blocks = padded.length // z
     page_ids = np.zeros((chunk.block, blocks), np.int32)
@@ -134,23 +170,52 @@ def shard(
       prompt = int(offsets[c]) + b
       prompts[prompt] = PromptPages(pages, int(real[b]), int(real[b] + deltas[b]) - 1, g)
       queue.extend((prompt, s) for s in range(g))
+    use_weights()
     placed = jax.tree.map(jnp.asarray, padded)
+    first = out_row(int(offsets[c]) * g) // g
     pool, out = programs.prefill_jit(
-      params,
+      current,
       placed,
       pool,
       out,
       jnp.asarray(page_ids),
-      jnp.int32(offsets[c]),
+      jnp.int32(first),
       jnp.int32(chunk.rows),
       key,
       jnp.int32(numbers[offsets[c]]),
       embed(c),
       **model_static,
     )
+    left[c] = chunk.rows * g
+    if versions is not None:
+      versions.prefilled(np.arange(first * g, (first + chunk.rows) * g), version)
+    if left[c] == 0:
+      finish(c)
 
   def can_prefill() -> bool:
-    return bool(pending) and len(alloc.free) >= int(chunk_pages[pending[0]].sum()) + chunk_own[pending[0]]
+    nonlocal pool, alloc, total_pages
+    if not pending or (feed.ahead is not None and pending[0] > oldest() + feed.ahead):
+      return False
+    c = pending[0]
+    if c not in chunk_real:  # a stream's next chunk: the pool grows to hold it beside the chunk before
+      at_hand(c, feed.chunk(c))
+      need = pool_pages(
+        [chunk_real[k] for k in (c - 1, c) if k in chunk_real],
+        slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new,
+      ) + (0 if engine.pages else int(chunk_pages[c].sum()))  # fmt: skip
+      if need > total_pages:
+        pool, total_pages = grow_pool(pool, need), alloc.grow(need)
+    return len(alloc.free) >= int(chunk_pages[c].sum()) + chunk_own[c]
+
+  def finish(c: int) -> None:  # a stream's chunk c is done: handed back, its output rows free for reuse
+    nonlocal out
+    if ring is None:
+      return
+    lo = out_row(int(offsets[c]) * g)
+    span = slice(lo, lo + int(feed.blocks[c]) * g)
+    part = SampledArrays(out.tokens[span], out.sample_logprobs[span], out.policy_logprobs[span], out.lengths[span])
+    feed.finished(c, part, versions.take(span))
+    out = paged_slots.clear_rows_jit(out, jnp.int32(lo), rows=int(feed.blocks[c]) * g, pad_id=pad_id)
 
   while True:
     free = [i for i in range(rows) if host.row[i] < 0]
@@ -171,7 +236,7 @@ def shard(
       pages = alloc.take(own(prompt))
       tail = host.place(i, row, p, pages, z)  # copied into its first own page
       copy = (NULL_PAGE, total_pages) if tail is None else (tail, pages[0])
-      admitted[:, j] = (i, row, numbers[prompt] * g + s, limits[row], host.base[i], p.position, *copy)
+      admitted[:, j] = (i, out_row(row), numbers[prompt] * g + s, limits[row], host.base[i], p.position, *copy)
       j += 1
     if j:
       admit = (jnp.asarray(x, jnp.int32) for x in admitted)
@@ -192,14 +257,16 @@ def shard(
       index[: len(keep)] = keep
       slots = paged_slots.compact_jit(slots, jnp.asarray(index, jnp.int32), out_rows=out_rows)
       host.take(index)
-      count["compactions"] += 1
+      count_["compactions"] += 1
     # the live bucket: pages any live slot can fill during this segment, up the ladder
     width = min(ladder(max(1, math.ceil(host.reach(engine.segment_steps) / z)), 1, BUCKET_STEPS), host.table.shape[1])
     stop_live = smaller_bucket(rows) if draining else max(0, live - max(1, rows // REFILL_FRACTION))
+    use_weights()
     layers, head = weights.for_rows(rows)
+    before, seg_version = host.emitted.copy(), version
     host_s += time.perf_counter() - since
     pool, slots, out, steps = programs.segment_jit(
-      params,
+      current,
       layers,
       head,
       pool,
@@ -216,34 +283,49 @@ def shard(
     yield
     done, emitted, steps = jax.device_get((slots.done, slots.emitted, steps))
     since = time.perf_counter()
-    count["segments"] += 1
-    count["row_steps"] += rows * int(steps)
-    count["attention_positions"] += rows * int(steps) * width * z
-    complete = []
+    count_["segments"] += 1
+    count_["row_steps"] += rows * int(steps)
+    count_["attention_positions"] += rows * int(steps) * width * z
+    emitted = np.asarray(emitted, np.int64)
+    if versions is not None:
+      busy = np.flatnonzero(host.row >= 0)
+      versions.decoded(out_row(host.row[busy]), before[busy], emitted[busy], seg_version)
+    complete, finished_chunks = [], []
     for i in np.flatnonzero((host.row >= 0) & done):
       prompt = int(host.row[i]) // g
       alloc.give(host.pages[i])
       host.pages[i], host.row[i] = [], -1
       p = prompts[prompt]
       p.remaining -= 1
+      c = int(np.searchsorted(offsets, prompt, side="right")) - 1
+      left[c] -= 1
+      if left[c] == 0:
+        finished_chunks.append(c)
       if p.remaining == 0:
         alloc.give(p.pages)
         del prompts[prompt]
         complete.append(prompt)
-    host.emitted = np.asarray(emitted, np.int64)
+    host.emitted = emitted
     if on_group is not None and complete:
-      hand_over(on_group, out, complete, g, groups)
+      hand_over(on_group, out, complete, g, groups, out_row)
+    for c in finished_chunks:
+      finish(c)
 
   if stats is not None:
     host_s += time.perf_counter() - since
-    stats.update(count, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
+    stats.update(count_, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
     stats["traces"] = dict(paged_slots.TRACE_COUNTS)
+  if ring:
+    return None
   return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
 
 
-def hand_over(on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int, groups: np.ndarray) -> None:
-  """`on_group(groups[prompt], tokens [G, N], lengths [G])` for each finished prompt, from one copy of its rows."""
-  rows = np.asarray([p * g + s for p in prompts for s in range(g)], np.int32)
+def hand_over(
+  on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int, groups: np.ndarray, out_row=lambda r: r
+) -> None:
+  """`on_group(groups[prompt], tokens [G, N], lengths [G])` for each finished prompt, from one copy of its rows
+  (`out_row`: an output row's place in `out`)."""
+  rows = np.asarray([out_row(p * g + s) for p in prompts for s in range(g)], np.int32)
   tokens, lengths = jax.device_get((out.tokens[rows], out.lengths[rows]))
   for k, prompt in enumerate(prompts):
     on_group(int(groups[prompt]), tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])

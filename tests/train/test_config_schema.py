@@ -38,7 +38,7 @@ KEYS = {
   "reward.caprl": ["preset", "weight"],
   "rl": ["batch_size", "estimator", "filter_groups", "filter_groups_max_extra", "freeze_vision", "mask_truncated"]
   + ["micro_batch_tokens", "max_staleness", "micro_batches", "num_samples", "packing_min_saving"]
-  + ["recompute_old_logprobs", "steps", "stream_judging"],
+  + ["partial_rollouts", "recompute_old_logprobs", "steps", "stream_judging"],
   "rl.length_mask": ["dims", "tau_high", "tau_low"],
   "rl.loss": ["aggregation", "clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dual_clip_c", "entropy_coef"]
   + ["eps_high", "eps_low", "kl_coef", "kl_cov_coef", "kl_cov_ratio", "kl_estimator", "policy", "tau_neg", "tau_pos"],
@@ -237,6 +237,17 @@ def test_max_staleness_does_not_combine_with_the_group_filter_yet():
   c.rl.filter_groups = "spread"
   msg = _errors(c)
   assert "rl.max_staleness=1 does not combine with rl.filter_groups='spread'" in msg and msg.count("\n  - ") == 1
+
+
+def test_partial_rollouts_name_what_they_need():
+  c = base_config()
+  c.rl.partial_rollouts, c.rl.max_staleness, c.rl.stream_judging = True, 1, True
+  msg = _errors(c)
+  assert "rl.partial_rollouts=True needs rl.max_staleness >= 2" in msg
+  assert "rl.partial_rollouts=True needs rollout.engine=paged" in msg
+  assert "rl.partial_rollouts=True judges each round as it finishes; set rl.stream_judging=False" in msg
+  c.rl.max_staleness, c.rl.stream_judging, c.rollout.engine = 2, False, "paged"
+  validate(c)
 
 
 def test_the_old_name_of_max_staleness_is_named_with_the_new_one():

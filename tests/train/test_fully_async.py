@@ -273,3 +273,51 @@ def test_sigkill_then_rerun_judging_each_batch_equals_the_streamed_uninterrupted
   assert _metrics(workdir) == _metrics(uninterrupted)
   assert list(_records(workdir)) == [f"step_{s:06d}.jsonl" for s in range(1, 7)]  # no step twice, none left over
   assert _records(workdir) == _records(uninterrupted)
+
+
+def _partial_flags():
+  """SMALL, k = 2 with partial rollouts: each checkpoint window's rounds through one engine stream."""
+  from processes import SMALL, tiny_run
+
+  settings = {
+    "rl.max_staleness": 2,
+    "rl.partial_rollouts": True,
+    "rl.rollout_correction.is_level": "token",
+    "checkpoint.every": 3,
+    "eval.every": 0,
+    "rollout.engine": "paged",
+    "rollout.slots": 6,
+    "rollout.segment_steps": 4,
+  }
+  return tiny_run(settings, base=SMALL)
+
+
+@pytest.fixture(scope="module")
+def partial_colocated(tmp_path_factory):
+  """Partial rollouts on the learner's one device, the loop driving the engine."""
+  from processes import launch
+
+  workdir = tmp_path_factory.mktemp("partial_colocated")
+  launch("caprl", *_partial_flags(), workdir=workdir, script=_script())
+  return workdir
+
+
+@pytest.mark.slow  # a killed training run and its rerun, in subprocesses, against another run
+def test_partial_rollouts_on_their_own_device_resume_exactly_and_equal_the_colocated_run(partial_colocated, tmp_path):
+  """Rounds are rolled out by the rollout thread on a device of their own (rollout.devices=1 of 2), SIGKILLed once
+  the RL step-3 checkpoint is on disk and rerun: every metric equals the colocated run's, where the loop drives the
+  engine (where each version starts reads only the engine's progress, never the timing). A window's third round
+  was partly sampled by the version before its own: its tokens are 1 or 2 updates stale, never more."""
+  from processes import cpu_env, kill_after_checkpoint, launch, launch_command
+
+  workdir, script = tmp_path / "killed", _script()
+  cmd = launch_command("caprl", *_partial_flags(), "--config.rollout.devices=1", workdir=workdir, script=script)
+  kill_after_checkpoint(cmd, workdir, tmp_path / "log", 7, env=cpu_env(2))
+  rerun = launch(
+    "caprl", *_partial_flags(), "--config.rollout.devices=1", workdir=workdir, script=script, env=cpu_env(2)
+  )
+  assert "resumed rl" in rerun.stdout + rerun.stderr
+  assert _metrics(workdir) == _metrics(partial_colocated)
+  rows = _rl_steps(workdir)
+  assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 2.0] * 2
+  assert all(1.0 < r["async/staleness"] < 2.0 for r in rows[2::3])  # versions mixed within the round

@@ -39,7 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
+import numpy as np
 
+from jaxcap.train.rollouts.partial import PartialRounds, token_staleness
 from jaxcap.train.rollouts.round import JudgedRound
 
 
@@ -122,10 +124,16 @@ class FullyAsync:
   checkpoint_every: int
   max_staleness: int
   sync: Any = None  # jaxcap.train.rollouts.placement.WeightSync, or None: colocated
+  partial: bool = False  # rl.partial_rollouts: a window's rounds through one engine stream (rollouts.partial)
+  thread: bool | None = None  # a rollout thread (default: with `sync`); colocated partial rollouts sync inline
 
   def __post_init__(self):
     if self.max_staleness < 1:
       raise ValueError(f"rl.max_staleness={self.max_staleness}: the asynchronous schedule needs at least 1")
+    if self.thread is None:
+      self.thread = self.sync is not None
+    if self.partial and self.sync is None:
+      raise ValueError("partial rollouts hold versions across steps: give the schedule a WeightSync")
     self._reset()
 
   def _reset(self) -> None:
@@ -135,7 +143,9 @@ class FullyAsync:
     self._jobs: dict[int, _Job] = {}
     self._unjudged: collections.deque = collections.deque()  # colocated: (Generated, step) not judged yet
     self._generating = -1  # the version of the round being rolled out now (async/version_gap)
-    self._executor = _Inline() if self.sync is None else ThreadPoolExecutor(1, thread_name_prefix="rollouts")
+    self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollouts") if self.thread else _Inline()
+    self._rounds: PartialRounds | None = None  # partial rollouts: the window's engine stream
+    self._offered = 0
 
   def attach(self, loader):
     self.close()
@@ -148,8 +158,13 @@ class FullyAsync:
     executor = getattr(self, "_executor", None)
     if executor is not None:
       executor.shutdown(wait=False, cancel_futures=True)
+    rounds = getattr(self, "_rounds", None)
+    if rounds is not None:
+      rounds.close()
 
   def round(self, source, state, batch, step: int, key: jax.Array) -> JudgedRound:
+    if self.partial:
+      return self._partial_round(source, state, batch, step)
     k = self.max_staleness
     if self._window is None or step >= self._window[1]:
       if self._jobs:
@@ -187,6 +202,50 @@ class FullyAsync:
       while self._unjudged:  # colocated: the rounds queued ahead go to the judge now, while the passes run
         ahead, r = self._unjudged.popleft()
         ahead.judging = source.submit(ahead, r)
+      t1 = time.perf_counter()
+      rnd.rewards = rnd.judging.result()
+      source.settle()
+      metrics["time/judge_wait_s"] = time.perf_counter() - t1
+      return rnd.rewards.values, rnd.rewards.valid
+
+    return JudgedRound.of(rnd, rewards, metrics)
+
+  def _partial_round(self, source, state, batch, step: int) -> JudgedRound:
+    """Round `step` from the window's engine stream (`jaxcap.train.rollouts.partial`)."""
+    k = self.max_staleness
+    if self._window is None or step >= self._window[1]:
+      if self._rounds is not None:
+        self._rounds.close()
+      start, end = self._window = (step, window_end(step, self.steps, self.checkpoint_every))
+      key = jax.random.fold_in(state.key, start)
+      block = batch.prompts.block
+      self._rounds = PartialRounds(source, start, end, k, key, self.sync.mesh, block, self.thread)
+      self._offered = step
+    start, end = self._window
+    if step == start or step <= end - k:  # a version some round of the window runs with
+      self._rounds.publish(step, self.sync.publish(state.params))
+    while self._offered <= min(step + k, end - 1):
+      r = self._offered
+      self._rounds.offer(r, batch if r == step else self._peek(r - step))
+      self._offered += 1
+    t0 = time.perf_counter()
+    gen, versions = self._rounds.take(step)
+    waited = time.perf_counter() - t0
+    if gen.batch is not batch:
+      raise RuntimeError("partial rollouts out of step with the loader: bind its Ahead with RolloutSource.attach")
+    rnd = source.lay_out(gen, source.sampler.place(batch.prompts))
+    mean, worst = token_staleness(versions, np.asarray(gen.rollouts.arrays.lengths), step)
+    results = [self._rounds.results[r] for r in range(step + 1, self._offered)]
+    metrics = {
+      "async/staleness": mean,
+      "async/staleness_max": worst,
+      "async/queued": float(len(results)),
+      "async/ready": float(sum(f.done() for f in results)),
+      "async/learner_wait_s": waited,
+      "time/rollout_s": gen.seconds,
+    }
+
+    def rewards():
       t1 = time.perf_counter()
       rnd.rewards = rnd.judging.result()
       source.settle()

@@ -111,11 +111,13 @@ class SFTPhase(Phase):
 
 
 def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_every: int, sync=None):
-  """The rollout source's schedule the `rl` block chooses: asynchronous (rl.max_staleness; `sync` onto the rollout
-  devices, None colocated), dynamic sampling (rl.filter_groups; the schema refuses both at once) or on-policy."""
+  """The rollout source's schedule the `rl` block chooses: asynchronous (rl.max_staleness; `sync` a `WeightSync`,
+  None colocated without partial rollouts), dynamic sampling (rl.filter_groups; the schema refuses both at once) or
+  on-policy."""
   rl = config.rl
   if rl.max_staleness:
-    return FullyAsync(steps, checkpoint_every, rl.max_staleness, sync)
+    thread = bool(config.rollout.devices)  # the rollouts' own devices: a thread drives them
+    return FullyAsync(steps, checkpoint_every, rl.max_staleness, sync, partial=rl.partial_rollouts, thread=thread)
   if rl.filter_groups == OFF:
     return OnPolicy()
   if rl.filter_groups != SPREAD and rl.filter_groups not in reward_names:
@@ -127,8 +129,11 @@ def schedule_for(config, reward_names: tuple[str, ...], steps: int, checkpoint_e
 
 
 def weight_sync(trainer: Trainer) -> WeightSync | None:
-  """How the learner's weights reach the rollout devices (rollout.devices), or None when they share the learner's."""
+  """How the learner's weights reach the rollout devices (rollout.devices), or None when they share the learner's
+  (partial rollouts, which hold a version across steps, still copy it: onto the learner's own devices)."""
   mesh = trainer.setup.rollout_mesh
+  if mesh is None and trainer.config.rl.partial_rollouts:
+    mesh = trainer.setup.mesh
   if mesh is None:
     return None
   frozen_base = trainer.config.model.lora.rank > 0 and not trains_base(trainer.config, "rl")
