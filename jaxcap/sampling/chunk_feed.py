@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcap.sampling.page_budget import own_pages, pool_pages, prompt_pages, prompt_tokens
 from jaxcap.sampling.placement import SamplerBatch
 
 
@@ -46,6 +47,54 @@ class EagerFeed:
 
   def finished(self, c: int, arrays, versions) -> None:
     pass
+
+
+class ChunkBook:
+  """The engine's host record of a feed's chunks: offsets int [C + 1] (chunk c's prompts are offsets[c] ..
+  offsets[c + 1] - 1), each chunk's prompts' tokens (`real`), pages and a sample's most own pages once at hand,
+  its samples not finished (`left`, -1 before its prefill), and where a global output row lies in the outputs
+  (`out_row`: a stream's rows are reused)."""
+
+  def __init__(self, feed, num_samples: int, page_size: int, max_new_tokens: int):
+    self.feed, self.g, self.z, self.n_new = feed, num_samples, page_size, max_new_tokens
+    self.offsets = np.cumsum([0] + list(feed.blocks))
+    self.count = len(feed.blocks)
+    self.out_rows = int(feed.ring or self.offsets[-1]) * num_samples
+    self.real: dict[int, np.ndarray] = {}
+    self.pages: dict[int, np.ndarray] = {}
+    self.own: dict[int, int] = {}
+    self.left = [-1] * self.count
+    for c, chunk in enumerate(feed.available()):
+      self.at_hand(c, chunk)
+
+  def out_row(self, row):
+    return row % self.out_rows if self.feed.ring else row
+
+  def at_hand(self, c: int, chunk: SamplerBatch) -> SamplerBatch:
+    if c not in self.real:
+      self.real[c] = prompt_tokens(chunk.prompts.attention_mask, chunk.rows)
+      self.pages[c] = prompt_pages(self.real[c], self.z)
+      self.own[c] = int(own_pages(self.n_new, self.z, self.real[c] % self.z).max(initial=0))  # its prompts' most
+    return chunk
+
+  def pool_pages(self, engine, chunks=None) -> int:
+    """The pool's pages for `chunks` (default: every chunk at hand); a stream's pool also holds the prompts of
+    the chunk before beside them (two chunks decode at once)."""
+    chunks = sorted(self.real) if chunks is None else chunks
+    n = pool_pages([self.real[c] for c in chunks], slots=engine.slots, pages=engine.pages, z=self.z,
+                   max_new_tokens=self.n_new)  # fmt: skip
+    return n + (int(self.pages[chunks[-1]].sum()) if self.feed.ring and not engine.pages and chunks else 0)
+
+  def oldest(self) -> int:
+    """The oldest chunk with samples not finished (`count` once all have)."""
+    return next((c for c in range(self.count) if self.left[c] != 0), self.count)
+
+  def admits(self, c: int) -> bool:
+    """Whether chunk c may enter now (a stream's: only once every chunk before c - feed.ahead has finished)."""
+    return self.feed.ahead is None or c <= self.oldest() + self.feed.ahead
+
+  def chunk_of(self, prompt: int) -> int:
+    return int(np.searchsorted(self.offsets, prompt, side="right")) - 1
 
 
 class TokenVersions:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxcap.sampling.distribution import is_stop
 from jaxcap.sampling.paged_cache import PagePool, copy_pages
@@ -124,3 +126,14 @@ def clear_rows(out: Outputs, first, *, rows: int, pad_id: int) -> Outputs:
 clear_rows_jit = jax.jit(clear_rows, static_argnames=("rows", "pad_id"), donate_argnames=("out",))
 admit_jit = jax.jit(admit, static_argnames=("stop_ids",), donate_argnames=("slots", "pool"))
 compact_jit = jax.jit(compact, static_argnames=("out_rows",))
+
+
+def hand_over(
+  on_group: Callable, out: Outputs, prompts: list[int], g: int, groups: np.ndarray, out_row=lambda r: r
+) -> None:
+  """`on_group(groups[prompt], tokens [G, N], lengths [G])` for each finished prompt, from one copy of its rows
+  (`out_row`: an output row's place in `out`)."""
+  rows = np.asarray([out_row(p * g + s) for p in prompts for s in range(g)], np.int32)
+  tokens, lengths = jax.device_get((out.tokens[rows], out.lengths[rows]))
+  for k, prompt in enumerate(prompts):
+    on_group(int(groups[prompt]), tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])

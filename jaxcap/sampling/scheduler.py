@@ -38,8 +38,8 @@ from jaxcap.sampling import paged_attention, paged_slots
 from jaxcap.sampling import paged_decode as programs
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.host_slots import BUCKET_STEPS, REFILL_FRACTION, HostSlots, row_bucket, smaller_bucket
-from jaxcap.sampling.chunk_feed import EagerFeed, TokenVersions
-from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages, pool_pages, prompt_pages, prompt_tokens
+from jaxcap.sampling.chunk_feed import ChunkBook, EagerFeed, TokenVersions
+from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, grow_pool
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
@@ -101,26 +101,11 @@ def shard(
   feed = EagerFeed(params, chunks) if feed is None else feed
   g, n_new, z = num_samples, sampling.max_new_tokens, engine.page_size
   stop_ids = sampling.resolve_stop_ids(cfg.eos_token_id)
-  offsets = np.cumsum([0] + list(feed.blocks))
-  count, ring = len(feed.blocks), feed.ring
-  out_rows = int(ring or offsets[-1]) * g
-  out_row = (lambda row: row % out_rows) if ring else (lambda row: row)
+  book = ChunkBook(feed, g, z, n_new)
+  offsets, count, out_rows, out_row = book.offsets, book.count, book.out_rows, book.out_row
   numbers = np.arange(offsets[-1]) if numbers is None else np.asarray(numbers)
   groups = numbers if groups is None else np.asarray(groups)
-  chunk_real: dict[int, np.ndarray] = {}  # each chunk's prompts' tokens, pages and samples' own pages, once at hand
-  chunk_pages: dict[int, np.ndarray] = {}
-  chunk_own: dict[int, int] = {}
-
-  def at_hand(c: int, chunk: SamplerBatch) -> SamplerBatch:
-    if c not in chunk_real:
-      chunk_real[c] = prompt_tokens(chunk.prompts.attention_mask, chunk.rows)
-      chunk_pages[c] = prompt_pages(chunk_real[c], z)
-      chunk_own[c] = int(own_pages(n_new, z, chunk_real[c] % z).max(initial=0))  # its prompts' most
-    return chunk
-
-  for c, chunk in enumerate(feed.available()):
-    at_hand(c, chunk)
-  total_pages = pool_pages(list(chunk_real.values()), slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new)
+  total_pages = book.pool_pages(engine)
   own = lambda prompt: int(own_pages(n_new, z, prompts[prompt].real % z))  # a queued sample's own pages
   attention = paged_attention.choose(
     engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z, head_dim=cfg.text.head_dim
@@ -132,10 +117,9 @@ def shard(
   out = paged_slots.Outputs.empty(out_rows, n_new, pad_id)
   limits = np.full(int(offsets[-1]) * g, n_new, np.int64) if max_lengths is None else np.minimum(max_lengths, n_new)
   model_static = dict(graphdef=graphdef, sampling=sampling, num_samples=g)
-  left = [-1] * count  # each chunk's samples not finished (-1: not prefilled yet)
   current, version = feed.weights(0)
   weights = programs.SegmentWeights(current, graphdef)
-  versions = TokenVersions(out_rows, n_new) if ring else None
+  versions = TokenVersions(out_rows, n_new) if feed.ring else None
 
   rows = engine.slots
   slots = paged_slots.Slots.empty(rows, out_rows)
@@ -146,12 +130,9 @@ def shard(
   count_ = collections.Counter()
   host_s, since = 0.0, time.perf_counter()
 
-  def oldest() -> int:
-    return next((c for c in range(count) if left[c] != 0), count)
-
   def use_weights() -> None:  # a stream's weights change when its oldest unfinished chunk does
     nonlocal current, version, weights
-    params, v = feed.weights(min(oldest(), count - 1))
+    params, v = feed.weights(min(book.oldest(), count - 1))
     if params is not current:
       current, version, weights = params, v, programs.SegmentWeights(params, graphdef)
 
@@ -165,7 +146,7 @@ def shard(
     real = np.asarray(padded.attention_mask).sum(-1)
     deltas = np.asarray(padded.rope_deltas)
     for b in range(chunk.rows):
-      pages = alloc.take(int(chunk_pages[c][b]))
+      pages = alloc.take(int(book.pages[c][b]))
       page_ids[b, : len(pages)] = pages
       prompt = int(offsets[c]) + b
       prompts[prompt] = PromptPages(pages, int(real[b]), int(real[b] + deltas[b]) - 1, g)
@@ -186,30 +167,27 @@ def shard(
       embed(c),
       **model_static,
     )
-    left[c] = chunk.rows * g
+    book.left[c] = chunk.rows * g
     if versions is not None:
       versions.prefilled(np.arange(first * g, (first + chunk.rows) * g), version)
-    if left[c] == 0:
+    if book.left[c] == 0:
       finish(c)
 
   def can_prefill() -> bool:
-    nonlocal pool, alloc, total_pages
-    if not pending or (feed.ahead is not None and pending[0] > oldest() + feed.ahead):
+    nonlocal pool, total_pages
+    if not pending or not book.admits(pending[0]):
       return False
     c = pending[0]
-    if c not in chunk_real:  # a stream's next chunk: the pool grows to hold it beside the chunk before
-      at_hand(c, feed.chunk(c))
-      need = pool_pages(
-        [chunk_real[k] for k in (c - 1, c) if k in chunk_real],
-        slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=n_new,
-      ) + (0 if engine.pages else int(chunk_pages[c].sum()))  # fmt: skip
+    if c not in book.real:  # a stream's next chunk: the pool grows to hold it beside the chunk before
+      book.at_hand(c, feed.chunk(c))
+      need = book.pool_pages(engine, [k for k in (c - 1, c) if k in book.real])
       if need > total_pages:
         pool, total_pages = grow_pool(pool, need), alloc.grow(need)
-    return len(alloc.free) >= int(chunk_pages[c].sum()) + chunk_own[c]
+    return len(alloc.free) >= int(book.pages[c].sum()) + book.own[c]
 
   def finish(c: int) -> None:  # a stream's chunk c is done: handed back, its output rows free for reuse
     nonlocal out
-    if ring is None:
+    if feed.ring is None:
       return
     lo = out_row(int(offsets[c]) * g)
     span = slice(lo, lo + int(feed.blocks[c]) * g)
@@ -223,8 +201,8 @@ def shard(
       prefill_next()
     if pending and not queue and not (host.row >= 0).any():
       raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
-        f"chunk {pending[0]} needs {int(chunk_pages[pending[0]].sum())} pages for its prompts plus "
-        f"{chunk_own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
+        f"chunk {pending[0]} needs {int(book.pages[pending[0]].sum())} pages for its prompts plus "
+        f"{book.own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
         "or use smaller chunks"
       )
     admitted = np.zeros((8, rows), np.int64)
@@ -297,9 +275,9 @@ def shard(
       host.pages[i], host.row[i] = [], -1
       p = prompts[prompt]
       p.remaining -= 1
-      c = int(np.searchsorted(offsets, prompt, side="right")) - 1
-      left[c] -= 1
-      if left[c] == 0:
+      c = book.chunk_of(prompt)
+      book.left[c] -= 1
+      if book.left[c] == 0:
         finished_chunks.append(c)
       if p.remaining == 0:
         alloc.give(p.pages)
@@ -307,7 +285,7 @@ def shard(
         complete.append(prompt)
     host.emitted = emitted
     if on_group is not None and complete:
-      hand_over(on_group, out, complete, g, groups, out_row)
+      paged_slots.hand_over(on_group, out, complete, g, groups, out_row)
     for c in finished_chunks:
       finish(c)
 
@@ -315,17 +293,6 @@ def shard(
     host_s += time.perf_counter() - since
     stats.update(count_, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
     stats["traces"] = dict(paged_slots.TRACE_COUNTS)
-  if ring:
+  if feed.ring:
     return None
   return SampledArrays(out.tokens, out.sample_logprobs, out.policy_logprobs, out.lengths)
-
-
-def hand_over(
-  on_group: Callable, out: paged_slots.Outputs, prompts: list[int], g: int, groups: np.ndarray, out_row=lambda r: r
-) -> None:
-  """`on_group(groups[prompt], tokens [G, N], lengths [G])` for each finished prompt, from one copy of its rows
-  (`out_row`: an output row's place in `out`)."""
-  rows = np.asarray([out_row(p * g + s) for p in prompts for s in range(g)], np.int32)
-  tokens, lengths = jax.device_get((out.tokens[rows], out.lengths[rows]))
-  for k, prompt in enumerate(prompts):
-    on_group(int(groups[prompt]), tokens[k * g : (k + 1) * g], lengths[k * g : (k + 1) * g])
