@@ -90,7 +90,7 @@ def test_rollout_records_of_a_real_run(run):
 def test_inspector_in_headless_chromium(run, tmp_path):
   from browser import chrome
   from selenium.webdriver.common.by import By
-  from selenium.webdriver.support.ui import Select
+  from selenium.webdriver.support.ui import Select, WebDriverWait
 
   from jaxcap.inspect.cli import build_site
 
@@ -155,10 +155,11 @@ def test_inspector_in_headless_chromium(run, tmp_path):
       shown = [float(x) for x in re.findall(r"-?\d+\.\d+", text(cell).split("vs")[0])]  # one decimal: percentages
     assert shown == pytest.approx([estimate["mean"], estimate["low"], estimate["high"]], abs=0.051)
     # hash navigation: back returns to the held-out view, forward to the reports, a URL opens its view
-    driver.back()
-    assert driver.current_url.endswith("#heldout") and driver.find_element(By.ID, "view-heldout").is_displayed()
+    shown = lambda view: WebDriverWait(driver, 5).until(lambda d: d.find_element(By.ID, f"view-{view}").is_displayed())
+    driver.back()  # hashchange is handled after back() returns: wait for it
+    assert shown("heldout") and driver.current_url.endswith("#heldout")
     driver.forward()
-    assert driver.current_url.endswith("#evals") and driver.find_element(By.ID, "view-evals").is_displayed()
+    assert shown("evals") and driver.current_url.endswith("#evals")
     driver.find_element(By.CSS_SELECTOR, "button[data-view=rollouts]").click()
     shot = tmp_path / "inspector.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

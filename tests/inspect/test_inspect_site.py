@@ -46,6 +46,20 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
+# A rollout file written before the evidence kept the letters: A, B, ... by position.
+OLD_QUESTION = {"question": "Is it dark?", "options": ["yes", "no"], "gold": "A", "letter": "A", "correct": True}
+# What RubiCap, BalCapRL and the length mask record (jaxcap.rewards.rubicap, .balcaprl, .length_mask).
+OTHER_FAMILIES = {
+  "rubicap/pass_rate": {"criteria": [{"criterion": "Names the square.", "weight": 3.0, "passed": True},
+                                     {"criterion": "Says it is black.", "weight": 1.0, "passed": False}]},
+  "balcaprl": {"claims": [{"claim": "A square.", "correct": True, "pointable": True},
+                          {"claim": "It glows.", "correct": False, "pointable": False}],
+               "units": [{"unit": "There is a square.", "covered": True}],
+               "language": {"clarity": 8.0, "fluency": 9.0, "coherence": 7.0}},
+  "length_mask": {"words": 3, "reference_words": 10, "in_band": False, "dims": ["balcaprl/linguistic"]},
+}  # fmt: skip
+
+
 def _workdir(tmp_path):
   """A run stopped in RL: half a metrics line being written, one rollout file, SFT-end captions only."""
   w = tmp_path / "run"
@@ -53,8 +67,8 @@ def _workdir(tmp_path):
   for i in range(2):
     Image.fromarray(np.full((480, 640, 3), 60 * i, np.uint8)).save(w / "images" / f"{i}.png")
   (w / "metrics.jsonl").write_text(
-    '{"phase": "rl", "step": 1, "loss": 0.5, "reward/mean": null}\n'
-    '{"phase": "rl", "step": 2, "loss": 0.25, "reward/mean": 0.75}\n{"phase": "rl", "st'
+    '{"phase": "rl", "step": 1, "loss": 0.5, "reward/mean": null, "adv/advantage_mean": 1e-9}\n'
+    '{"phase": "rl", "step": 2, "loss": 0.25, "reward/mean": 0.75, "adv/advantage_mean": -1e-9}\n{"phase": "rl", "st'
   )
   (w / "config.json").write_text(json.dumps({"config": {"name": "demo", "data": {"eval_manifest": ""}}}))
   (w / "world" / "heldout").mkdir(parents=True)
@@ -91,7 +105,10 @@ def _workdir(tmp_path):
     weights=np.ones(1, np.float32),
     caption_lengths=np.array([3, 3, 3, 3]),
     reference_lengths=np.zeros(4, int),
-    evidence=tuple({"a/x": {"questions": [QUESTIONS[i % 2]]}} for i in range(4)),
+    evidence=(
+      {"a/x": {"questions": [QUESTIONS[0], OLD_QUESTION]}, **OTHER_FAMILIES},
+      *({"a/x": {"questions": [QUESTIONS[i % 2]]}} for i in range(1, 4)),
+    ),  # fmt: skip
   )
   captions = ["best </script><b>caption</b>", PROMPT_INJECTION[0], "worst one here", "worst two here"]
   records = [ImageRecord(id="r0", image="images/0.png", reference_caption="A black square."),
@@ -116,7 +133,7 @@ def test_the_document_of_a_run_in_progress(tmp_path):
   assert best["reference"] == "A black square." and worst["reference"] == "A grey square."
   assert best["spread"] == 0.5 and not best["no_signal"]
   assert worst["spread"] == 0.0 and worst["no_signal"]  # equal rewards: every advantage 0
-  assert best["own_questions"] == {"a/x": 1}  # its two captions were asked different questions
+  assert best["own_questions"] == {"a/x": 2}  # its two captions were asked different questions (at most 2)
   for g in step["groups"]:  # each thumbnail written, at most 512 px a side
     assert Image.open(index.parent / g["thumb"]).size == (512, 384)
   pair = doc["heldout"]["rows"][0]
@@ -161,7 +178,7 @@ def test_the_page_in_headless_chromium(tmp_path):
   mean [low, high], the image viewer and hash navigation with back / forward."""
   from browser import chrome
   from selenium.webdriver.common.by import By
-  from selenium.webdriver.support.ui import Select
+  from selenium.webdriver.support.ui import Select, WebDriverWait
 
   w = _workdir(tmp_path)
   (w / "captions" / "rl_end.jsonl").write_text('{"id": "h0", "caption": "a dark circle", "qa_accuracy": 0.25}\n')
@@ -171,18 +188,32 @@ def test_the_page_in_headless_chromium(tmp_path):
     driver.get(index.as_uri())
     text = lambda e: e.get_attribute("textContent")
     view = lambda: driver.find_element(By.CSS_SELECTOR, ".view.active").get_attribute("id")
+    at = lambda expected: WebDriverWait(driver, 5).until(lambda _: view() == expected)  # hashchange is async
     assert view() == "view-rollouts" and driver.current_url.endswith("#rollouts")
     best, worst = driver.find_elements(By.CSS_SELECTOR, "#groups .group")
     assert "no signal" not in text(best) and "no signal" in text(worst.find_element(By.CSS_SELECTOR, ".badges"))
-    assert "each caption was judged on its own sample of 1 questions" in text(
+    assert "each caption was judged on its own sample of 2 questions" in text(
       best.find_element(By.CSS_SELECTOR, ".note")
     )
     assert "Reference: A black square." in text(best) and "Reference: A grey square." in text(worst)
     # the evidence of the best caption: its question, each option with its letter, the answered and the gold option
     (table,) = best.find_elements(By.CSS_SELECTOR, ".sample")[0].find_elements(By.CSS_SELECTOR, "table.questions")
-    (row,) = table.find_elements(By.CSS_SELECTOR, "tr.wrong")
-    cells = [text(c) for c in row.find_elements(By.TAG_NAME, "td")]
+    wrong, old = table.find_elements(By.CSS_SELECTOR, "tr.wrong, tr.right")
+    cells = [text(c) for c in wrong.find_elements(By.TAG_NAME, "td")]
     assert cells == ["1", "What colour is the square?", "A. redB. black", "A. red", "B. black", "✗"]
+    assert [text(c) for c in old.find_elements(By.TAG_NAME, "td")][2:] == ["A. yesB. no", "A. yes", "A. yes", "✓"]
+    card = best.find_elements(By.CSS_SELECTOR, ".sample")[0]
+    summaries = [text(e) for e in card.find_elements(By.CSS_SELECTOR, "details.evidence > summary")]
+    assert summaries == ["a/x: 1/2 questions answered right", "rubicap/pass_rate: 1/2 criteria passed",
+                         "balcaprl: 1/2 claims hold, 1/1 reference units covered", "length_mask: outside the band (masked)"]  # fmt: skip
+    rows = card.find_elements(By.CSS_SELECTOR, "table.criteria tr")[1:]
+    assert [[text(c) for c in r.find_elements(By.TAG_NAME, "td")] for r in rows] == [
+      ["Names the square.", "3.0", "✓"], ["Says it is black.", "1.0", "✗"]]  # fmt: skip
+    assert "weighted pass rate 3/4 = 0.750" in text(card)
+    rows = card.find_elements(By.CSS_SELECTOR, "table.claims tr")[1:]
+    assert [[text(c) for c in r.find_elements(By.TAG_NAME, "td")] for r in rows] == [
+      ["A square.", "✓", "✓", "✓"], ["It glows.", "✗", "✗", "✗"]]  # fmt: skip
+    assert "3 words / 10 reference words = 0.30: outside the band: balcaprl/linguistic set to 0" in text(card)
     (row,) = best.find_elements(By.CSS_SELECTOR, ".sample")[1].find_elements(
       By.CSS_SELECTOR, "table.questions tr.right"
     )
@@ -215,13 +246,20 @@ def test_the_page_in_headless_chromium(tmp_path):
     right = pair.find_element(By.CSS_SELECTOR, ".right .caption")
     assert text(right) == "a dark circle" and [text(m) for m in right.find_elements(By.TAG_NAME, "mark")] == ["circle"]
     driver.back()
-    assert view() == "view-evals" and driver.current_url.endswith("#evals")
+    assert at("view-evals") and driver.current_url.endswith("#evals")
     driver.back()
-    assert view() == "view-rollouts"
+    assert at("view-rollouts")
     driver.forward()
-    assert view() == "view-evals"
+    assert at("view-evals")
     driver.get(index.as_uri() + "#curves")
-    assert view() == "view-curves"
+    assert at("view-curves")
+    groups = driver.find_elements(By.CSS_SELECTOR, "#view-curves .chart-group")
+    charts = lambda g: [c.get_attribute("data-key") for c in g.find_elements(By.CSS_SELECTOR, ".chart")]
+    assert [(g.get_attribute("data-group"), charts(g)) for g in groups] == [
+      ("key metrics", ["reward/mean", "loss"]), ("adv", ["adv/advantage_mean"])]  # fmt: skip
+    flat = driver.find_element(By.CSS_SELECTOR, ".chart[data-key='adv/advantage_mean']")
+    assert flat.get_attribute("data-flat") == "true"  # +-1e-9 of float noise: drawn flat, not full height
+    assert driver.find_element(By.CSS_SELECTOR, ".chart[data-key=loss]").get_attribute("data-flat") == "false"
     (reward,) = driver.find_elements(By.CSS_SELECTOR, ".chart[data-key='reward/mean']")
     assert reward.find_elements(By.CSS_SELECTOR, "text.tick") and "RL step" in text(reward)
     assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

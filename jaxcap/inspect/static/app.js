@@ -12,7 +12,10 @@ const route = () => show(VIEWS[location.hash.slice(1)] ? location.hash.slice(1) 
 
 for (const [name, render] of Object.entries(VIEWS)) render(document.getElementById(`view-${name}`));
 for (const b of document.querySelectorAll("#tabs button")) {
-  b.addEventListener("click", () => { location.hash = b.dataset.view; }); // a history entry: back returns here
+  b.addEventListener("click", () => {
+    location.hash = b.dataset.view; // a history entry: back returns here (hashchange routes it too, later)
+    route();
+  });
 }
 window.addEventListener("hashchange", route);
 document.getElementById("status").textContent =
