@@ -67,8 +67,9 @@ def _workdir(tmp_path):
   for i in range(2):
     Image.fromarray(np.full((480, 640, 3), 60 * i, np.uint8)).save(w / "images" / f"{i}.png")
   (w / "metrics.jsonl").write_text(
-    '{"phase": "rl", "step": 1, "loss": 0.5, "reward/mean": null, "adv/advantage_mean": 1e-9}\n'
-    '{"phase": "rl", "step": 2, "loss": 0.25, "reward/mean": 0.75, "adv/advantage_mean": -1e-9}\n{"phase": "rl", "st'
+    '{"phase": "rl", "step": 1, "loss": 0.5, "reward/mean": null, "adv/advantage_mean": 1e-9, "time/update_s": 2}\n'
+    '{"phase": "rl", "step": 2, "loss": 0.25, "reward/mean": 0.75, "adv/advantage_mean": -1e-9, "time/update_s": 1,'
+    ' "time/rollout_s": 3, "time/step_s": 4}\n{"phase": "rl", "st'
   )
   (w / "config.json").write_text(json.dumps({"config": {"name": "demo", "data": {"eval_manifest": ""}}}))
   (w / "world" / "heldout").mkdir(parents=True)
@@ -256,7 +257,10 @@ def test_the_page_in_headless_chromium(tmp_path):
     groups = driver.find_elements(By.CSS_SELECTOR, "#view-curves .chart-group")
     charts = lambda g: [c.get_attribute("data-key") for c in g.find_elements(By.CSS_SELECTOR, ".chart")]
     assert [(g.get_attribute("data-group"), charts(g)) for g in groups] == [
-      ("key metrics", ["reward/mean", "loss"]), ("adv", ["adv/advantage_mean"])]  # fmt: skip
+      ("key metrics", ["reward/mean", "loss", "time split (s per step)"]), ("adv", ["adv/advantage_mean"]),
+      ("time", ["time/step_s"])]  # fmt: skip
+    split = driver.find_element(By.CSS_SELECTOR, ".chart[data-key='time split (s per step)']")
+    assert [text(e) for e in split.find_elements(By.CSS_SELECTOR, ".legend span")] == ["■ rollout", "■ update"]
     flat = driver.find_element(By.CSS_SELECTOR, ".chart[data-key='adv/advantage_mean']")
     assert flat.get_attribute("data-flat") == "true"  # +-1e-9 of float noise: drawn flat, not full height
     assert driver.find_element(By.CSS_SELECTOR, ".chart[data-key=loss]").get_attribute("data-flat") == "false"

@@ -112,6 +112,7 @@ function sections(series, filter) {
   for (const k of KEY_METRICS) if (keys.includes(k)) { key.push([k, [{ name: k, points: series[k] }]]); used.add(k); }
   const split = TIME_SPLIT.filter((k) => keys.includes(k));
   if (split.length) key.push(["time split (s per step)", split.map((k) => ({ name: k.slice(5, -2), points: series[k] }))]);
+  for (const k of split) used.add(k);
   const groups = {};
   for (const k of keys.filter((k) => !used.has(k)).sort()) {
     const g = k.includes("/") ? k.split("/")[0] : "update";

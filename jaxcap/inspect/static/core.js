@@ -47,10 +47,20 @@ function badge(kind, text, title) {
 // ---- the image viewer: one overlay, opened by a click on any image, closed by a click or Escape --------------
 const viewer = el("div", { id: "viewer", hidden: "", onclick: () => closeViewer() });
 document.body.append(viewer);
+// The image as large as the window allows (a small synthetic image scaled up with its pixels kept sharp).
+function fitImage(img) {
+  const w = img.naturalWidth, h = img.naturalHeight;
+  if (!w || !h) return;
+  const scale = Math.min((0.9 * window.innerWidth) / w, (0.78 * window.innerHeight) / h);
+  img.style.width = `${Math.round(w * scale)}px`;
+  img.classList.toggle("pixelated", scale > 2);
+}
 function openViewer(src, title, text) {
-  viewer.replaceChildren(el("figure", {}, el("img", { src, alt: title }), el("figcaption", {},
+  const img = el("img", { src, alt: title, onload: () => fitImage(img) });
+  viewer.replaceChildren(el("figure", {}, img, el("figcaption", {},
     el("div", { class: "id", text: title }), text ? el("div", { class: "reference", text: `reference: ${text}` }) : null)));
   viewer.hidden = false;
+  if (img.complete) fitImage(img);
 }
 function closeViewer() {
   viewer.hidden = true;
@@ -60,8 +70,10 @@ document.addEventListener("keydown", (e) => e.key === "Escape" && closeViewer())
 
 function thumb(src, title, reference) {
   if (!src) return el("div", { class: "empty noimage", text: title });
-  return el("img", { class: "thumb", src, alt: title, title: "click to enlarge", loading: "lazy",
-    onclick: () => openViewer(src, title, reference) });
+  const img = el("img", { class: "thumb", src, alt: title, title: "click to enlarge", loading: "lazy",
+    onclick: () => openViewer(src, title, reference),
+    onload: () => img.classList.toggle("pixelated", img.naturalWidth < 200) }); // small synthetic images stay sharp
+  return img;
 }
 
 // An image's reference caption and curated questions with their answers (jaxcap.inspect.truth).
