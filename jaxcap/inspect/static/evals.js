@@ -26,7 +26,7 @@ function renderEvals(root) {
       el("td", { class: "image" }, thumb(img.thumb, img.id, img.reference), el("div", { class: "id", text: img.id }), truth(img.reference, null)),
       ...rep.models.map((m) => el("td", {},
         img.captions[m] ? diffCaption(img.captions[m], base && m !== base ? img.captions[base] : null) : null,
-        ...rep.headline.map((k) => el("div", { class: "nums", text: `${k}: ${fmt(img.values[m][k])}` }))))));
+        ...rep.headline.map((k) => el("div", { class: "nums", text: `${k}: ${fmt(img.values[m][k], digits[k])}` }))))));
     root.append(el("table", { class: "evals per-image" }, imageHead, ...images));
   }
 }
