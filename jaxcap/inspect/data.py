@@ -1,10 +1,14 @@
 """What a workdir holds, read into one JSON-able document for the page. Every file is optional and read as it is
 now (a run in progress has a metrics.jsonl whose last line may be half written, and no RL-end captions yet):
 
-    metrics.jsonl            -> curves: {phase: {key: [[step, value], ...]}} (finite numbers only)
-    rollouts/step_*.jsonl    -> steps: [{step, groups}] (jaxcap.train.logs.rollout_records), captions flagged
+    metrics.jsonl            -> curves: {phase: {key: [[step, value], ...]}} (finite numbers only; the step is
+                                the phase's own, from 1, as metrics.jsonl counts it)
+    rollouts/step_*.jsonl    -> steps: [{step, groups}] (jaxcap.train.logs.rollout_records), captions flagged,
+                                groups marked when they carry no signal or their captions saw different questions
     captions/<phase>_<tag>.jsonl -> held-out: per image, the SFT-end caption beside the RL-end one, with scores
-    **/report.json (jaxcap.eval) -> evals: per image, each captioner's headline metrics (and captions)
+    **/report.json (jaxcap.eval) -> evals (jaxcap.inspect.evals)
+
+Beside each image: its reference caption and curated questions (jaxcap.inspect.truth).
 """
 
 from __future__ import annotations
@@ -12,30 +16,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from jaxcap.inspect.evals import eval_reports
 from jaxcap.inspect.flags import caption_flags
+from jaxcap.inspect.jsonl import json_lines
 from jaxcap.inspect.media import Thumbnails
+from jaxcap.inspect.truth import TruthIndex
 from jaxcap.train.logs.rollout_records import FILE_RE
 
 # The held-out caption sets the comparison view pairs, in order of preference for each side.
 BEFORE = ("sft_end", "rl_start", "sft_start")
 AFTER = ("rl_end",)
-
-
-def json_lines(path: Path) -> Iterator[dict]:
-  """The objects of a JSONL file; a line that does not parse (one being written) is skipped."""
-  try:
-    text = path.read_text()
-  except OSError:
-    return
-  for line in text.splitlines():
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      continue
-    if isinstance(row, dict):
-      yield row
+# Advantages below this are float noise: a group whose captions all have one carries no signal.
+NO_SIGNAL = 1e-6
 
 
 def _number(v) -> bool:
@@ -52,35 +46,48 @@ def curves(workdir: Path) -> dict[str, dict[str, list]]:
   return out
 
 
-def rollout_steps(workdir: Path, thumbs: Thumbnails) -> list[dict]:
+def _own_questions(samples: list[dict]) -> dict[str, int]:
+  """family -> questions per caption, for each family whose captions were asked different questions (CapRL draws
+  each caption's own sample of the image's questions): their rewards are not on the same questions."""
+  out = {}
+  evidence = [s.get("evidence") or {} for s in samples]
+  families = {f for e in evidence for f, v in e.items() if isinstance(v, dict) and "questions" in v}
+  for family in sorted(families):
+    asked = [(e.get(family) or {}).get("questions") or [] for e in evidence]
+    keys = {tuple(q.get("question", "") if isinstance(q, dict) else str(q) for q in a) for a in asked}
+    if len(keys) > 1:
+      out[family] = max(len(a) for a in asked)
+  return out
+
+
+def annotate_group(group: dict, thumbs: Thumbnails, truth: TruthIndex) -> dict:
+  """A rollout record group as the page shows it: its image, reference caption and questions, its captions'
+  flags, its reward spread (max - min, None with fewer than 2 judged captions), whether it carries no signal
+  (every advantage 0: all its captions scored the same) and which families asked each caption its own questions."""
+  known = truth.lookup("train", str(group.get("record_id", "")))
+  group["thumb"] = thumbs.url(group.get("media", "") or known.get("media", ""))
+  group["reference"] = group.get("reference") or known.get("reference", "")
+  group["truth"] = known.get("questions", [])
+  samples = group.get("samples", [])
+  for s in samples:
+    s["flags"] = caption_flags(s.get("caption", ""))
+  rewards = [s["reward"] for s in samples if _number(s.get("reward"))]
+  group["spread"] = max(rewards) - min(rewards) if len(rewards) > 1 else None
+  advantages = [s["advantage"] for s in samples if _number(s.get("advantage"))]
+  group["no_signal"] = bool(advantages) and all(abs(a) < NO_SIGNAL for a in advantages)
+  group["own_questions"] = _own_questions(samples)
+  return group
+
+
+def rollout_steps(workdir: Path, thumbs: Thumbnails, truth: TruthIndex) -> list[dict]:
   directory = workdir / "rollouts"
   files = sorted(directory.glob("step_*.jsonl")) if directory.is_dir() else []
   steps = []
   for path in files:
     m = FILE_RE.match(path.name)
-    if not m:
-      continue
-    groups = list(json_lines(path))
-    for group in groups:
-      group["thumb"] = thumbs.url(group.get("media", ""))
-      for s in group.get("samples", []):
-        s["flags"] = caption_flags(s.get("caption", ""))
-    steps.append({"step": int(m.group(1)), "groups": groups})
+    if m:
+      steps.append({"step": int(m.group(1)), "groups": [annotate_group(g, thumbs, truth) for g in json_lines(path)]})
   return steps
-
-
-def _media_index(workdir: Path, config: dict) -> dict[str, str]:
-  """Held-out image id -> its media path (the eval manifest's, in any form `read_manifest` reads, else the
-  synthetic world's); empty when it cannot be read (the page shows captions without thumbnails)."""
-  from jaxcap.data.manifest import ManifestError, read_manifest
-
-  manifest = (config.get("data") or {}).get("eval_manifest") or ""
-  source = manifest or str(workdir / "world" / "heldout" / "manifest.jsonl")
-  try:
-    records = read_manifest(source, require_media=False).records
-  except (ManifestError, OSError):
-    return {}
-  return {r.id: r.image or (r.frames[0] if r.frames else "") for r in records}
 
 
 def _caption_sets(workdir: Path) -> dict[str, dict[str, dict]]:
@@ -99,73 +106,23 @@ def _side(row: dict | None) -> dict | None:
   return {"caption": caption, "flags": caption_flags(caption), **{k: row.get(k) for k in keep if k in row}}
 
 
-def heldout(workdir: Path, config: dict, thumbs: Thumbnails) -> dict:
-  """The comparison of the SFT-end (or RL-start) captions with the RL-end ones, one pair per image; a side whose
-  file is not written yet (a run in progress) is null."""
+def heldout(workdir: Path, thumbs: Thumbnails, truth: TruthIndex) -> dict:
+  """The comparison of the SFT-end (or RL-start) captions with the RL-end ones, one pair per image, each with its
+  image's reference caption and questions and the change in QA accuracy (`delta`: RL end minus SFT end, None
+  until both are scored); a side whose file is not written yet (a run in progress) is null."""
   sets = _caption_sets(workdir)
   before = next((n for n in BEFORE if n in sets), None)
   after = next((n for n in AFTER if n in sets), None)
   ids = list(dict.fromkeys([*sets.get(before, {}), *sets.get(after, {})]))
-  media = _media_index(workdir, config) if ids else {}
   rows = []
   for i in ids:
-    left, right = sets.get(before, {}).get(i), sets.get(after, {}).get(i)
-    rows.append({"id": i, "thumb": thumbs.url(media.get(i, "")), "left": _side(left), "right": _side(right)})
+    left, right = _side(sets.get(before, {}).get(i)), _side(sets.get(after, {}).get(i))
+    known = truth.lookup("heldout", i)
+    scores = [side.get("qa_accuracy") if side else None for side in (left, right)]
+    delta = scores[1] - scores[0] if all(_number(v) for v in scores) else None
+    rows.append({"id": i, "thumb": thumbs.url(known.get("media", "")), "reference": known.get("reference", ""),
+                 "truth": known.get("questions", []), "left": left, "right": right, "delta": delta})  # fmt: skip
   return {"sets": sorted(sets), "left": before, "right": after, "rows": rows}
-
-
-def _captions_of(spec: str, root: Path) -> dict[str, str]:
-  path = spec[len("jsonl:") :] if spec.startswith("jsonl:") else spec
-  if not path.endswith(".jsonl"):
-    return {}
-  p = Path(path) if Path(path).is_absolute() else root / path
-  if not p.exists():
-    p = Path(path)
-  return {str(r["id"]): r.get("caption", (r.get("captions") or [""])[0]) for r in json_lines(p) if "id" in r}
-
-
-def eval_reports(workdir: Path, thumbs: Thumbnails, extra: list[Path] = ()) -> list[dict]:
-  """Every jaxcap.eval report.json under the workdir (and `extra` ones): per image, each captioner's headline
-  metric values and, when the report's caption files can be read, their captions."""
-  skip = {"checkpoints", "compile_cache", "wandb", "mlruns", "tensorboard", "rollouts", "world", "export", "site"}
-  found = [p for d in workdir.iterdir() if d.is_dir() and d.name not in skip for p in d.rglob("report.json")]
-  paths = [*sorted(found), *extra]
-  out = []
-  for path in dict.fromkeys(paths):
-    try:
-      doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-      continue
-    if "models" not in doc or "image_ids" not in doc:
-      continue
-    settings = doc.get("settings") or {}
-    media = _media_index(workdir, {"data": {"eval_manifest": settings.get("manifest", "")}})
-    specs = settings.get("captioners") or {}
-    captions = {m["name"]: _captions_of(str(specs.get(m["name"], "")), Path.cwd()) for m in doc["models"]}
-    headline = [h for h in doc.get("headline", [])]
-    images = []
-    for n, image_id in enumerate(doc["image_ids"]):
-      values = {m["name"]: {h: _image_value(m, h, n) for h in headline} for m in doc["models"]}
-      caps = {name: c.get(image_id) for name, c in captions.items() if c.get(image_id) is not None}
-      images.append({"id": image_id, "thumb": thumbs.url(media.get(image_id, "")), "values": values, "captions": caps})
-    estimates = {m["name"]: {h: (m.get("estimates") or {}).get(h) for h in headline} for m in doc["models"]}
-    name = str(Path(path).parent.relative_to(workdir)) if Path(path).is_relative_to(workdir) else str(path)
-    out.append({"name": name, "models": [m["name"] for m in doc["models"]], "headline": headline, "images": images,
-                "estimates": estimates})  # fmt: skip
-  return out
-
-
-def _image_value(model: dict, metric: str, n: int) -> float | None:
-  if metric in (model.get("metrics") or {}):
-    m = model["metrics"][metric]
-    num, den = m["num"][n], m["den"][n]
-    return num / den if den else None
-  values = (model.get("composite_values") or {}).get(metric)
-  if values is not None and n < len(values):
-    return values[n]
-  if metric == "length/words" and n < len(model.get("lengths", [])):
-    return model["lengths"][n]
-  return None
 
 
 def load_run(workdir: Path, site: Path, eval_reports_extra: list[Path] = ()) -> dict[str, Any]:
@@ -174,6 +131,7 @@ def load_run(workdir: Path, site: Path, eval_reports_extra: list[Path] = ()) -> 
   saved = json.loads((workdir / "config.json").read_text()) if (workdir / "config.json").exists() else {}
   config = saved.get("config", saved)  # jaxcap.train.shell.resume.record's {"config": ..., "runtime": ...}
   thumbs = Thumbnails(site, [workdir, Path.cwd()])
+  truth = TruthIndex(workdir, config)
   summary = json.loads((workdir / "summary.json").read_text()) if (workdir / "summary.json").exists() else None
   return {
     "run": {
@@ -183,7 +141,7 @@ def load_run(workdir: Path, site: Path, eval_reports_extra: list[Path] = ()) -> 
       "summary": {k: v for k, v in (summary or {}).items() if isinstance(v, dict) and not k.endswith("_samples")},
     },
     "curves": curves(workdir),
-    "steps": rollout_steps(workdir, thumbs),
-    "heldout": heldout(workdir, config, thumbs),
-    "evals": eval_reports(workdir, thumbs, list(eval_reports_extra)),
+    "steps": rollout_steps(workdir, thumbs, truth),
+    "heldout": heldout(workdir, thumbs, truth),
+    "evals": eval_reports(workdir, thumbs, truth, list(eval_reports_extra)),
   }

@@ -1,6 +1,7 @@
-"""Thumbnails of the media the site shows: JPEGs of at most `size` px a side under <site>/media/, named by a hash
-of the source path, made once (a rebuild of the site reuses them). A video file gets its first frame (PyAV); a
-file that cannot be read gets no thumbnail (the page shows its path)."""
+"""Thumbnails of the media the site shows: JPEGs of at most `size` px a side (512: the page shows them at 240 px
+and enlarged on a click) under <site>/media/, named by a hash of the source path and size, made once (a rebuild
+of the site reuses them). A video file gets its first frame (PyAV); a file that cannot be read gets no thumbnail
+(the page shows its path)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Thumbnails:
 
   VIDEO = {".mp4", ".webm", ".mkv", ".mov", ".avi"}
 
-  def __init__(self, site: Path, roots: list[Path], size: int = 160):
+  def __init__(self, site: Path, roots: list[Path], size: int = 512):
     self.directory = site / "media"
     self.roots, self.size = roots, size
     self._made: dict[str, str | None] = {}
@@ -42,7 +43,7 @@ class Thumbnails:
       return self._made[path]
     source, url = resolve(path, self.roots), None
     if source is not None:
-      name = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:16] + ".jpg"
+      name = hashlib.sha1(f"{source.resolve()}:{self.size}".encode()).hexdigest()[:16] + ".jpg"
       target = self.directory / name
       try:
         if not target.exists():
@@ -50,7 +51,7 @@ class Thumbnails:
           image = ImageOps.exif_transpose(image).convert("RGB")
           image.thumbnail((self.size, self.size))
           self.directory.mkdir(parents=True, exist_ok=True)
-          image.save(target, quality=85)
+          image.save(target, quality=92)  # small synthetic images are shown enlarged
         url = f"media/{name}"
       except Exception:  # an unreadable file: the page names it instead
         url = None

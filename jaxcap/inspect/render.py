@@ -1,14 +1,18 @@
-"""The page: static/app.css, static/app.js and the run's document (data.load_run) inlined into one index.html, so
-the site opens from disk with no server and fetches nothing (no CDN, no fetch(): file:// pages may not)."""
+"""The page: static/app.css, the static/ scripts (SCRIPTS, in order) and the run's document (data.load_run) inlined
+into one index.html, so the site opens from disk with no server and fetches nothing (no CDN, no fetch(): file://
+pages may not)."""
 
 from __future__ import annotations
 
 import html
-from jaxcap.train.logs.metrics import to_json
 from pathlib import Path
 from typing import Any
 
+from jaxcap.train.logs.metrics import to_json
+
 STATIC = Path(__file__).parent / "static"
+# One file per concept, shared helpers first and the tabs (which render every view) last.
+SCRIPTS = ("core.js", "diff.js", "charts.js", "evidence.js", "rollouts.js", "heldout.js", "evals.js", "app.js")
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -36,7 +40,8 @@ def page(doc: dict[str, Any]) -> str:
   """index.html for `doc`: the JSON is escaped so no string in it can close its script element."""
   data = to_json(doc).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
   title = html.escape(f"jaxcap inspect: {doc['run']['name']}")
-  css, js = (STATIC / "app.css").read_text(), (STATIC / "app.js").read_text()
+  css = (STATIC / "app.css").read_text()
+  js = "\n".join((STATIC / name).read_text() for name in SCRIPTS)
   return PAGE.format(title=title, css=css, js=js, data=data)
 
 

@@ -151,11 +151,13 @@ class CapRLReward:
     answered = np.zeros(len(captions))
     drawn = np.zeros(len(captions))
     failed = collections.Counter()
-    asked: list[list[dict]] = [[] for _ in captions]  # evidence: each question, the letter chosen, right or not
+    # evidence: each question with its options as presented and their letters, the gold letter, the letter chosen
+    # and whether it was right (the inspector shows each letter's option text)
+    asked: list[list[dict]] = [[] for _ in captions]
     for req, owner, gold, reply in zip(requests, owners, golds, replies):
       drawn[owner] += 1
       labels = req.option_labels()
-      seen = {"question": req.question, "options": list(req.options), "gold": labels[gold]}
+      seen = {"question": req.question, "options": list(req.options), "labels": list(labels), "gold": labels[gold]}
       asked[owner].append(seen)
       if reply.failed:
         failed["answer_multiple_choice"] += 1

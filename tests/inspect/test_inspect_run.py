@@ -1,23 +1,31 @@
 """A real tiny run of the main job with rollout records every RL step and every installed tracker (W&B offline,
-MLflow's local file store): its rollout records, the inspector rendered in headless Chromium (asserting on the
-DOM, with a screenshot), and the trackers' scalars read back from their files, equal to metrics.jsonl."""
+MLflow's local SQLite store), then `python -m jaxcap.eval` on its held-out captions: its rollout records, the
+inspector rendered in headless Chromium (asserting on the DOM: captions, reward bars, evidence tables with each
+option's text, the eval estimates, hash navigation; with a screenshot), and the trackers' scalars read back from
+their files, equal to metrics.jsonl, with rollout tables that carry the image, prompt and evidence."""
 
 import glob
 import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
 
 import pytest
 
-from processes import cpu_env, launch, tiny_run
+from processes import AS_INSTALLED, cpu_env, launch, run_command, tiny_run
 
 pytestmark = pytest.mark.slow
 
-TRACKERS = ["tensorboard"] + [t for t in ("wandb", "mlflow") if importlib.util.find_spec(t) is not None]
+# mlflow-skinny alone has no SQLite store (the tracking extra installs mlflow): the test logs to MLflow where it can
+TRACKERS = ["tensorboard"] + [
+  t
+  for t, needs in (("wandb", ()), ("mlflow", ("sqlalchemy",)))
+  if all(importlib.util.find_spec(m) for m in (t, *needs))
+]
 EVAL_IMAGES = 4
 
 
@@ -29,6 +37,14 @@ def run(tmp_path_factory):
   env = cpu_env(1, WANDB_MODE="offline", WANDB_SILENT="true", MLFLOW_TRACKING_URI=None)
   out = launch("caprl", *flags, workdir=workdir, env=env)
   assert "warning: tracker" not in out.stderr, out.stderr[-2000:]
+  captions = lambda name: f"{name}=jsonl:{workdir / 'captions' / f'{name}_end.jsonl'}"
+  run_command(
+    [*AS_INSTALLED, "-m", "jaxcap.eval", "--config=configs/eval.py", f"--config.num_images={EVAL_IMAGES}",
+     f"--config.manifest={workdir / 'world' / 'heldout' / 'manifest.jsonl'}", "--captioner", captions("sft"),
+     "--captioner", captions("rl"), "--config.compare_to=sft", "--config.empty_captions=score",
+     f"--config.out_dir={workdir / 'eval_report'}"],
+    env=env,
+  )  # fmt: skip
   return workdir
 
 
@@ -44,6 +60,16 @@ def _expected(workdir):
       if k not in ("phase", "step") and isinstance(v, (int, float)) and math.isfinite(v):
         out[(row["phase"], row["step"], k)] = float(v)
   return out
+
+
+def _table_rows_carry_image_prompt_and_evidence(columns, data, image_ok):
+  rows = [dict(zip(columns, r)) for r in data]
+  assert len(rows) == 4  # rl.batch_size 2 x rl.num_samples 2
+  for r in rows:
+    assert image_ok(r["image"]) and r["prompt"] and r["reference"]
+    assert (
+      r["evidence"].startswith("[caprl/accuracy]\n") and " answered " in r["evidence"] and ", gold " in r["evidence"]
+    )
 
 
 def test_rollout_records_of_a_real_run(run):
@@ -64,7 +90,7 @@ def test_rollout_records_of_a_real_run(run):
 def test_inspector_in_headless_chromium(run, tmp_path):
   from browser import chrome
   from selenium.webdriver.common.by import By
-  from selenium.webdriver.support.ui import Select
+  from selenium.webdriver.support.ui import Select, WebDriverWait
 
   from jaxcap.inspect.cli import build_site
 
@@ -87,7 +113,29 @@ def test_inspector_in_headless_chromium(run, tmp_path):
       for b in bars:
         width = b.find_element(By.TAG_NAME, "span").get_attribute("style")
         assert width == f"width: {float(b.get_attribute('data-value')) * 100:g}%;"
+      # each caption's CapRL evidence: a row per question with the answered and the gold option's text
+      for g, shown_group in zip(sorted(groups, key=lambda g: -g["group_reward"]), shown):
+        if g["group_reward"] is None:
+          continue
+        for s, card in zip(
+          sorted(g["samples"], key=lambda s: -(s["reward"] or 0)), shown_group.find_elements(By.CSS_SELECTOR, ".sample")
+        ):
+          questions = [q for q in s["evidence"]["caprl/accuracy"]["questions"] if "letter" in q]
+          rows = card.find_elements(By.CSS_SELECTOR, "table.questions tr.right, table.questions tr.wrong")
+          assert len(rows) == len(questions)
+          for q, row in zip(questions, rows):
+            cells = [text(c) for c in row.find_elements(By.TAG_NAME, "td")]
+            option = lambda letter: (
+              f"{letter}. {q['options'][q['labels'].index(letter)]}" if letter else "no option picked"
+            )
+            assert cells[1] == q["question"] and cells[3:] == [
+              option(q["letter"]),
+              option(q["gold"]),
+              "✓" if q["correct"] else "✗",
+            ]
+            assert cells[2] == "".join(f"{label}. {o}" for label, o in zip(q["labels"], q["options"]))
     driver.find_element(By.CSS_SELECTOR, "button[data-view=heldout]").click()
+    assert driver.current_url.endswith("#heldout")
     pairs = driver.find_elements(By.CSS_SELECTOR, "#view-heldout .pair")
     sft = {r["id"]: r["caption"] for r in _lines(run / "captions" / "sft_end.jsonl")}
     rl = {r["id"]: r["caption"] for r in _lines(run / "captions" / "rl_end.jsonl")}
@@ -96,6 +144,22 @@ def test_inspector_in_headless_chromium(run, tmp_path):
       image = p.get_attribute("data-id")
       assert text(p.find_element(By.CSS_SELECTOR, ".left .caption")) == sft[image]
       assert text(p.find_element(By.CSS_SELECTOR, ".right .caption")) == rl[image]
+    # the eval report's estimates, as the report holds them: mean [low, high]
+    driver.find_element(By.CSS_SELECTOR, "button[data-view=evals]").click()
+    report = json.loads((run / "eval_report" / "report.json").read_text())
+    for model in report["models"]:
+      estimate = model["estimates"]["captionqa/full"]
+      cell = driver.find_element(
+        By.CSS_SELECTOR, f"td.estimate[data-model={model['name']}][data-metric='captionqa/full']"
+      )
+      shown = [float(x) for x in re.findall(r"-?\d+\.\d+", text(cell).split("vs")[0])]  # one decimal: percentages
+    assert shown == pytest.approx([estimate["mean"], estimate["low"], estimate["high"]], abs=0.051)
+    # hash navigation: back returns to the held-out view, forward to the reports, a URL opens its view
+    shown = lambda view: WebDriverWait(driver, 5).until(lambda d: d.find_element(By.ID, f"view-{view}").is_displayed())
+    driver.back()  # hashchange is handled after back() returns: wait for it
+    assert shown("heldout") and driver.current_url.endswith("#heldout")
+    driver.forward()
+    assert shown("evals") and driver.current_url.endswith("#evals")
     driver.find_element(By.CSS_SELECTOR, "button[data-view=rollouts]").click()
     shot = tmp_path / "inspector.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
@@ -133,6 +197,8 @@ def _wandb_records(path):
 
 @pytest.mark.skipif("wandb" not in TRACKERS, reason="wandb is not installed (pip install -e '.[tracking]')")
 def test_wandb_offline_scalars_equal_metrics_jsonl(run):
+  from jaxcap.train.logs.trackers import tracker_key
+
   (log,) = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
   logged, tables, config = {}, 0, {}
   for record in _wandb_records(Path(log)):
@@ -146,39 +212,42 @@ def test_wandb_offline_scalars_equal_metrics_jsonl(run):
     tables += any(len(i.nested_key) > 1 and i.nested_key[0] == "rl/rollouts" for i in record.history.item)
     phases = {k[: -len("/step")] for k in items if k.endswith("/step")}
     for k, v in items.items():
-      phase, _, key = k.partition("/")
-      if phase in phases and key != "step":
-        logged[(phase, items[f"{phase}/step"], key)] = v
-  assert logged == pytest.approx(_expected(run))
+      phase = k.partition("/")[0]
+      if phase in phases and k != f"{phase}/step":
+        logged[(phase, items[f"{phase}/step"], k)] = v
+  assert logged == pytest.approx({(p, s, tracker_key(p, k)): v for (p, s, k), v in _expected(run).items()})
+  assert any(p == "vision" for p, _, _ in logged) and not any(k.startswith("vision/vision/") for _, _, k in logged)
   assert tables == 2  # one rollout table per record file
+  files = run / "wandb" / "offline-run-*" / "files" / "media" / "table" / "rl"
+  (table, _) = sorted(glob.glob(str(files / "rollouts_*.table.json")))
+  doc = json.loads(Path(table).read_text())
+  # the run's copy of a table names a wandb.Image cell by its type (the image goes with the table's artifact);
+  # a path would be the path, a missing image null
+  _table_rows_carry_image_prompt_and_evidence(doc["columns"], doc["data"], lambda v: v == "Image")
   assert config["rl"]["steps"] == 2 and config["logging"]["rollouts_every"] == 1  # the run config
 
 
 @pytest.mark.skipif("mlflow" not in TRACKERS, reason="mlflow is not installed (pip install -e '.[tracking]')")
-def test_mlflow_file_store_scalars_equal_metrics_jsonl(run, monkeypatch):
-  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+def test_mlflow_sqlite_store_scalars_equal_metrics_jsonl(run, monkeypatch):
+  monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the default store needs no permission to read
   from mlflow.tracking import MlflowClient
 
-  from jaxcap.train.logs.trackers import mlflow_key
+  from jaxcap.train.logs.trackers import default_mlflow_uri, mlflow_key, tracker_key
 
-  client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+  assert (run / "mlflow.db").is_file() and not (run / "mlruns").exists()
+  client = MlflowClient(tracking_uri=default_mlflow_uri(run))
   run_id = (run / "trackers" / "mlflow_run_id").read_text().strip()
   data = client.get_run(run_id).data
   expected = _expected(run)
   keys = {(phase, key) for phase, _, key in expected}
-  assert set(data.metrics) == {mlflow_key(p, k) for p, k in keys}
+  assert set(data.metrics) == {mlflow_key(p, k) for p, k in keys} == {tracker_key(p, k) for p, k in keys}
   logged = {}
   for phase, key in keys:
     for m in client.get_metric_history(run_id, mlflow_key(phase, key)):
       logged[(phase, m.step, key)] = m.value
   assert logged == pytest.approx(expected)
   assert data.params["rl.steps"] == "2" and data.params["logging.rollouts_every"] == "1"
-  table = json.loads((run / "mlruns").joinpath(*_artifact(client, run_id, "rollouts/step_000002.json")).read_text())
-  assert len(table["data"]) == 4 and table["columns"][:5] == ["step", "record_id", "rank", "sample", "caption"]
-
-
-def _artifact(client, run_id, name):
-  """The path parts of a logged artifact under the file store's root."""
-  uri = client.get_run(run_id).info.artifact_uri
-  root = uri.split("mlruns/", 1)[1]
-  return [*root.split("/"), *name.split("/")]
+  artifacts = Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://"))
+  assert artifacts.is_relative_to(run / "mlartifacts")  # beside the database, not under the current directory
+  table = json.loads((artifacts / "rollouts" / "step_000002.json").read_text())
+  _table_rows_carry_image_prompt_and_evidence(table["columns"], table["data"], lambda v: (artifacts / v).is_file())

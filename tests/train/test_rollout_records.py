@@ -54,7 +54,7 @@ def test_a_record_file_holds_the_sampled_groups_with_hand_computed_rows(tmp_path
   values = [[1, 0], [0, 0], [0.2, 0.2], [0.2, 0.2], [1, 1], [0.5, 1], [0, 0], [0, 0.4]]
   valid = np.ones((8, 2), bool)
   valid[7, 1] = False  # not judged: its reward is null, the group's mean is its other caption's
-  records = [ImageRecord(id=f"r{b}", image=f"img/{b}.png") for b in range(4)]
+  records = [ImageRecord(id=f"r{b}", image=f"img/{b}.png", reference_caption=f"ref {b}") for b in range(4)]
   captions = [f"caption {j}" for j in range(8)]
   tokens = np.zeros((8, 5), np.int32)
   tokens[0, 2] = STOP  # sample 0 stopped; the others ran to max_new_tokens
@@ -80,6 +80,7 @@ def test_a_record_file_holds_the_sampled_groups_with_hand_computed_rows(tmp_path
   rows = [_strict(line) for line in lines]  # strict JSON: NaN is null
   assert len(rows) == 3 and rows[2]["samples"][1]["reward"] is None and rows[2]["samples"][1]["advantage"] is None
   assert rows[0]["media"] == "img/2.png" and rows[0]["prompt"] == "Describe the image." and rows[0]["step"] == 4
+  assert [r["reference"] for r in rows] == ["ref 2", "ref 0", "ref 3"]
 
 
 def test_long_fields_are_cut_and_resume_drops_later_steps(tmp_path):
@@ -112,6 +113,11 @@ def test_caprl_evidence_names_each_question_and_whether_the_letter_was_right():
     share = np.mean([q["correct"] for q in asked])
     assert share == pytest.approx(batch.values[i, 0])
     assert all(q["gold"] in "ABCDEFGHI" and q["question"] for q in asked)
+    answers = {q.question: q.answer for q in W.record().questions}
+    for q in asked:  # each letter names its option: the gold letter's option text is the question's answer
+      assert (
+        len(q["labels"]) == len(q["options"]) and q["options"][q["labels"].index(q["gold"])] == answers[q["question"]]
+      )
 
 
 def test_rubicap_and_balcaprl_evidence_agree_with_their_rewards():

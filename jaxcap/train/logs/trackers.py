@@ -1,12 +1,16 @@
 """Experiment trackers: mirrors of metrics.jsonl (the source of truth) in TensorBoard, Weights & Biases and MLflow,
-chosen by `logging.trackers`. Each gets the same scalars (`{phase}/{key}` at the phase's step; values that were not
-measured or not finite are left out), the run config, and the rollout records as tables.
+chosen by `logging.trackers`. Each gets the same scalars (`tracker_key`: `{phase}/{key}`, a key already named by its
+phase, `vision/colour_acc`, as is; at the phase's own step, as metrics.jsonl counts it; values that were not
+measured or not finite are left out), the run config, and the rollout records as tables with each caption's
+image, prompt, reference and the judge's evidence (jaxcap.train.logs.rollout_tables).
 
     trackers = open_trackers(["tensorboard", "wandb"], workdir, config_dict, project="jaxcap", run_name="caprl")
     for t in trackers: t.log("rl", 3, {"loss": 0.2})
 
 W&B follows its own settings (WANDB_MODE=offline writes <workdir>/wandb/ and touches no network); MLflow logs to
-`logging.mlflow_uri`, else MLFLOW_TRACKING_URI, else its local file store file:<workdir>/mlruns. A resumed run goes
+`logging.mlflow_uri`, else MLFLOW_TRACKING_URI, else a local SQLite store, sqlite:///<workdir>/mlflow.db with its
+artifacts in <workdir>/mlartifacts (MLflow 3 refuses to read its file store without MLFLOW_ALLOW_FILE_STORE;
+`mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db` shows the run). A resumed run goes
 on in the same W&B / MLflow run (its id is kept in <workdir>/trackers/). TensorBoard's event files are rebuilt when
 metrics.jsonl drops records (`replace`); W&B and MLflow cannot take records back, so the steps a resumed run
 replays after its checkpoint appear there twice (with the same step). A tracker that fails to start, or later, is
@@ -15,6 +19,7 @@ one warning line and is dropped: the run and metrics.jsonl go on.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -24,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from jaxcap.train.logs.rollout_tables import rollout_table
 
 INSTALL = "pip install 'jaxcap[tracking]'"
 
@@ -38,16 +45,21 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in metrics.items() if number(v)}
 
 
-def rollout_table(groups: Sequence[Mapping]) -> tuple[list[str], list[list]]:
-  """(columns, rows) of rollout record groups: one row per caption, its rewards one column per dimension."""
-  names = list(groups[0]["reward_names"]) if groups else []
-  columns = ["step", "record_id", "rank", "sample", "caption", "reward", "advantage", "tokens", "stop", *names]
-  rows = []
-  for group in groups:
-    for j, s in enumerate(group["samples"]):
-      head = [group["step"], group["record_id"], group["rank"], j, s["caption"], s["reward"], s["advantage"]]
-      rows.append([*head, s["tokens"], s["stop"], *(s["rewards"].get(n) for n in names)])
-  return columns, rows
+def tracker_key(phase: str, key: str) -> str:
+  """The name a tracker logs `key` of `phase` under: `{phase}/{key}`, or `key` when it already starts with the
+  phase's name (the vision warm-up's `vision/colour_acc`, not `vision/vision/colour_acc`)."""
+  return key if key.startswith(f"{phase}/") else f"{phase}/{key}"
+
+
+def _media(groups: Sequence[Mapping], workdir: Path) -> dict[str, Path]:
+  """media path as recorded -> the file, for the groups' images that exist (relative paths: under the workdir)."""
+  out = {}
+  for g in groups:
+    path = Path(g.get("media") or "")
+    path = path if path.is_absolute() else workdir / path
+    if g.get("media") and path.is_file():
+      out[g["media"]] = path
+  return out
 
 
 def _run_id(workdir: Path, name: str, new_id) -> str:
@@ -73,7 +85,7 @@ class TensorBoard:
 
   def log(self, phase: str, step: int, values: Mapping[str, float], flush: bool = True) -> None:
     for k, v in values.items():
-      self.writer.add_scalar(f"{phase}/{k}", v, step)
+      self.writer.add_scalar(tracker_key(phase, k), v, step)
     if flush:
       self.writer.flush()
 
@@ -100,7 +112,7 @@ class WandB:
 
     run_id = _run_id(workdir, "wandb", lambda: secrets.token_hex(4))
     settings = wandb.Settings(console="off", silent=True)
-    self.wandb = wandb
+    self.wandb, self.workdir = wandb, workdir
     self.run = wandb.init(
       project=project, name=run_name, id=run_id, resume="allow", dir=str(workdir), config=dict(config),
       settings=settings,
@@ -112,13 +124,16 @@ class WandB:
       self.run.define_metric(f"{phase}/step")
       self.run.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
       self._phases.add(phase)
-    self.run.log({**{f"{phase}/{k}": v for k, v in values.items()}, f"{phase}/step": step})
+    self.run.log({**{tracker_key(phase, k): v for k, v in values.items()}, f"{phase}/step": step})
 
   def replace(self, rows: Sequence[Mapping]) -> None:
     pass  # W&B cannot take logged points back (module docstring)
 
   def log_rollouts(self, step: int, groups: Sequence[Mapping]) -> None:
     columns, rows = rollout_table(groups)
+    media, image = _media(groups, self.workdir), columns.index("image")
+    images = {m: self.wandb.Image(str(p)) for m, p in media.items()}
+    rows = [[*r[:image], images.get(r[image]), *r[image + 1 :]] for r in rows]  # the image itself, not its path
     self.log("rl", step, {})  # keeps the phase's step metric defined
     self.run.log({"rl/rollouts": self.wandb.Table(columns=columns, data=rows), "rl/step": step})
 
@@ -129,25 +144,43 @@ class WandB:
 _MLFLOW_KEY = re.compile(r"[^\w\-. /]")
 
 
-def mlflow_key(phase: str, key: str) -> str:
-  """`{phase}/{key}` with the key's slashes as dots: MLflow's file store keeps a metric per file under its key's
-  path, so judge/failed and judge/failed/auth could not both be files."""
-  return _MLFLOW_KEY.sub("_", f"{phase}/{key.replace('/', '.')}")
+def mlflow_key(phase: str, key: str, file_store: bool = False) -> str:
+  """`tracker_key(phase, key)`, characters MLflow rejects as `_`; in a file store (a `file:` or plain path URI)
+  the slashes past the phase are dots: it keeps a metric per file under its key's path, so judge/failed and
+  judge/failed/auth could not both be files."""
+  name = tracker_key(phase, key)
+  if file_store:
+    head, _, tail = name.partition("/")
+    name = f"{head}/{tail.replace('/', '.')}"
+  return _MLFLOW_KEY.sub("_", name)
+
+
+def default_mlflow_uri(workdir: Path) -> str:
+  """The local store a run logs to when given none: SQLite in the workdir (MLflow 3 refuses to read its file
+  store unless MLFLOW_ALLOW_FILE_STORE is set; `mlflow ui` reads this one as it is)."""
+  return f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
 
 
 class MLflow:
-  """An MLflow run: scalars at their step, the config as params (and config.json), rollouts as JSON tables."""
+  """An MLflow run: scalars at their step, the config as params (and config.json), rollouts as JSON tables with
+  their images as artifacts."""
 
   def __init__(self, workdir: Path, config: Mapping, project: str, run_name: str, uri: str = ""):
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "") or (workdir / "mlruns").resolve().as_uri()
-    if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked; a local run needs no database
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_mlflow_uri(workdir)
+    self.file_store = uri.startswith("file:") or "://" not in uri
+    if self.file_store:  # asked for by name: MLflow 3 writes one only when allowed (reading it needs the same)
       os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    if uri.startswith("sqlite:") and importlib.util.find_spec("sqlalchemy") is None:
+      raise ImportError("MLflow's SQLite store needs SQLAlchemy, which mlflow-skinny lacks (the tracking extra has it)")
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
+    self.workdir = workdir
     self.client = client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(project)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(project)
+    # a store of this run's own keeps its artifacts beside it (MLflow's default is ./mlruns under the current dir)
+    location = (workdir / "mlartifacts").resolve().as_uri() if uri == default_mlflow_uri(workdir) else None
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(project, artifact_location=location)
     self.run_id = _run_id(workdir, "mlflow", lambda: client.create_run(exp_id, run_name=run_name).info.run_id)
     flat = _flatten(config)
     params = [Param(_MLFLOW_KEY.sub("_", k), str(v)[:6000]) for k, v in flat.items()]
@@ -161,7 +194,7 @@ class MLflow:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    metrics = [Metric(mlflow_key(phase, k), v, now, step) for k, v in values.items()]
+    metrics = [Metric(mlflow_key(phase, k, self.file_store), v, now, step) for k, v in values.items()]
     for i in range(0, len(metrics), 1000):
       self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
@@ -169,7 +202,14 @@ class MLflow:
     pass  # MLflow keeps every logged point (module docstring)
 
   def log_rollouts(self, step: int, groups: Sequence[Mapping]) -> None:
+    """The table as artifact rollouts/step_XXXXXX.json, its "image" column the image's artifact path
+    (rollouts/media/<file name>, logged once)."""
     columns, rows = rollout_table(groups)
+    image, logged = columns.index("image"), {}
+    for media, path in _media(groups, self.workdir).items():
+      self.client.log_artifact(self.run_id, str(path), "rollouts/media")
+      logged[media] = f"rollouts/media/{path.name}"
+    rows = [[*r[:image], logged.get(r[image], ""), *r[image + 1 :]] for r in rows]
     self.client.log_dict(self.run_id, {"columns": columns, "data": rows}, f"rollouts/step_{step:06d}.json")
 
   def close(self) -> None:
