@@ -72,7 +72,7 @@ class Logging(Block):
   curves: bool = field(True, "write curves.png (reward, held-out QA and lengths vs step) when the run ends")
   trackers: list[str] = field(("tensorboard",), "experiment trackers: tensorboard, wandb, mlflow ([] = none)")
   project: str = field("jaxcap", "the W&B project / MLflow experiment")
-  mlflow_uri: str = field("", "MLflow tracking URI; '' = MLFLOW_TRACKING_URI, else file:<workdir>/mlruns")
+  mlflow_uri: str = field("", "MLflow tracking URI; '' = MLFLOW_TRACKING_URI, else sqlite:///<workdir>/mlflow.db")
 
   def check(self, run, at):
     unknown = [t for t in self.trackers if t not in TRACKERS]
