@@ -94,3 +94,18 @@ class Overlong(Block):
   def check(self, run, at):
     if self.buffer > run.sampling.max_new_tokens:
       yield f"{at}buffer={self.buffer}: must not exceed sampling.max_new_tokens={run.sampling.max_new_tokens}"
+
+
+def partial_rollout_problems(rl, run, at):
+  """What rl.partial_rollouts needs of the run (jaxcap.train.rollouts.partial)."""
+  if not rl.partial_rollouts:
+    return
+  if rl.max_staleness < 2:
+    yield (
+      f"{at}partial_rollouts=True needs {at}max_staleness >= 2 (a round's samples run on under the next weights, "
+      f"one update newer); now {rl.max_staleness}"
+    )
+  if run.rollout.engine != "paged":
+    yield f"{at}partial_rollouts=True needs rollout.engine=paged (the static sampler has no samples in flight)"
+  if rl.stream_judging:
+    yield f"{at}partial_rollouts=True judges each round as it finishes; set {at}stream_judging=False"

@@ -8,7 +8,7 @@ import dataclasses
 from jaxcap.choices import MASTER_UPDATES, SCHEDULES
 from jaxcap.fields import ALLOWED, Block, field
 from jaxcap.data.sft_targets import SFT_TARGETS
-from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection
+from jaxcap.config.rl_blocks import LengthMask, Loss, Overlong, RolloutCorrection, partial_rollout_problems
 from jaxcap.rl import ADVANTAGE_ESTIMATORS
 
 
@@ -218,15 +218,7 @@ class Rl(Phase):
         f"{at}max_staleness={self.max_staleness} does not combine with {at}filter_groups={self.filter_groups!r} "
         f"yet (refills would draw from the loader ahead of the queued batches); set one of them off"
       )
-    if self.partial_rollouts and self.max_staleness < 2:
-      yield (
-        f"{at}partial_rollouts=True needs {at}max_staleness >= 2 (a round's samples run on under the next weights, "
-        f"one update newer); now {self.max_staleness}"
-      )
-    if self.partial_rollouts and run.rollout.engine != "paged":
-      yield f"{at}partial_rollouts=True needs rollout.engine=paged (the static sampler has no samples in flight)"
-    if self.partial_rollouts and self.stream_judging:
-      yield f"{at}partial_rollouts=True judges each round as it finishes; set {at}stream_judging=False"
+    yield from partial_rollout_problems(self, run, at)
     if not isinstance(self.filter_groups, str) or not self.filter_groups.strip():
       yield f"{at}filter_groups={self.filter_groups!r}: use off, spread or a reward dimension's name"
     if self.batch_size >= 1 and self.filter_groups_max_extra > 0 and self.filter_groups_max_extra % self.batch_size:

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcap.train.rollouts.fully_async import Ahead, FullyAsync, rollout_version, window_end
+from jaxcap.train.rollouts.fully_async import FullyAsync, rollout_version, window_end
+from jaxcap.train.rollouts.loader import Ahead
 from jaxcap.train.rollouts.placement import WeightSync, rollout_mesh, split_devices
 
 

@@ -1,9 +1,11 @@
 """Training data: manifest records (`jaxcap.data.manifest`) served by grain, shuffled per epoch and sharded per
 process, and their media loaded into chat conversations; optionally each step's batch prepared ahead (images
-decoded and processed) on grain's prefetch thread."""
+decoded and processed) on grain's prefetch thread; `Ahead`, the loader with batches drawn ahead (the asynchronous
+schedule's)."""
 
 from __future__ import annotations
 
+import collections
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -119,3 +121,38 @@ def conversation(
   else:
     item = {"type": "image", "image": media, "record": record.id}
   return [{"role": "user", "content": [item, {"type": "text", "text": prompt}]}]
+
+
+class Ahead:
+  """The phase's loader with batches drawn ahead: `peek(n)` is the n-th batch after those handed out, drawn early,
+  and the loop's `next()` hands them out in order. `get_state()` is the position before the first batch drawn
+  ahead and not handed out yet; `close()` stops the schedule's rollout thread first."""
+
+  def __init__(self, loader, on_close=lambda: None):
+    self.loader = loader
+    self._ahead: collections.deque = collections.deque()  # (position before it, batch)
+    self._on_close = on_close
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return self._ahead.popleft()[1] if self._ahead else next(self.loader)
+
+  def peek(self, n: int = 1):
+    while len(self._ahead) < n:
+      self._ahead.append((self.loader.get_state(), next(self.loader)))
+    return self._ahead[n - 1][1]
+
+  def get_state(self):
+    return self._ahead[0][0] if self._ahead else self.loader.get_state()
+
+  def set_state(self, state) -> None:
+    self._ahead.clear()
+    self.loader.set_state(state)
+
+  def close(self) -> None:
+    try:
+      self._on_close()
+    finally:
+      getattr(self.loader, "close", lambda: None)()
