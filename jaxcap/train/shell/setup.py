@@ -7,6 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jaxcap.config.cli import ConfigError
 from jaxcap.config.run import Run
 from flax import nnx
@@ -46,6 +48,13 @@ class Setup:
 
 def build(config: Run, workdir: Path) -> Setup:
   train_devices, rollout_devices = split_devices(config.rollout.devices)
+  if rollout_devices and jax.process_count() > 1 and jax.default_backend() == "cpu":
+    # gloo runs the collectives of every device set over one connection per pair of processes: the learner's and
+    # a host all-gather in flight at once interleave there ("Received data size doesn't match expected size")
+    raise ConfigError(
+      f"rollout.devices={config.rollout.devices} with {jax.process_count()} processes on CPU: the CPU collectives "
+      "(gloo) cannot keep two device sets' collectives apart; use rollout.devices=0 (colocated) or one process"
+    )
   mesh = make_mesh(dict(config.mesh.shape), train_devices)
   rollouts = rollout_mesh(rollout_devices) if rollout_devices else None
   if config.data.train_manifest:
