@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import zlib
 from typing import Sequence
 
 from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
-from jaxcap.processing.annotation_media import load_images, media_grid, sort_by_size
+from jaxcap.processing.annotation_media import load_images, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
+TEMPLATE_TOKENS = 32  # the chat template's tokens around the prompt and the image, at most
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -103,6 +103,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
     print(f"error: {what}", file=sys.stderr, flush=True)
     return 2
+  except Exception as e:  # an allocation the memory check did not foresee: one line, the captions so far are kept
+    if not out_of_memory(e):
+      raise
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    print(
+      f"error: jaxcap.caption ran out of memory ({first}); the captions written so far are kept: rerun with a "
+      "smaller --batch_size or --max_pixels, which resumes after them",
+      file=sys.stderr,
+      flush=True,
+    )
+    return 1
+
+
+def out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's failure to allocate (RESOURCE_EXHAUSTED on accelerators, "Out of memory" on CPU)."""
+  return type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and (
+    "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+  )
 
 
 def annotate(args: argparse.Namespace) -> int:
@@ -194,6 +212,21 @@ def annotate(args: argparse.Namespace) -> int:
   return 0
 
 
+def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
+  """`caption_memory.check_annotation_memory` for these flags: raises MemoryShortError, before anything is loaded,
+  when the run's largest batch would not fit (the paged engine's KV cache: `--slots` rows)."""
+  from jaxcap.caption_memory import Plan, check_annotation_memory
+
+  paged = args.engine == "paged"
+  plan = Plan(
+    rows=min((args.slots or args.batch_size) if paged else args.batch_size, len(ordered)),
+    batch_size=args.batch_size,
+    max_new_tokens=args.max_new_tokens,
+    text_tokens=len(args.prompt.encode()) + TEMPLATE_TOKENS,  # the prompt's tokens are at most its bytes
+  )
+  check_annotation_memory(cfg, plan, ordered, processor, rows_flag="--slots" if paged else "--batch_size")
+
+
 def caption_rows(loaded, result, stops: set[int]) -> list[dict]:
   """The output lines of a batch: `loaded` (item, media) pairs and their `Rollouts` (one sample each)."""
   import jax
@@ -206,33 +239,6 @@ def caption_rows(loaded, result, stops: set[int]) -> list[dict]:
       {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
     )
   return rows
-
-
-def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
-  """Raises footprint.MemoryShortError before anything is loaded when the run's estimated peak on one device (its
-  largest batch: the last, as `ordered` is by size; the paged engine's `--slots`, each device's own, with the
-  whole model) exceeds the memory available; on CPU, or anywhere with JAXCAP_MEMORY_BUDGET set."""
-  import jax
-
-  from jaxcap.host_memory import BUDGET, available_memory
-  from jaxcap.sampling.footprint import check_fits
-
-  if jax.default_backend() != "cpu" and not os.environ.get(BUDGET):
-    return  # the weights live on the accelerators, not in host memory
-  t, h, w = media_grid(ordered[-1], processor)
-  patches = t * h * w
-  text = len(args.prompt.encode()) + 32  # the prompt's tokens (at most its bytes) and the chat template's
-  check_fits(
-    cfg,
-    available_memory(),
-    rows=min((args.slots or args.batch_size) if args.engine == "paged" else args.batch_size, len(ordered)),
-    prompt_tokens=patches // cfg.vision.spatial_merge_size**2 + text,
-    max_new_tokens=args.max_new_tokens,
-    vision_patches=patches,
-    vision_segment=h * w,
-    what="jaxcap.caption",
-    rows_flag="--slots" if args.engine == "paged" else "--batch_size",
-  )
 
 
 if __name__ == "__main__":
