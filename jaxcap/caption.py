@@ -23,13 +23,13 @@ import argparse
 import dataclasses
 import sys
 import zlib
+from pathlib import Path
 from typing import Sequence
 
-from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
+from jaxcap.data.annotation_files import DiskFullError, append_lines, finished_ids, list_images, shard_paths
 from jaxcap.processing.annotation_media import load_images, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
-TEMPLATE_TOKENS = 32  # the chat template's tokens around the prompt and the image, at most
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -87,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  from jaxcap.caption_memory import out_of_memory
   from jaxcap.checkpoint import CheckpointError
   from jaxcap.sampling.footprint import MemoryShortError
 
@@ -101,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (CheckpointError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
     # bad input (no checkpoint, no images folder, an output path that cannot be written): one line, nothing lost
     what = f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
+    if isinstance(e, FileExistsError) and e.filename:  # a folder of the output path is a file
+      what = f"cannot use {e.filename} as a folder of --out: it is a file"
     print(f"error: {what}", file=sys.stderr, flush=True)
     return 2
   except Exception as e:  # an allocation the memory check did not foresee: one line, the captions so far are kept
@@ -116,23 +119,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
-def out_of_memory(error: BaseException) -> bool:
-  """Whether `error` is XLA's failure to allocate (RESOURCE_EXHAUSTED on accelerators, "Out of memory" on CPU)."""
-  return type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and (
-    "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
-  )
-
-
 def annotate(args: argparse.Namespace) -> int:
   """Captions every pending image of `args` (parse_args); 0 when done."""
   import jax
   from tqdm import tqdm
-  from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint, read_config
+  from jaxcap.checkpoint import CheckpointError, checkpoint_dtype, load_hf_checkpoint, read_config
   from jaxcap.processing import Processor
   from jaxcap.sampling import SamplingConfig
+  from jaxcap.caption_memory import check_flags
   from jaxcap.sampling.engine import make_sampler
   from jaxcap.sharding import make_mesh
 
+  # bad input first, before any backend starts (a backend's start-up logs would bury the one-line error)
+  run_export = Path(args.checkpoint) / "export"
+  if (run_export / "config.json").is_file() and (Path(args.checkpoint) / "checkpoints").is_dir():
+    raise CheckpointError(f"{args.checkpoint} is a training run's workdir; its policy is --checkpoint {run_export}")
+  read_config(args.checkpoint)
+  images = list_images(args.images)
   index = jax.process_index() if args.process_index is None else args.process_index
   count = jax.process_count() if args.process_count is None else args.process_count
   if not 0 <= index < count:
@@ -143,7 +146,7 @@ def annotate(args: argparse.Namespace) -> int:
 
   lock = lock_output(out_path)  # noqa: F841  (held until main returns: one writer per output file)
   done = finished_ids(out_path) | finished_ids(err_path)
-  mine = list_images(args.images)[index::count]
+  mine = images[index::count]
   pending = [it for it in mine if it.id not in done]
   print(
     f"jaxcap.caption: process {index}/{count}: {len(mine)} images, {len(mine) - len(pending)} already done, "
@@ -166,7 +169,7 @@ def annotate(args: argparse.Namespace) -> int:
   param_dtype = checkpoint_dtype(args.checkpoint, args.dtype)
   if ordered:
     with jax.set_mesh(mesh):  # the decode layout the check counts depends on the mesh
-      check_memory(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
+      check_flags(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
   n_errors = len(errors)
@@ -210,21 +213,6 @@ def annotate(args: argparse.Namespace) -> int:
       bar.set_postfix(errors=n_errors, refresh=False)
   bar.close()
   return 0
-
-
-def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
-  """`caption_memory.check_annotation_memory` for these flags: raises MemoryShortError, before anything is loaded,
-  when the run's largest batch would not fit (the paged engine's KV cache: `--slots` rows)."""
-  from jaxcap.caption_memory import Plan, check_annotation_memory
-
-  paged = args.engine == "paged"
-  plan = Plan(
-    rows=min((args.slots or args.batch_size) if paged else args.batch_size, len(ordered)),
-    batch_size=args.batch_size,
-    max_new_tokens=args.max_new_tokens,
-    text_tokens=len(args.prompt.encode()) + TEMPLATE_TOKENS,  # the prompt's tokens are at most its bytes
-  )
-  check_annotation_memory(cfg, plan, ordered, processor, rows_flag="--slots" if paged else "--batch_size")
 
 
 def caption_rows(loaded, result, stops: set[int]) -> list[dict]:

@@ -31,6 +31,10 @@ from jaxcap.sampling.footprint import GIB, Footprint, MemoryShortError, sampling
 SCORE_COPIES = 3
 
 
+# the chat template's tokens around the prompt and the image (system turn, roles, vision markers), at most
+TEMPLATE_TOKENS = 32
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What the annotator runs: `rows` prompts per program (the KV cache's rows), images `batch_size` to a vision
@@ -138,6 +142,27 @@ def check_annotation_memory(
     f"jaxcap.caption needs about {need.describe(np.dtype(cfg.param_dtype).name)} for its largest batch of "
     f"{min(plan.batch_size, len(items))} ({largest}), but {budget / GIB:.2f} GiB is available ({source}); use "
     f"{' or '.join(fixes)}, or set {BUDGET}=off to skip this check"
+  )
+
+
+def check_flags(args, cfg, ordered: Sequence[ImageItem], processor) -> None:
+  """`check_annotation_memory` for the annotator's flags `args` (`jaxcap.caption.parse_args`): raises
+  MemoryShortError, before anything is loaded, when the run's largest batch would not fit (the paged engine's KV
+  cache: `--slots` rows)."""
+  paged = args.engine == "paged"
+  plan = Plan(
+    rows=min((args.slots or args.batch_size) if paged else args.batch_size, len(ordered)),
+    batch_size=args.batch_size,
+    max_new_tokens=args.max_new_tokens,
+    text_tokens=len(args.prompt.encode()) + TEMPLATE_TOKENS,  # the prompt's tokens are at most its bytes
+  )
+  check_annotation_memory(cfg, plan, ordered, processor, rows_flag="--slots" if paged else "--batch_size")
+
+
+def out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's failure to allocate (RESOURCE_EXHAUSTED on accelerators, "Out of memory" on CPU)."""
+  return type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and (
+    "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
   )
 
 

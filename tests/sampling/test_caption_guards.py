@@ -115,3 +115,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, bad):
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("error: ") and str(paths[bad].parent if bad == "out" else paths[bad]) in err[-1], err
   assert not any("Traceback" in line for line in err)
+
+
+def test_a_training_runs_workdir_is_pointed_to_its_export(tmp_path, capsys):
+  """--checkpoint runs/x (the workdir, not runs/x/export): one line naming the export, exit 2, before any backend
+  starts (whose start-up logs would bury it)."""
+  run = tmp_path / "run"
+  save_tiny_checkpoint(M.tiny(), 0, run / "export")
+  (run / "checkpoints").mkdir()
+  images = tmp_path / "images"
+  images.mkdir()
+  capsys.readouterr()  # the checkpoint writer's progress bar
+  args = ["--checkpoint", str(run), "--images", str(images), "--out", str(tmp_path / "c.jsonl"), "--no_progress"]
+  assert caption.main(args) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {run} is a training run's workdir; its policy is --checkpoint {run / 'export'}"]

@@ -17,7 +17,7 @@ from PIL import Image
 
 import jaxcap.models as M
 from jaxcap import caption
-from jaxcap.caption_memory import Plan, check_annotation_memory, padded_pack, vision_bytes
+from jaxcap.caption_memory import TEMPLATE_TOKENS, Plan, check_annotation_memory, padded_pack, vision_bytes
 from jaxcap.data.annotation_files import list_images
 from jaxcap.host_memory import BUDGET
 from jaxcap.models.families import layout_for, layout_shape_for
@@ -99,7 +99,7 @@ def test_photos_at_the_default_budget_are_refused_in_one_line_whose_fixes_each_f
     batch = int(value) if flag == "--batch_size" else 4
     if flag == "--max_pixels":
       processor.vision_cfg = dataclasses.replace(processor.vision_cfg, max_pixels=int(value))
-    text = len(caption.DEFAULT_PROMPT.encode()) + caption.TEMPLATE_TOKENS  # as caption.check_memory counts it
+    text = len(caption.DEFAULT_PROMPT.encode()) + TEMPLATE_TOKENS  # as check_flags counts it
     plan = Plan(rows=min(batch, len(ordered)), batch_size=batch, max_new_tokens=512, text_tokens=text)
     fp = check_annotation_memory(M.tiny(), plan, sort_by_size(ordered, processor)[0], processor, available=None)
     assert fp.total / GIB <= 3.0 + 0.01, (flag, value, fp.describe("float32"))
