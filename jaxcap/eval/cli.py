@@ -91,6 +91,17 @@ def check_captions(
   return empties
 
 
+def writable_dir(path: pathlib.Path) -> pathlib.Path:
+  """`path`, created if need be; OSError naming it when it cannot be created or written (read-only, under a
+  file)."""
+  import tempfile
+
+  path.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryFile(dir=path):
+    pass
+  return path
+
+
 def eval_config(config: Mapping[str, Any]) -> EvalConfig:
   suites = [s.strip() for s in config["suites"].split(",") if s.strip()]
   unknown = set(suites) - set(SUITES) - {"redteam"}
@@ -122,8 +133,13 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
 
   config = _plain(config)
   settings = eval_config(config)  # validate before any work
-  out_dir = pathlib.Path(config["out_dir"])
+  out_dir = writable_dir(pathlib.Path(config["out_dir"]))  # before any work: the report must be writable
   manifest = config.get("manifest") or ""
+  if manifest and "://" not in str(manifest) and not pathlib.Path(manifest).exists():
+    raise FileNotFoundError(
+      f"--config.manifest={manifest}: no such file or folder; give a manifest (JSONL / Parquet, a folder of images, "
+      "a saved dataset), e.g. a run's <workdir>/world/heldout/manifest.jsonl, or leave it empty for a synthetic world"
+    )
   if not manifest:
     syn = config.get("synthetic", {})
     manifest = generate_dataset(
