@@ -209,6 +209,11 @@ def main(argv):
 
   keys = [k for k in summary if not k.endswith("_samples")]
   print(json.dumps({k: summary[k] for k in keys}, indent=2))
+  from jaxcap.multihost import is_lead_process
+  from jaxcap.train.shell.run_end import end_of_run
+
+  if is_lead_process():  # where the outputs are and what reads them next
+    print("\n".join(end_of_run(config)), flush=True)
 
 
 def run() -> None:
