@@ -92,13 +92,18 @@ def check_captions(
 
 
 def writable_dir(path: pathlib.Path) -> pathlib.Path:
-  """`path`, created if need be; OSError naming it when it cannot be created or written (read-only, under a
-  file)."""
-  import tempfile
+  """`path`, if it can be created and written (nothing is created here); OSError naming the first folder on its
+  way that is a file, or that this user cannot write."""
+  import errno
+  import os
 
-  path.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryFile(dir=path):
-    pass
+  existing = path
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    raise NotADirectoryError(errno.ENOTDIR, "it is a file, not a folder", str(existing))
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise PermissionError(errno.EACCES, "this user cannot write there", str(existing))
   return path
 
 
