@@ -130,3 +130,28 @@ def test_a_training_runs_workdir_is_pointed_to_its_export(tmp_path, capsys):
   assert caption.main(args) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f"error: {run} is a training run's workdir; its policy is --checkpoint {run / 'export'}"]
+
+
+def test_an_allocation_failure_is_one_line_naming_the_flags(tmp_path, monkeypatch, capsys):
+  """XLA failing to allocate a batch (what the memory check exists to prevent): one line, exit 1, the rerun resumes;
+  any other runtime error keeps its traceback."""
+
+  class JaxRuntimeError(RuntimeError):  # jax.errors.JaxRuntimeError, by name as the annotator matches it
+    pass
+
+  def fail(error):
+    def annotate(args):
+      raise error
+
+    monkeypatch.setattr(caption, "annotate", annotate)
+
+  args = ["--checkpoint", "c", "--images", "i", "--out", str(tmp_path / "c.jsonl")]
+  fail(JaxRuntimeError("INTERNAL: Error dispatching computation: Out of memory allocating 25855856144 bytes."))
+  assert caption.main(args) == 1
+  [line] = capsys.readouterr().err.splitlines()
+  assert (
+    line.startswith("error: jaxcap.caption ran out of memory (INTERNAL:") and "--batch_size or --max_pixels" in line
+  )
+  fail(JaxRuntimeError("INTERNAL: something else"))
+  with pytest.raises(JaxRuntimeError):
+    caption.main(args)
