@@ -6,7 +6,7 @@ first (`jaxcap.config.presets`): a path, or a preset's name from any directory."
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 CONFIG_ERROR_STATUS = 2
 
@@ -41,7 +41,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     raise
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
   """`error: <message>` on stderr and exit status 2 (a config error)."""
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(CONFIG_ERROR_STATUS)
