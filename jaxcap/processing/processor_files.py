@@ -18,7 +18,7 @@ from typing import Any
 
 from jaxcap.models.families import family_of_config
 from jaxcap.processing.rules import PROCESSOR_RULES
-from jaxcap.processing.vision import IMAGE_CONFIG, PROCESSOR_CONFIG, VisionPreprocessConfig
+from jaxcap.processing.vision import IMAGE_CONFIG, PROCESSOR_CONFIG, VisionPreprocessConfig, smart_resize
 
 VIDEO_CONFIG = "video_preprocessor_config.json"
 
@@ -78,12 +78,13 @@ def video_processor_dict(cfg, classes: tuple[str, str, str]) -> dict[str, Any]:
 
 def square_budget(cfg, side: int):
   """Image or video settings `cfg` with the pixel budget of images (frames) resized to `side` x `side` (a run's
-  `data.image_size`; 0: `cfg` as is): at most side^2 pixels, so a native-size image gets about as many visual
+  `data.image_size`; 0: `cfg` as is): at most the area such a square had after `cfg`'s own resize (84 px -> 84 x
+  84 at Qwen2.5-VL's 28 px factor, 96 x 96 at Qwen3-VL's 32), so a native-size image gets about as many visual
   tokens as a training image had (a square one exactly as many). A video config whose floor bounds the whole clip
   (Qwen3-VL's, `per_frame_floor` False) is kept: its frames' budget is not one image's."""
   if side <= 0 or not getattr(cfg, "per_frame_floor", True):
     return cfg
-  area = side * side
+  area = math.prod(smart_resize(side, side, cfg.factor, cfg.min_pixels, cfg.max_pixels))
   return dataclasses.replace(cfg, min_pixels=min(cfg.min_pixels, area), max_pixels=min(cfg.max_pixels, area))
 
 

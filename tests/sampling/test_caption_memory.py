@@ -140,3 +140,16 @@ def test_an_export_carries_the_processor_settings_both_readers_read(ckpt, tmp_pa
   assert nested["image_processor"]["max_pixels"] == 84 * 84
   save_processor_configs(processor, export)  # native sizes: the processor's own budget
   assert Processor.from_pretrained(export).vision_cfg.max_pixels == processor.vision_cfg.max_pixels
+
+
+@pytest.mark.parametrize("factor, side, area", [(28, 84, 84 * 84), (32, 84, 96 * 96), (28, 100, 112 * 112)])
+def test_the_square_budget_is_the_training_squares_area_after_the_processors_resize(factor, side, area):
+  """A run resized its images to `side` px squares, which the processor then resized to its factor: the export's
+  budget gives such a square exactly the tokens it had in training."""
+  from jaxcap.processing.processor_files import square_budget
+  from jaxcap.processing.vision import VisionPreprocessConfig, smart_resize
+
+  cfg = VisionPreprocessConfig(patch_size=factor // 2)
+  budget = square_budget(cfg, side)
+  assert budget.max_pixels == area
+  assert smart_resize(side, side, factor, budget.min_pixels, budget.max_pixels) == smart_resize(side, side, factor)
