@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import zlib
+from pathlib import Path
 from typing import Sequence
 
-from jaxcap.data.annotation_files import DiskFullError, ImageItem, append_lines, finished_ids, list_images, shard_paths
-from jaxcap.processing.annotation_media import load_images, media_grid, sort_by_size
+from jaxcap.data.annotation_files import DiskFullError, append_lines, finished_ids, list_images, shard_paths
+from jaxcap.processing.annotation_media import load_images, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
 
@@ -87,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  from jaxcap.caption_memory import out_of_memory
   from jaxcap.checkpoint import CheckpointError
   from jaxcap.sampling.footprint import MemoryShortError
 
@@ -101,20 +102,40 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (CheckpointError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
     # bad input (no checkpoint, no images folder, an output path that cannot be written): one line, nothing lost
     what = f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
+    if isinstance(e, FileExistsError) and e.filename:  # a folder of the output path is a file
+      what = f"cannot use {e.filename} as a folder of --out: it is a file"
     print(f"error: {what}", file=sys.stderr, flush=True)
     return 2
+  except Exception as e:  # an allocation the memory check did not foresee: one line, the captions so far are kept
+    if not out_of_memory(e):
+      raise
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    print(
+      f"error: jaxcap.caption ran out of memory ({first}); the captions written so far are kept: rerun with a "
+      "smaller --batch_size or --max_pixels, which resumes after them",
+      file=sys.stderr,
+      flush=True,
+    )
+    return 1
 
 
 def annotate(args: argparse.Namespace) -> int:
   """Captions every pending image of `args` (parse_args); 0 when done."""
   import jax
   from tqdm import tqdm
-  from jaxcap.checkpoint import checkpoint_dtype, load_hf_checkpoint, read_config
+  from jaxcap.checkpoint import CheckpointError, checkpoint_dtype, load_hf_checkpoint, read_config
   from jaxcap.processing import Processor
   from jaxcap.sampling import SamplingConfig
+  from jaxcap.caption_memory import check_flags
   from jaxcap.sampling.engine import make_sampler
   from jaxcap.sharding import make_mesh
 
+  # bad input first, before any backend starts (a backend's start-up logs would bury the one-line error)
+  run_export = Path(args.checkpoint) / "export"
+  if (run_export / "config.json").is_file() and (Path(args.checkpoint) / "checkpoints").is_dir():
+    raise CheckpointError(f"{args.checkpoint} is a training run's workdir; its policy is --checkpoint {run_export}")
+  read_config(args.checkpoint)
+  images = list_images(args.images)
   index = jax.process_index() if args.process_index is None else args.process_index
   count = jax.process_count() if args.process_count is None else args.process_count
   if not 0 <= index < count:
@@ -125,7 +146,7 @@ def annotate(args: argparse.Namespace) -> int:
 
   lock = lock_output(out_path)  # noqa: F841  (held until main returns: one writer per output file)
   done = finished_ids(out_path) | finished_ids(err_path)
-  mine = list_images(args.images)[index::count]
+  mine = images[index::count]
   pending = [it for it in mine if it.id not in done]
   print(
     f"jaxcap.caption: process {index}/{count}: {len(mine)} images, {len(mine) - len(pending)} already done, "
@@ -148,7 +169,7 @@ def annotate(args: argparse.Namespace) -> int:
   param_dtype = checkpoint_dtype(args.checkpoint, args.dtype)
   if ordered:
     with jax.set_mesh(mesh):  # the decode layout the check counts depends on the mesh
-      check_memory(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
+      check_flags(args, read_config(args.checkpoint, dtype=param_dtype, param_dtype=param_dtype), ordered, processor)
   bar = tqdm(total=len(pending), unit="img", disable=args.no_progress, dynamic_ncols=True)
   bar.update(len(errors))
   n_errors = len(errors)
@@ -206,33 +227,6 @@ def caption_rows(loaded, result, stops: set[int]) -> list[dict]:
       {"id": item.id, "image": item.path, "caption": text, "tokens": int(n) - stopped, "truncated": not stopped}
     )
   return rows
-
-
-def check_memory(args: argparse.Namespace, cfg, ordered: Sequence[ImageItem], processor) -> None:
-  """Raises footprint.MemoryShortError before anything is loaded when the run's estimated peak on one device (its
-  largest batch: the last, as `ordered` is by size; the paged engine's `--slots`, each device's own, with the
-  whole model) exceeds the memory available; on CPU, or anywhere with JAXCAP_MEMORY_BUDGET set."""
-  import jax
-
-  from jaxcap.host_memory import BUDGET, available_memory
-  from jaxcap.sampling.footprint import check_fits
-
-  if jax.default_backend() != "cpu" and not os.environ.get(BUDGET):
-    return  # the weights live on the accelerators, not in host memory
-  t, h, w = media_grid(ordered[-1], processor)
-  patches = t * h * w
-  text = len(args.prompt.encode()) + 32  # the prompt's tokens (at most its bytes) and the chat template's
-  check_fits(
-    cfg,
-    available_memory(),
-    rows=min((args.slots or args.batch_size) if args.engine == "paged" else args.batch_size, len(ordered)),
-    prompt_tokens=patches // cfg.vision.spatial_merge_size**2 + text,
-    max_new_tokens=args.max_new_tokens,
-    vision_patches=patches,
-    vision_segment=h * w,
-    what="jaxcap.caption",
-    rows_flag="--slots" if args.engine == "paged" else "--batch_size",
-  )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ from jaxcap.config_files import REGISTRIES
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
   None,
-  "Path to a config file, e.g. configs/caprl.py[:paper]; override fields with --config.<field>=<value>. "
+  "Path to a config file, e.g. configs/caprl.py[:paper], or a preset's name from any directory (caprl, "
+  "rubicap, balcaprl, caprl_video, sft); override fields with --config.<field>=<value>. "
   "Fields that choose by name, and the registered names:\n" + describe(REGISTRIES),
   lock_config=True,
 )
@@ -139,9 +140,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a named error (and the closest existing keys) for an override of a missing field,
   where ml_collections raises AttributeError."""
   try:
-    return config_cli.parse_flags(argv)  # a value of the wrong type: exit 2 naming the flag
+    return config_cli.parse_flags(argv)  # a value of the wrong type, a missing config file: exit 2 naming it
   except (AttributeError, KeyError):
-    message = unknown_override_error(argv)
+    message = unknown_override_error(config_cli.resolve_config_args(argv))
     if message is None:
       raise
     print(f"error: {message}", file=sys.stderr)
@@ -186,7 +187,7 @@ def main(argv):
   del argv
   config = _CONFIG.value
   if config is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/caprl.py")
+    config_cli.fail("--config is required, e.g. --config=configs/caprl.py (or --config=caprl from any directory)")
   from jaxcap.config_files import validate
 
   try:
@@ -208,6 +209,11 @@ def main(argv):
 
   keys = [k for k in summary if not k.endswith("_samples")]
   print(json.dumps({k: summary[k] for k in keys}, indent=2))
+  from jaxcap.multihost import is_lead_process
+  from jaxcap.train.shell.run_end import end_of_run
+
+  if is_lead_process():  # where the outputs are and what reads them next
+    print("\n".join(end_of_run(config)), flush=True)
 
 
 def run() -> None:

@@ -27,6 +27,7 @@ LAYERS = [
   {"train"},
   {"eval"},
   {"config_files"},  # the file format of configs/*.py and their --config.x.y= overrides (ml-collections)
+  {"caption_memory"},  # the annotator's memory check (jaxcap.caption's, over sampling's footprint)
   {
     "experiments",
     "launch",

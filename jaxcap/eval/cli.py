@@ -91,6 +91,22 @@ def check_captions(
   return empties
 
 
+def writable_dir(path: pathlib.Path) -> pathlib.Path:
+  """`path`, if it can be created and written (nothing is created here); OSError naming the first folder on its
+  way that is a file, or that this user cannot write."""
+  import errno
+  import os
+
+  existing = path
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    raise NotADirectoryError(errno.ENOTDIR, "it is a file, not a folder", str(existing))
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise PermissionError(errno.EACCES, "this user cannot write there", str(existing))
+  return path
+
+
 def eval_config(config: Mapping[str, Any]) -> EvalConfig:
   suites = [s.strip() for s in config["suites"].split(",") if s.strip()]
   unknown = set(suites) - set(SUITES) - {"redteam"}
@@ -122,8 +138,13 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
 
   config = _plain(config)
   settings = eval_config(config)  # validate before any work
-  out_dir = pathlib.Path(config["out_dir"])
+  out_dir = writable_dir(pathlib.Path(config["out_dir"]))  # before any work: the report must be writable
   manifest = config.get("manifest") or ""
+  if manifest and "://" not in str(manifest) and not pathlib.Path(manifest).exists():
+    raise FileNotFoundError(
+      f"--config.manifest={manifest}: no such file or folder; give a manifest (JSONL / Parquet, a folder of images, "
+      "a saved dataset), e.g. a run's <workdir>/world/heldout/manifest.jsonl, or leave it empty for a synthetic world"
+    )
   if not manifest:
     syn = config.get("synthetic", {})
     manifest = generate_dataset(

@@ -56,4 +56,6 @@ if __name__ == "__main__":
   from jaxcap.host_memory import retain_on_cpu
 
   retain_on_cpu()
-  app.run(main)
+  from jaxcap.config.cli import parse_flags
+
+  app.run(main, flags_parser=parse_flags)  # --help: exit 0

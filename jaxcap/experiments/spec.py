@@ -89,9 +89,10 @@ def experiment(
 
 
 def configs_dir() -> Path:
-  """configs/ of this checkout (the package's parent), else of the working directory."""
-  here = Path(__file__).resolve().parents[2] / "configs"
-  return here if (here / "experiments").is_dir() else Path("configs")
+  """The run-config presets' folder (`jaxcap.config.presets`: the checkout's configs/, or an install's copy)."""
+  from jaxcap.config.presets import preset_dir
+
+  return preset_dir()
 
 
 def load_module(path: Path):

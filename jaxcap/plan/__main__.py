@@ -14,6 +14,7 @@ from ml_collections import config_flags
 
 from jaxcap.plan.compile import plan
 from jaxcap.plan.report import format_plan
+from jaxcap.models.families import preset_names
 from jaxcap.plan.topology import model_config, topology_devices
 
 
@@ -22,7 +23,10 @@ def _define_flags() -> dict:
   return dict(
     config=config_flags.DEFINE_config_file("config", None, "Run config, e.g. configs/caprl.py:paper", lock_config=True),
     model=flags.DEFINE_string(
-      "model", None, "qwen2.5-vl-3b | qwen2.5-vl-7b | tiny | mid, or a checkpoint directory (default: model.checkpoint)"
+      "model",
+      None,
+      # every registered family's presets (tiny / mid: of the config's model.family)
+      f"{' | '.join(preset_names())}, or a checkpoint directory (default: model.checkpoint)",
     ),
     topology=flags.DEFINE_string("topology", "cpu:8", "cpu:N or tpu:<chip>:<shape> (e.g. tpu:v5e:4x4)"),
     hbm=flags.DEFINE_float("hbm_gib", None, "memory per device, GiB (default: the TPU chip's; 80 for cpu:N)"),
@@ -35,9 +39,10 @@ def _define_flags() -> dict:
 def main(argv, f: dict):
   del argv
   config = f["config"].value
+  from jaxcap.config.cli import CONFIG_ERROR_STATUS, fail, loaded
+
   if config is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/caprl.py:paper")
-  from jaxcap.config.cli import CONFIG_ERROR_STATUS, loaded
+    fail("--config is required, e.g. --config=configs/caprl.py:paper (or --config=caprl:paper from any directory)")
   from jaxcap.config.schema import parse
 
   try:

@@ -16,15 +16,21 @@ from jaxcap.registry import Registry
 class ProcessorRules:
   """`video_config`: the video settings class (its defaults, frame sampling and pixel budget); `video_pieces(grid_thw,
   merge_size, timestamps, temporal_patch_size)`: the chat pieces one <|video_pad|> placeholder becomes;
-  `unwrap_video`: those pieces carry their own vision markers, so the template's pair around the placeholder goes."""
+  `unwrap_video`: those pieces carry their own vision markers, so the template's pair around the placeholder goes.
+  `hf_classes`: the transformers class names an export's processor files declare (processor, image processor, video
+  processor), so `AutoProcessor` builds the family's own."""
 
   video_config: type[VideoPreprocessConfig]
   video_pieces: Callable[..., chat.Pieces]
+  hf_classes: tuple[str, str, str]
   unwrap_video: bool = False
 
 
 PROCESSOR_RULES: Registry[ProcessorRules] = Registry("processor", field="Family.processor")
-PROCESSOR_RULES.register("qwen2_vl", ProcessorRules(VideoPreprocessConfig, chat.video_pieces))
+QWEN25_CLASSES = ("Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor")
+QWEN3_CLASSES = ("Qwen3VLProcessor", "Qwen2VLImageProcessorFast", "Qwen3VLVideoProcessor")
+PROCESSOR_RULES.register("qwen2_vl", ProcessorRules(VideoPreprocessConfig, chat.video_pieces, QWEN25_CLASSES))
 PROCESSOR_RULES.register(
-  "qwen3_vl", ProcessorRules(Qwen3VideoPreprocessConfig, chat.timestamped_video_pieces, unwrap_video=True)
+  "qwen3_vl",
+  ProcessorRules(Qwen3VideoPreprocessConfig, chat.timestamped_video_pieces, QWEN3_CLASSES, unwrap_video=True),
 )

@@ -98,10 +98,12 @@ def warm_up_vision(
   seed: int,
   mesh,
   log=None,
+  tick: Callable[[], None] | None = None,
 ) -> tuple[nnx.State, dict[str, float]]:
   """Trains `tower`'s parameters (sharded as they are) on per-cell classification for `steps` steps, step s on
   `batches(s)` (Adam, cosine-decayed `lr`). Returns the new tower state and the held-out accuracy per attribute
-  over cells that hold an object (`vision/<attr>_acc`); `log(step, metrics)` gets loss and grad norm."""
+  over cells that hold an object (`vision/<attr>_acc`); `log(step, metrics)` gets loss and grad norm; `tick()`
+  is called after each step (a progress bar's)."""
   graph, tower_params = nnx.split(tower)
   width = tower.cfg.out_hidden_size
   num_classes = sum(1 + len(v) for v in ATTRIBUTES.values())
@@ -156,6 +158,8 @@ def warm_up_vision(
       )
       if log is not None and (s % 25 == 0 or s == steps - 1):
         log(s + 1, {k: float(v) for k, v in out.items()})
+      if tick is not None:
+        tick()
     metrics = {}
     if heldout is not None:
       correct, total = hits(params, put(heldout.pixels), put(heldout.targets), tuple(heldout.grid_thw.tolist()))
@@ -164,10 +168,15 @@ def warm_up_vision(
   return params[0], metrics
 
 
-def warm_up_embedded_student(config, graphdef, params, vision_cfg: VisionPreprocessConfig, mesh, log):
+def warm_up_embedded_student(
+  config, graphdef, params, vision_cfg: VisionPreprocessConfig, mesh, log, progress: bool = False
+):
   """The run's warm-up (`config.vision_warmup`) of the embedded student `(graphdef, params)`: a new batch of
   fresh scenes each step, scored on 256 more scenes from another stream. Returns (params with the trained
-  tower, held-out metrics); `log(step, metrics)` gets each step's loss."""
+  tower, held-out metrics); `log(step, metrics)` gets each step's loss. `progress`: a progress bar over the steps
+  (phase "vision"), as SFT's and RL's (`jaxcap.train.logs.metrics.StepLog`), so its minute is not silent."""
+  from tqdm.auto import tqdm
+
   w = config.vision_warmup
   world = embedded.world_config(config.world)  # drawn as stills whatever clip_fraction says
   draw = functools.partial(fresh_scenes, world, image_size=config.data.image_size, preprocess=vision_cfg)
@@ -175,8 +184,11 @@ def warm_up_embedded_student(config, graphdef, params, vision_cfg: VisionPreproc
   train = lambda step: draw(seed=int(config.seed) + 20_000, start=step * w.batch_size, count=w.batch_size)
   heldout = draw(seed=int(config.seed) + 30_000, start=0, count=256)
   model = nnx.merge(graphdef, params)
-  tower, metrics = warm_up_vision(
-    model.visual, train, heldout, steps=w.steps, lr=w.lr, seed=int(config.seed), mesh=mesh, log=log
-  )
+  bar = tqdm(total=w.steps, desc="vision", disable=not progress, dynamic_ncols=True)
+  with bar:
+    loss = lambda step, m: (log(step, m), bar.set_postfix(loss=f"{m['loss']:.3f}", refresh=False))
+    tower, metrics = warm_up_vision(
+      model.visual, train, heldout, steps=w.steps, lr=w.lr, seed=int(config.seed), mesh=mesh, log=loss, tick=bar.update
+    )
   nnx.update(model.visual, tower)
   return nnx.split(model)[1], metrics

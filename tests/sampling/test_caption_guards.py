@@ -115,3 +115,43 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, bad):
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("error: ") and str(paths[bad].parent if bad == "out" else paths[bad]) in err[-1], err
   assert not any("Traceback" in line for line in err)
+
+
+def test_a_training_runs_workdir_is_pointed_to_its_export(tmp_path, capsys):
+  """--checkpoint runs/x (the workdir, not runs/x/export): one line naming the export, exit 2, before any backend
+  starts (whose start-up logs would bury it)."""
+  run = tmp_path / "run"
+  save_tiny_checkpoint(M.tiny(), 0, run / "export")
+  (run / "checkpoints").mkdir()
+  images = tmp_path / "images"
+  images.mkdir()
+  capsys.readouterr()  # the checkpoint writer's progress bar
+  args = ["--checkpoint", str(run), "--images", str(images), "--out", str(tmp_path / "c.jsonl"), "--no_progress"]
+  assert caption.main(args) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {run} is a training run's workdir; its policy is --checkpoint {run / 'export'}"]
+
+
+def test_an_allocation_failure_is_one_line_naming_the_flags(tmp_path, monkeypatch, capsys):
+  """XLA failing to allocate a batch (what the memory check exists to prevent): one line, exit 1, the rerun resumes;
+  any other runtime error keeps its traceback."""
+
+  class JaxRuntimeError(RuntimeError):  # jax.errors.JaxRuntimeError, by name as the annotator matches it
+    pass
+
+  def fail(error):
+    def annotate(args):
+      raise error
+
+    monkeypatch.setattr(caption, "annotate", annotate)
+
+  args = ["--checkpoint", "c", "--images", "i", "--out", str(tmp_path / "c.jsonl")]
+  fail(JaxRuntimeError("INTERNAL: Error dispatching computation: Out of memory allocating 25855856144 bytes."))
+  assert caption.main(args) == 1
+  [line] = capsys.readouterr().err.splitlines()
+  assert (
+    line.startswith("error: jaxcap.caption ran out of memory (INTERNAL:") and "--batch_size or --max_pixels" in line
+  )
+  fail(JaxRuntimeError("INTERNAL: something else"))
+  with pytest.raises(JaxRuntimeError):
+    caption.main(args)

@@ -22,6 +22,7 @@ from flax import nnx
 from jaxcap.checkpoint import save_hf_checkpoint
 from jaxcap.checkpoint.peft import save_peft_adapters
 from jaxcap.models import lora
+from jaxcap.processing.processor_files import save_processor_configs
 from jaxcap.train.steps.adapters import saved_part, with_base
 from jaxcap.locking import lock_workdir
 from jaxcap.multihost import first_process_then_others, is_lead_process
@@ -160,9 +161,10 @@ class RunDirectory:
   # -- the end -----------------------------------------------------------------------------------------------
 
   def export(self, params, graphdef, processor) -> None:
-    """The policy as an HF checkpoint in <workdir>/export (export.hf; with the tokenizer and prompt settings it was
-    trained with; bf16-compute runs export bf16, as released checkpoints are, not their f32 master weights) and
-    the LoRA adapters alone in <workdir>/export_adapters (export.peft), each on its own."""
+    """The policy as an HF checkpoint in <workdir>/export (export.hf; with the tokenizer, prompt and image / video
+    processor settings it was trained with, `processor_files.save_processor_configs`; bf16-compute runs export
+    bf16, as released checkpoints are, not their f32 master weights) and the LoRA adapters alone in
+    <workdir>/export_adapters (export.peft), each on its own."""
     bad, total = nonfinite_weights(params)
     if bad:  # the step guard keeps training finite; this catches weights that started out broken
       raise ValueError(
@@ -174,8 +176,9 @@ class RunDirectory:
     model = nnx.merge(graphdef, params)
     if c.export.hf:
       save_hf_checkpoint(model, self.path / "export", tokenizer_dir=src, dtype=dtype)
-      if is_lead_process():
+      if is_lead_process():  # prompted and preprocessed as in training, by jaxcap and by transformers
         processor.save_prompt_settings(self.path / "export")
+        save_processor_configs(processor, self.path / "export", square_side=int(c.data.image_size))
     if c.export.peft and lora.has_adapters(params):  # the adapters alone, for PEFT / vLLM on the base
       save_peft_adapters(model, self.path / "export_adapters", base_model=c.model.checkpoint)
 

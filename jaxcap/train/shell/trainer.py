@@ -191,7 +191,7 @@ class Trainer:
     log = lambda step, m: self.metrics.write("vision", step, m)
     processor, mesh = self.setup.processor, self.setup.mesh
     params, metrics = vision_warmup.warm_up_embedded_student(
-      c, self.graphdef, params, processor.vision_cfg, mesh, log=log
+      c, self.graphdef, params, processor.vision_cfg, mesh, log=log, progress=is_lead_process()
     )
     if metrics:
       self.metrics.write("vision", c.vision_warmup.steps, metrics)
