@@ -164,17 +164,7 @@ class FullyAsync:
       "time/rollout_s": gen.seconds,
     }
 
-    def rewards():  # called once this step's log-prob passes are dispatched
-      while self._unjudged:  # colocated: the rounds queued ahead go to the judge now, while the passes run
-        ahead, r = self._unjudged.popleft()
-        ahead.judging = source.submit(ahead, r)
-      t1 = time.perf_counter()
-      rnd.rewards = rnd.judging.result()
-      source.settle()
-      metrics["time/judge_wait_s"] = time.perf_counter() - t1
-      return rnd.rewards.values, rnd.rewards.valid
-
-    return JudgedRound.of(rnd, rewards, metrics)
+    return self._judged(source, rnd, metrics)
 
   def _partial_round(self, source, state, batch, step: int) -> JudgedRound:
     """Round `step` from the window's engine stream (`jaxcap.train.rollouts.partial`)."""
@@ -211,7 +201,15 @@ class FullyAsync:
       "time/rollout_s": gen.seconds,
     }
 
-    def rewards():
+    return self._judged(source, rnd, metrics)
+
+  def _judged(self, source, rnd, metrics: dict) -> JudgedRound:
+    """The round with its rewards' wait (time/judge_wait_s added to `metrics`)."""
+
+    def rewards():  # called once this step's log-prob passes are dispatched
+      while self._unjudged:  # colocated: the rounds queued ahead go to the judge now, while the passes run
+        ahead, r = self._unjudged.popleft()
+        ahead.judging = source.submit(ahead, r)
       t1 = time.perf_counter()
       rnd.rewards = rnd.judging.result()
       source.settle()
