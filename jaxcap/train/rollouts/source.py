@@ -49,13 +49,18 @@ class OnPolicy:
     return loader
 
   def round(self, source, state, batch, step, key):
+    t0 = time.perf_counter()
     rnd = source.rollout(state, batch, key, step)
+    # the static sampler returns once its rollout is dispatched: the decode's own time then lands in the wait
+    metrics = {"time/rollout_s": time.perf_counter() - t0}
 
     def rewards():
+      t1 = time.perf_counter()
       rnd.rewards = source.judge(rnd, step)
+      metrics["time/judge_wait_s"] = time.perf_counter() - t1
       return rnd.rewards.values, rnd.rewards.valid
 
-    return JudgedRound.of(rnd, rewards)
+    return JudgedRound.of(rnd, rewards, metrics)
 
 
 @dataclasses.dataclass
