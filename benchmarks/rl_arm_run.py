@@ -17,14 +17,15 @@ import numpy as np
 
 from benchmarks.rl_host_time import _config, _window_ns, device_busy_ns
 
-# arm -> (rl.stream_judging, rl.max_staleness, rollout.devices)
+# arm -> (rl.stream_judging, rl.max_staleness, rollout.devices, rl.partial_rollouts)
 ARMS = {
-  "today": (False, 0, 0),
-  "off1": (False, 1, 0),
-  "stream": (True, 0, 0),
-  "stream_off1": (True, 1, 0),
-  "async2": (True, 2, 0),  # k = 2 colocated
-  "async2_split": (True, 2, -1),  # k = 2, half of the devices roll out, the learner has the other half
+  "today": (False, 0, 0, False),
+  "off1": (False, 1, 0, False),
+  "stream": (True, 0, 0, False),
+  "stream_off1": (True, 1, 0, False),
+  "async2": (True, 2, 0, False),  # k = 2 colocated
+  "async2_split": (True, 2, -1, False),  # k = 2, half of the devices roll out, the learner has the other half
+  "partial2_split": (False, 2, 1, True),  # k = 2, partial rollouts on one device (one engine per process)
 }
 
 
@@ -55,11 +56,12 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   from jaxcap.train.learner.rl import RLUpdate
   from jaxcap.train.rollouts.source import RolloutSource
 
-  stream, staleness, _ = ARMS[arm]
+  stream, staleness, _, partial = ARMS[arm]
   workdir = tempfile.mkdtemp(prefix=f"rl_throughput_{tag}_")
   trace_dir = os.path.join(workdir, "trace")
   config = _config(args, workdir)
   config.rl.max_staleness = staleness
+  config.rl.partial_rollouts = partial
   config.rl.stream_judging = stream
   config.rollout.devices = rollout_devices(arm)
   config.rollout.engine = args.engine
@@ -110,14 +112,25 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
       max_lengths = np.repeat(caps, num_samples)
     return paged_call(self, prompts, key, num_samples=num_samples, max_lengths=max_lengths, **kw)
 
+  paged_rounds = PagedSampler.rounds
+
+  def capped_rounds(self, feed, key, *, num_samples=1, **kw):  # partial rollouts: the window's rows at once
+    if args.length_spread:
+      rng = np.random.default_rng([7, rollouts["n"]])
+      rollouts["n"] += 1
+      caps = rng.integers(args.length_spread, args.new_tokens + 1, size=sum(feed.blocks))
+      kw["max_lengths"] = np.repeat(caps, num_samples)
+    return paged_rounds(self, feed, key, num_samples=num_samples, **kw)
+
   RLUpdate.__call__, RolloutSource.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
+  PagedSampler.rounds = capped_rounds
   if judge_url is None:
     caprl.CapRLReward.__call__ = slow_reward
   try:
     loop.Trainer(validate(config)).run()
   finally:
     RLUpdate.__call__, RolloutSource.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
-    PagedSampler.__call__ = paged_call
+    PagedSampler.__call__, PagedSampler.rounds = paged_call, paged_rounds
   wall = marks["t1"] - marks["t0"]
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
   busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))

@@ -83,12 +83,22 @@ class PagedSampler(Sampler):
     kw["on_group"] = on_group
     return self.stream([prompts], key, **kw)[0]
 
-  def rounds(self, feed, key: jax.Array, *, num_samples: int = 1, sampling: SamplingConfig | None = None):
+  def rounds(
+    self,
+    feed,
+    key: jax.Array,
+    *,
+    num_samples: int = 1,
+    sampling: SamplingConfig | None = None,
+    max_lengths: np.ndarray | None = None,
+  ):
     """The engine over a stream of chunks and weights (`feed`: `jaxcap.sampling.chunk_feed`; partial rollouts,
     `jaxcap.train.rollouts.partial`) on the default device: a generator stepping once per decode segment, which
-    hands each chunk back to `feed.finished` as it completes. Weights come from the feed, in the compute dtype."""
+    hands each chunk back to `feed.finished` as it completes. Weights come from the feed, in the compute dtype;
+    `max_lengths` as `scheduler.shard`'s (over every chunk's rows)."""
     kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
-    return shard(None, None, key, feed=feed, num_samples=num_samples, pad_id=self.pad_id, **kw)
+    kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths)
+    return shard(None, None, key, feed=feed, **kw)
 
   def stream(
     self,
