@@ -122,6 +122,27 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
       kw["max_lengths"] = np.repeat(caps, num_samples)
     return paged_rounds(self, feed, key, num_samples=num_samples, **kw)
 
+  # the rollout side's idle time: between its rollouts (a rollout thread) or waiting on the loop for a round or a
+  # version (partial rollouts), clipped to the window
+  from jaxcap.train.rollouts.partial import RoundFeed
+
+  generate, feed_wait, busy, idle = RolloutSource.generate, RoundFeed._wait, [], []
+
+  def timed_generate(self, *a, **kw):
+    t = time.perf_counter()
+    try:
+      return generate(self, *a, **kw)
+    finally:
+      busy.append((t, time.perf_counter()))
+
+  def timed_wait(self, *a, **kw):
+    t = time.perf_counter()
+    try:
+      return feed_wait(self, *a, **kw)
+    finally:
+      idle.append((t, time.perf_counter()))
+
+  RolloutSource.generate, RoundFeed._wait = timed_generate, timed_wait
   RLUpdate.__call__, RolloutSource.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
   PagedSampler.rounds = capped_rounds
   if judge_url is None:
@@ -131,6 +152,7 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   finally:
     RLUpdate.__call__, RolloutSource.submit, caprl.CapRLReward.__call__ = update_call, submit, reward_call
     PagedSampler.__call__, PagedSampler.rounds = paged_call, paged_rounds
+    RolloutSource.generate, RoundFeed._wait = generate, feed_wait
   wall = marks["t1"] - marks["t0"]
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
   busy_ns, _, what = device_busy_ns(path, _window_ns(path, "rl_window"))
@@ -139,6 +161,8 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   timed = [r for r in rl if first < r["step"] <= last]  # the window's steps (metrics.jsonl numbers them from 1)
   learner_wait = sum(waits) + sum(r.get("async/learner_wait_s", 0.0) for r in timed)
   split = rollout_devices(arm) > 0
+  clip = lambda spans: sum(max(0.0, min(b, marks["t1"]) - max(a, marks["t0"])) for a, b in spans)
+  rollout_idle = clip(idle) / wall if partial else 1 - clip(busy) / wall
   return {
     "steps_per_s": args.steps / wall,
     "s_per_step": wall / args.steps,
@@ -147,8 +171,9 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
     # the loop blocked on a round's rollout or its rewards: an upper bound of the learner's idle share (its last
     # dispatched passes may still be running then); colocated, the learner's devices also roll out
     "learner_idle_fraction": learner_wait / wall,
-    # split arms: the share of the window the rollout devices were not rolling out the window's rounds
-    "rollout_idle_fraction": 1 - sum(r.get("time/rollout_s", 0.0) for r in timed) / wall if split else None,
+    # split arms: the share of the window the rollout devices were not rolling out (between rollouts, or
+    # partial rollouts' engine waiting on the loop for a round or a version)
+    "rollout_idle_fraction": rollout_idle if split else None,
     "staleness": [r.get("async/staleness") for r in rl],
     "valid_fraction": [r.get("judge/valid_fraction") for r in rl],
     "device": what,

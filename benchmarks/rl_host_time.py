@@ -67,7 +67,8 @@ def device_busy_ns(xspace_path: str, window: tuple[int, int] | None = None) -> t
   from jax.profiler import ProfileData
 
   data = ProfileData.from_file(xspace_path)
-  device_planes = [p for p in data.planes if p.name.startswith("/device:")]
+  # GPU / TPU planes only: an installed libtpu adds a "/device:CUSTOM:..." plane with no device ops even on CPU
+  device_planes = [p for p in data.planes if p.name.startswith(("/device:GPU", "/device:TPU"))]
   intervals, span_lo, span_hi = [], None, None
   if device_planes:
     what = ", ".join(p.name for p in device_planes)
