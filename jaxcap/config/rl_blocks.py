@@ -107,5 +107,3 @@ def partial_rollout_problems(rl, run, at):
     )
   if run.rollout.engine != "paged":
     yield f"{at}partial_rollouts=True needs rollout.engine=paged (the static sampler has no samples in flight)"
-  if rl.stream_judging:
-    yield f"{at}partial_rollouts=True judges each round as it finishes; set {at}stream_judging=False"

@@ -91,13 +91,15 @@ class PagedSampler(Sampler):
     num_samples: int = 1,
     sampling: SamplingConfig | None = None,
     max_lengths: np.ndarray | None = None,
+    on_group=None,
   ):
     """The engine over a stream of chunks and weights (`feed`: `jaxcap.sampling.chunk_feed`; partial rollouts,
     `jaxcap.train.rollouts.partial`) on the default device: a generator stepping once per decode segment, which
     hands each chunk back to `feed.finished` as it completes. Weights come from the feed, in the compute dtype;
-    `max_lengths` as `scheduler.shard`'s (over every chunk's rows)."""
+    `max_lengths` and `on_group` as `scheduler.shard`'s (over every chunk's rows; a group numbered by its prompt
+    across the chunks)."""
     kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
-    kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths)
+    kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths, on_group=on_group)
     return shard(None, None, key, feed=feed, **kw)
 
   def stream(

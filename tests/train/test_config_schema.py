@@ -241,12 +241,11 @@ def test_max_staleness_does_not_combine_with_the_group_filter_yet():
 
 def test_partial_rollouts_name_what_they_need():
   c = base_config()
-  c.rl.partial_rollouts, c.rl.max_staleness, c.rl.stream_judging = True, 1, True
+  c.rl.partial_rollouts, c.rl.max_staleness = True, 1
   msg = _errors(c)
   assert "rl.partial_rollouts=True needs rl.max_staleness >= 2" in msg
-  assert "rl.partial_rollouts=True needs rollout.engine=paged" in msg
-  assert "rl.partial_rollouts=True judges each round as it finishes; set rl.stream_judging=False" in msg
-  c.rl.max_staleness, c.rl.stream_judging, c.rollout.engine = 2, False, "paged"
+  assert "rl.partial_rollouts=True needs rollout.engine=paged" in msg and msg.count("\n  - ") == 2
+  c.rl.max_staleness, c.rl.stream_judging, c.rollout.engine = 2, True, "paged"
   validate(c)
 
 

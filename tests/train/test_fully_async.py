@@ -295,19 +295,20 @@ def _partial_flags():
 
 @pytest.fixture(scope="module")
 def partial_colocated(tmp_path_factory):
-  """Partial rollouts on the learner's one device, the loop driving the engine."""
+  """Partial rollouts on the learner's one device, the loop driving the engine, each group judged as it finishes."""
   from processes import launch
 
   workdir = tmp_path_factory.mktemp("partial_colocated")
-  launch("caprl", *_partial_flags(), workdir=workdir, script=_script())
+  launch("caprl", *_partial_flags(), "--config.rl.stream_judging=true", workdir=workdir, script=_script())
   return workdir
 
 
 @pytest.mark.slow  # a killed training run and its rerun, in subprocesses, against another run
 def test_partial_rollouts_on_their_own_device_resume_exactly_and_equal_the_colocated_run(partial_colocated, tmp_path):
   """Rounds are rolled out by the rollout thread on a device of their own (rollout.devices=1 of 2), SIGKILLed once
-  the RL step-3 checkpoint is on disk and rerun: every metric equals the colocated run's, where the loop drives the
-  engine (where each version starts reads only the engine's progress, never the timing). A window's third round
+  the RL step-3 checkpoint is on disk and rerun, each round judged once it has finished: every metric equals the
+  colocated run's, where the loop drives the engine and streams groups to the judge (where each version starts
+  reads only the engine's progress, never the timing). A window's third round
   was partly sampled by the version before its own: its tokens are 1 or 2 updates stale, never more."""
   from processes import cpu_env, kill_after_checkpoint, launch, launch_command
 

@@ -14,6 +14,7 @@ recorded per token (`chunk_feed.TokenVersions`) beside its log-prob, which is th
 rollout correction's input). The engine waits for a round's batch or a version the loop has not handed over yet,
 never runs ahead without it: where each version starts reads only the engine's own progress, so the run is the
 same whatever the timing, and the window (a checkpoint's) ends with every round finished, nothing carried over.
+With rl.stream_judging each round's groups go to the judge as they finish, else each round when it finishes.
 One engine per process: the rollouts' mesh must be one device (rollout.devices=1, or a one-device learner).
 """
 
@@ -107,7 +108,13 @@ class PartialRounds:
         f"{jax.process_count()} processes; use rollout.devices=1 on one process, or partial_rollouts=False"
       )
     key = jax.device_put(key, self._device)  # the window's draws, keyed as one call's: (key, prompt, sample, token)
-    self._run = source.sampler.rounds(self.feed, key, num_samples=source.num_samples)  # runs under `on(device)`
+    # streaming judging: each round's groups go to the judge as the engine finishes them (its stream opened when
+    # the round is offered: streams are judged one at a time, in round order)
+    self.streams: dict[int, Any] = {}
+    self._block = block
+    stream = source.stream_judging and source.sampler.streams_groups
+    on_group = self._hand_to_judge if stream else None
+    self._run = source.sampler.rounds(self.feed, key, num_samples=source.num_samples, on_group=on_group)
     self._t0 = time.perf_counter()
     self._thread = None
     if thread:
@@ -115,6 +122,8 @@ class PartialRounds:
       self._thread.start()
 
   def offer(self, r: int, batch) -> None:
+    if self.source.stream_judging and self.source.sampler.streams_groups:
+      self.streams[r] = self.source.reward.stream(batch.records, group_size=self.source.num_samples, step=r)
     self.feed.offer(r - self.start, batch)
 
   def publish(self, version: int, params) -> None:
@@ -133,12 +142,21 @@ class PartialRounds:
 
   def close(self) -> None:
     self.feed.close()
+    for stream in self.streams.values():  # rounds never finished: their judging threads would wait for them
+      stream.cancel()
+
+  def _hand_to_judge(self, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
+    """The engine's `on_group`: prompt `prompt` of the window (its round's prompt prompt % block) is done."""
+    c, b = divmod(prompt, self._block)
+    decode = self.source.sampler.tokenizer.batch_decode
+    self.streams[self.start + c].add(b, decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True))
 
   def _drive_all(self) -> None:
     try:
       with on(self._device):
         run_to_end(self._run)
     except BaseException as e:  # every round still waited for gets the error
+      self.close()
       for future in self.results.values():
         if not future.done():
           future.set_exception(e)
@@ -153,7 +171,11 @@ class PartialRounds:
     now = time.perf_counter()
     gen = Generated(batch, rollouts, None, now - self._t0)
     self._t0 = now
-    gen.judging = source.submit(gen, r)  # in round order: rounds finish in order
+    stream = self.streams.pop(r, None)
+    if stream is not None and stream.added != prompts.rows:
+      raise RuntimeError(f"the engine handed over {stream.added} of round {r}'s {prompts.rows} groups")
+    # in round order: rounds finish in order
+    gen.judging = stream.future if stream is not None else source.submit(gen, r)
     self.results[r].set_result((gen, versions))
 
 
