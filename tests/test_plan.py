@@ -245,3 +245,15 @@ def test_a_disaggregated_plan_runs_the_rollouts_on_their_devices_with_the_whole_
   colocated = plan(parse(c), cfg, jax.devices()[:8], 80.0, ("prefill",), text=8)
   assert colocated["weight_sync_gib"] == 0 and colocated["layout"]["rollouts"] == "colocated"
   assert colocated["programs"][0]["arguments"] < prefill["arguments"]  # the params' float32 shard of 8 devices
+
+
+def test_a_tpu_topology_splits_into_two_slices_for_the_rollouts():
+  """Where the TPU compiler is importable (libtpu): rollout.devices=2 of a v5e 4x4's four hosts of four chips is
+  two 2x4 slices, one each; a count that is no slice is refused."""
+  pytest.importorskip("libtpu")
+  from jaxcap.plan.topology import split_slices
+
+  learner, rollouts = split_slices("tpu:v5e:4x4", 2)
+  assert len(learner) == len(rollouts) == 8 and all(d.platform == "tpu" for d in learner + rollouts)
+  with pytest.raises(SystemExit, match="12 chips are no slice"):  # 4 chips roll out, 12 are left
+    split_slices("tpu:v5e:4x4", 1)

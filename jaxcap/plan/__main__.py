@@ -15,7 +15,7 @@ from ml_collections import config_flags
 from jaxcap.plan.compile import plan
 from jaxcap.plan.report import format_plan
 from jaxcap.models.families import preset_names
-from jaxcap.plan.topology import model_config, topology_devices
+from jaxcap.plan.topology import model_config, split_slices, topology_devices
 
 
 def _define_flags() -> dict:
@@ -58,9 +58,19 @@ def main(argv, f: dict):
     n = int(topology.split(":")[1])
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
   devices, chip_hbm = topology_devices(topology)
+  # rollouts on their own chips: on a TPU, two slices (the compiler takes a whole slice); on CPU, as the run splits
+  slices = (
+    split_slices(topology, config.rollout.devices) if topology.startswith("tpu:") and config.rollout.devices else None
+  )
   hbm = f["hbm"].value or chip_hbm or 80.0
   result = plan(
-    config, model_config(config, f["model"].value), devices, hbm, tuple(f["programs"].value), f["prompt_text"].value
+    config,
+    model_config(config, f["model"].value),
+    devices,
+    hbm,
+    tuple(f["programs"].value),
+    f["prompt_text"].value,
+    slices=slices,
   )
   result["topology"] = topology
   print(format_plan(result))

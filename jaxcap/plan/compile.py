@@ -71,10 +71,13 @@ def compile_or_refusal(lowered):
     return None, str(e).splitlines()[0], int(float(m.group(1)) * scale[m.group(2)]) if m else 0
 
 
-def plan(config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48):
-  """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices`; returns a dict."""
+def plan(
+  config, cfg, devices, hbm_gib: float, names=("rl_step", "logprobs", "prefill", "decode"), text=48, slices=None
+):
+  """Compiles the programs `names` for `config` (batch, mesh, sampling) and model `cfg` on `devices` (with
+  rollout.devices, `slices`: the learner's and the rollouts' TPU slices); returns a dict."""
 
-  placement = Layout.of(config, devices)  # the learner's mesh, and the rollouts' (rollout.devices: their own)
+  placement = Layout.of(config, devices, slices)  # the learner's mesh, and the rollouts' (rollout.devices: their own)
   mesh = placement.learner
   model_cls = family_of_config(cfg).model_cls
   # with model.lora: the adapters and any quantized base, as the run builds them

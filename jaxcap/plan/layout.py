@@ -34,8 +34,9 @@ class Layout:
   first: Mesh
 
   @classmethod
-  def of(cls, config, devices) -> "Layout":
-    train, rollout = split_devices(config.rollout.devices, devices)
+  def of(cls, config, devices, slices: tuple[list, list] | None = None) -> "Layout":
+    """`devices` split as the run splits them, or `slices` (learner's, rollouts': two TPU slices, `split_slices`)."""
+    train, rollout = slices if slices is not None else split_devices(config.rollout.devices, devices)
     learner = make_mesh(dict(config.mesh.shape), devices=train)
     rollouts = rollout_mesh(rollout) if rollout else learner
     return cls(learner, rollouts, bool(rollout), make_mesh({"data": 1}, devices=(rollout or list(devices))[:1]))

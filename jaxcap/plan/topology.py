@@ -43,6 +43,32 @@ def topology_devices(topology: str):
   raise SystemExit(f"--topology={topology!r}: use cpu:N or tpu:<chip>:<shape>")
 
 
+def split_slices(topology: str, rollout_devices: int) -> tuple[list, list]:
+  """(learner devices, rollout devices) of a TPU `topology` split for `rollout.devices` = n per host (4 chips a
+  host): two slices of its chip, the rollouts' of n x hosts chips, each shaped by halving the longest side of the
+  topology's. The TPU compiler takes a program over a whole slice, not over chips picked from one, and a
+  disaggregated pod gives the rollouts whole hosts."""
+  chip, _, shape = topology.partition(":")[2].partition(":")
+  dims = [int(d) for d in shape.split("x")]
+  total = int(np.prod(dims))
+  hosts = max(1, total // 4)
+  rollout = rollout_devices * hosts
+  if not 0 < rollout < total:
+    raise SystemExit(f"rollout.devices={rollout_devices} x {hosts} hosts leaves no chip of {topology} to the learner")
+
+  def sub(count: int) -> str:
+    d = list(dims)
+    while int(np.prod(d)) > count:
+      d[int(np.argmax(d))] //= 2
+    if int(np.prod(d)) != count:
+      raise SystemExit(f"{topology}: {count} chips are no slice of it; choose rollout.devices for a power-of-two split")
+    return "x".join(map(str, d))
+
+  learner, _ = topology_devices(f"tpu:{chip}:{sub(total - rollout)}")
+  rollouts, _ = topology_devices(f"tpu:{chip}:{sub(rollout)}")
+  return learner, rollouts
+
+
 def model_config(config, name: str | None):
 
   m = config.model
