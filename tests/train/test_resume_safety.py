@@ -288,9 +288,13 @@ def test_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path):
 
 
 def test_second_annotator_on_an_output_is_refused_naming_the_holder(tmp_path):
+  from hf_reference import save_tiny_checkpoint
+
   from jaxcap import caption
   from jaxcap.locking import LockHeldError, lock_output
+  from jaxcap.models import qwen25vl_presets
 
+  save_tiny_checkpoint(qwen25vl_presets.tiny(), 0, tmp_path / "ckpt")  # a real checkpoint: only the lock refuses
   out = tmp_path / "captions.jsonl"
   held = lock_output(out)
   try:
