@@ -95,11 +95,17 @@ class PagedSampler(Sampler):
   ):
     """The engine over a stream of chunks and weights (`feed`: `jaxcap.sampling.chunk_feed`; partial rollouts,
     `jaxcap.train.rollouts.partial`) on the default device: a generator stepping once per decode segment, which
-    hands each chunk back to `feed.finished` as it completes. Weights come from the feed, in the compute dtype;
+    hands each chunk back to `feed.finished` as it completes; under a mesh of several devices, one engine per
+    device's block of every chunk (`mesh_stream`). Weights come from the feed, in the compute dtype;
     `max_lengths` and `on_group` as `scheduler.shard`'s (over every chunk's rows; a group numbered by its prompt
     across the chunks)."""
     kw = dict(graphdef=self.graphdef, cfg=self.cfg, engine=self.engine, sampling=sampling or self.sampling)
     kw.update(num_samples=num_samples, pad_id=self.pad_id, max_lengths=max_lengths, on_group=on_group)
+    mesh = jax.sharding.get_mesh()
+    if mesh is not None and not mesh.empty and mesh.size > 1:  # one engine per device's block of every chunk
+      from jaxcap.sampling.mesh_stream import stream
+
+      return stream(feed, key, mesh=mesh, **kw)
     return shard(None, None, key, feed=feed, **kw)
 
   def stream(

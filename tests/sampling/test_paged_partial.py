@@ -93,3 +93,26 @@ def test_samples_in_flight_continue_under_the_next_weights_and_record_their_vers
       assert (np.diff(row[:n]) >= 0).all()  # a sample moves to the next version, never back
     mixed |= bool(((versions == c - 1).any(1) & (versions == c).any(1)).any())
   assert mixed  # some sample started under one version and finished under the next
+
+
+def test_a_stream_over_a_mesh_gives_each_chunk_the_one_device_tokens(models):
+  """Two devices, one engine each over its block of every chunk (jaxcap.sampling.mesh_stream): each chunk comes
+  back assembled, with the tokens one call on one device gives it, each token's version recorded."""
+  from jaxcap.sharding import make_mesh
+
+  _, model, proc = models
+  sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, stop_ids=())
+  sampler = PagedSampler(model, processor=proc, sampling=sampling, engine=SMALL)
+  chunks = _chunks(sampler)
+  eager = sampler.stream(chunks, jax.random.key(3), num_samples=G)
+  base = compute_dtype_params(sampler.params, sampler.cfg.dtype)
+  feed = _Feed(chunks, [base])
+  with jax.set_mesh(make_mesh({"data": 2}, jax.devices()[:2])):
+    run_to_end(sampler.rounds(feed, jax.random.key(3), num_samples=G))
+  assert sorted(feed.done) == [0, 1, 2]
+  for c, want in enumerate(eager):
+    got, versions = feed.done[c]
+    np.testing.assert_array_equal(got.tokens, np.asarray(want.arrays.tokens))
+    np.testing.assert_array_equal(got.lengths, np.asarray(want.arrays.lengths))
+    emitted = np.arange(NEW)[None, :] < got.lengths[:, None]
+    assert (versions[emitted] == 0).all()

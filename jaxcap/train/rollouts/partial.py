@@ -15,7 +15,7 @@ rollout correction's input). The engine waits for a round's batch or a version t
 never runs ahead without it: where each version starts reads only the engine's own progress, so the run is the
 same whatever the timing, and the window (a checkpoint's) ends with every round finished, nothing carried over.
 With rl.stream_judging each round's groups go to the judge as they finish, else each round when it finishes.
-One engine per process: the rollouts' mesh must be one device (rollout.devices=1, or a one-device learner).
+One engine per device of the rollouts' mesh (`jaxcap.sampling.mesh_stream` over several), on one process.
 """
 
 from __future__ import annotations
@@ -101,20 +101,21 @@ class PartialRounds:
     self.source, self.start = source, start
     self.results = {r: Future() for r in range(start, end)}
     self.feed = RoundFeed(start, end - start, block, max_staleness, self._finished)
-    self._device = mesh.devices.flat[0]
-    if mesh.size != 1 or jax.process_count() != 1:
+    self._mesh = mesh
+    if jax.process_count() != 1:
       raise ValueError(
-        f"rl.partial_rollouts runs one engine per process: the rollouts have {mesh.size} devices here and "
-        f"{jax.process_count()} processes; use rollout.devices=1 on one process, or partial_rollouts=False"
+        f"rl.partial_rollouts runs on one process (here {jax.process_count()}); use partial_rollouts=False"
       )
-    key = jax.device_put(key, self._device)  # the window's draws, keyed as one call's: (key, prompt, sample, token)
+    # the window's draws, keyed as one call's: (key, prompt, sample, token)
+    key = jax.device_put(key, mesh.devices.flat[0])
     # streaming judging: each round's groups go to the judge as the engine finishes them (its stream opened when
     # the round is offered: streams are judged one at a time, in round order)
     self.streams: dict[int, Any] = {}
     self._block = block
     stream = source.stream_judging and source.sampler.streams_groups
     on_group = self._hand_to_judge if stream else None
-    self._run = source.sampler.rounds(self.feed, key, num_samples=source.num_samples, on_group=on_group)
+    with self._on():  # one engine per device of the rollouts' mesh (`mesh_stream`), or the one device's
+      self._run = source.sampler.rounds(self.feed, key, num_samples=source.num_samples, on_group=on_group)
     self._t0 = time.perf_counter()
     self._thread = None
     if thread:
@@ -133,7 +134,7 @@ class PartialRounds:
     """Round r, finished and handed to the judge: (Generated, each token's version int32 [B*G, N])."""
     future = self.results[r]
     while self._thread is None and not future.done():  # colocated: the loop drives the engine to the round's end
-      with on(self._device):
+      with self._on():
         try:
           next(self._run)
         except StopIteration:
@@ -145,6 +146,10 @@ class PartialRounds:
     for stream in self.streams.values():  # rounds never finished: their judging threads would wait for them
       stream.cancel()
 
+  def _on(self):
+    """The engine's context: its one device, or the rollouts' mesh (each device's engine then runs on its own)."""
+    return on(self._mesh.devices.flat[0]) if self._mesh.size == 1 else jax.set_mesh(self._mesh)
+
   def _hand_to_judge(self, prompt: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
     """The engine's `on_group`: prompt `prompt` of the window (its round's prompt prompt % block) is done."""
     c, b = divmod(prompt, self._block)
@@ -153,7 +158,7 @@ class PartialRounds:
 
   def _drive_all(self) -> None:
     try:
-      with on(self._device):
+      with self._on():
         run_to_end(self._run)
     except BaseException as e:  # every round still waited for gets the error
       self.close()
