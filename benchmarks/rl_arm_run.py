@@ -25,7 +25,7 @@ ARMS = {
   "stream_off1": (True, 1, 0, False),
   "async2": (True, 2, 0, False),  # k = 2 colocated
   "async2_split": (True, 2, -1, False),  # k = 2, half of the devices roll out, the learner has the other half
-  "partial2_split": (True, 2, 1, True),  # k = 2, partial rollouts on one device (one engine per process)
+  "partial2_split": (True, 2, -1, True),  # k = 2, partial rollouts on half of the devices (an engine each)
 }
 
 

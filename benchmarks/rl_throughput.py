@@ -13,8 +13,8 @@ once per arm and repeat, the arms interleaved (today, stream, stream_off1, today
     async2        rl.stream_judging=True,  rl.max_staleness=2   (colocated: the loop rolls out 2 steps ahead)
     async2_split  rl.stream_judging=True,  rl.max_staleness=2,  rollout.devices = half of this process's devices
                   (a rollout thread on its own devices; the learner on the others)
-    partial2_split  rl.stream_judging=True, rl.max_staleness=2, rl.partial_rollouts, rollout.devices=1 (one
-                  engine on its own device)
+    partial2_split  rl.stream_judging=True, rl.max_staleness=2, rl.partial_rollouts, rollout.devices = half
+                  (one engine per rollout device, each over its block of every round)
 
 The split arm needs several devices: on a CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=8` (every arm
 then runs on the 8 virtual devices, the learner's mesh of the split arm on 4 of them). What a CPU cannot show:
