@@ -10,6 +10,7 @@ A feed says:
   ring              None (every prompt its own output rows), or the prompts' rows a stream reuses: prompt p's rows
                     are those of p % ring (its chunk's must have been handed back before)
   ahead             None, or the most chunks prefilled beyond the oldest unfinished one
+  oldest()          (optional) the oldest unfinished chunk, when several devices' engines share the stream
   available()       the chunks at hand now (the pool is sized for them; a stream grows it as chunks arrive)
   chunk(c)          chunk c (a host `SamplerBatch`; a stream may wait for it)
   weights(oldest)   (params, version) the programs run with while chunk `oldest` is the oldest unfinished one
@@ -86,8 +87,10 @@ class ChunkBook:
     return n + (int(self.pages[chunks[-1]].sum()) if self.feed.ring and not engine.pages and chunks else 0)
 
   def oldest(self) -> int:
-    """The oldest chunk with samples not finished (`count` once all have)."""
-    return next((c for c in range(self.count) if self.left[c] != 0), self.count)
+    """The oldest chunk with samples not finished (`count` once all have); a feed shared by several devices' engines
+    says it for all of them (`feed.oldest()`: a chunk is finished once every device has finished its block)."""
+    shared = getattr(self.feed, "oldest", None)
+    return shared() if shared is not None else next((c for c in range(self.count) if self.left[c] != 0), self.count)
 
   def admits(self, c: int) -> bool:
     """Whether chunk c may enter now (a stream's: only once every chunk before c - feed.ahead has finished)."""

@@ -6,7 +6,10 @@ its block, its rows assembled into global arrays as a call's are.
     run = stream(feed, key, mesh=mesh, graphdef=..., cfg=..., engine=..., sampling=..., num_samples=G, pad_id=...)
     next(run)   # every live device's next segment; the feed's `finished` sees each chunk as it completes
 
-A chunk's images are embedded once, on the first device to prefill it, with the weights of the version the chunk
+Every device's engine runs with the version of the stream's oldest unfinished chunk, and takes a chunk in only
+once the chunk two before it has finished on every device (a device ahead of the others waits): where a version
+starts then depends on the devices' progress in the driver's fixed round-robin order, never on the timing. A
+chunk's images are embedded once, on the first device to prefill it, with the weights of the version the chunk
 before it runs with (`feed.weights(c - 1)`: what the feed's rule gives whichever device gets there first); its
 rows then go to each device. One process: several processes' feeds would have to agree on every chunk's rows.
 """
@@ -73,8 +76,8 @@ class DeviceFeed:
   """Device k's view of a stream's feed: its block [lo, hi) of every chunk, the feed's weights on its device, its
   finished blocks handed to `gather`."""
 
-  def __init__(self, feed, chunks: _Chunks, k: int, gather):
-    self.feed, self.chunks, self.k, self.gather = feed, chunks, k, gather
+  def __init__(self, feed, chunks: _Chunks, k: int, gather, oldest):
+    self.feed, self.chunks, self.k, self.gather, self.oldest = feed, chunks, k, gather, oldest
     lo, hi = chunks.bounds[k]
     self.blocks = [hi - lo] * len(feed.blocks)
     self.ring, self.ahead = 2 * (hi - lo), feed.ahead
@@ -87,7 +90,7 @@ class DeviceFeed:
     return self.chunks.part(c, self.k)
 
   def weights(self, oldest: int):
-    params, version = self.feed.weights(oldest)
+    params, version = self.feed.weights(min(self.oldest(), len(self.blocks) - 1))  # the stream's oldest, not ours
     if version not in self._weights:  # this device's copy (a replicated version's own shard: no copy)
       self._weights = {version: on_device(params, self.chunks.runners[self.k])}
     return self._weights[version], version
@@ -106,11 +109,16 @@ def stream(feed, key: jax.Array, *, mesh, graphdef, cfg, engine, sampling, num_s
   _, ranges = plan.bounds(block, mesh)
   chunks = _Chunks(feed, engine.page_size, pad_id, graphdef, ranges, plan.runners)
   parts: dict[int, dict] = {}
+  done: set[int] = set()
+
+  def oldest() -> int:  # the oldest chunk some device has not finished its block of: every engine's versions follow it
+    return next((c for c in range(count) if c not in done), count)
 
   def gather(c: int, k: int, arrays: SampledArrays, versions: np.ndarray) -> None:
     parts.setdefault(c, {})[k] = (arrays, versions)
     if len(parts[c]) == len(ranges):
       mine = parts.pop(c)
+      done.add(c)
       feed.finished(c, _assembled([mine[k][0] for k in range(len(ranges))], plan, mesh, block * g), np.concatenate(
         [mine[k][1] for k in range(len(ranges))]
       ))  # fmt: skip
@@ -120,7 +128,7 @@ def stream(feed, key: jax.Array, *, mesh, graphdef, cfg, engine, sampling, num_s
   for k, (lo, hi) in enumerate(ranges):
     prompts = np.concatenate([c * block + np.arange(lo, hi) for c in range(count)])
     rows = np.concatenate([np.arange((c * block + lo) * g, (c * block + hi) * g) for c in range(count)])
-    device_feed = DeviceFeed(feed, chunks, k, gather)
+    device_feed = DeviceFeed(feed, chunks, k, gather, oldest)
     embed = lambda c, k=k: chunks.embed(c, k)
     limits = None if max_lengths is None else np.asarray(max_lengths)[rows]
     runs.append(

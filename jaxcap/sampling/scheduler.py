@@ -200,6 +200,9 @@ def shard(
     while pending and len(queue) < len(free) and can_prefill():
       prefill_next()
     if pending and not queue and not (host.row >= 0).any():
+      if not book.admits(pending[0]):  # a device of a shared stream ahead of the others: wait for the oldest chunk
+        yield
+        continue
       raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
         f"chunk {pending[0]} needs {int(book.pages[pending[0]].sum())} pages for its prompts plus "
         f"{book.own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
