@@ -40,7 +40,8 @@ engine's per-row `max_lengths`, seeded by the rollout's index, the same in every
 has nothing to overlap; a trained student's captions vary in length. Compiled programs are kept in a persistent
 cache shared by the runs, and one unrecorded run of the first arm fills it first (`--no-prime` skips it), so no
 arm pays the paged engine's compilations of new buckets inside its timed window more than another (one priming
-run per device layout: a split arm's rollout programs are compiled for its own devices).
+run per device layout, and one more for partial rollouts: a split arm's rollout programs are compiled for its own
+devices, the partial engine's for its reused rows and grown pool).
 
 After `--warmup` RL steps (compiles) the next `--steps` are timed from the start of one step's update call to the
 start of the call after the last, and traced with `jax.profiler` for the device-busy share
@@ -149,7 +150,7 @@ def main(argv=None):
   }
   keys = ("steps_per_s", "s_per_step", "device_busy_fraction", "judge_wait_s", "learner_idle_fraction")
   if not args.no_prime:  # one per device layout: a split arm's rollouts compile programs of their own devices
-    primes = {rollout_devices(arm): arm for arm in reversed(arms)}
+    primes = {(rollout_devices(arm), ARMS[arm][3]): arm for arm in reversed(arms)}  # partial: programs of its own
     with _judge_server(args, latencies[0]) as url:
       for arm in primes.values():
         print(f"priming run ({arm}): {json.dumps(one_run(args, arm, 'prime', url, latencies[0]))}", flush=True)
