@@ -49,6 +49,19 @@ class _TimedFuture:
     return out
 
 
+def _spans(fn, spans: list):
+  """`fn` appending each call's (start, end) perf_counter span to `spans`."""
+
+  def timed(*a, **kw):
+    t = time.perf_counter()
+    try:
+      return fn(*a, **kw)
+    finally:
+      spans.append((t, time.perf_counter()))
+
+  return timed
+
+
 def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) -> dict:
   from jaxcap.rewards import caprl
   from jaxcap.config_files import validate
@@ -127,22 +140,7 @@ def one_run(args, arm: str, tag: str, judge_url: str | None, latency_ms: float) 
   from jaxcap.train.rollouts.partial import RoundFeed
 
   generate, feed_wait, busy, idle = RolloutSource.generate, RoundFeed._wait, [], []
-
-  def timed_generate(self, *a, **kw):
-    t = time.perf_counter()
-    try:
-      return generate(self, *a, **kw)
-    finally:
-      busy.append((t, time.perf_counter()))
-
-  def timed_wait(self, *a, **kw):
-    t = time.perf_counter()
-    try:
-      return feed_wait(self, *a, **kw)
-    finally:
-      idle.append((t, time.perf_counter()))
-
-  RolloutSource.generate, RoundFeed._wait = timed_generate, timed_wait
+  RolloutSource.generate, RoundFeed._wait = _spans(generate, busy), _spans(feed_wait, idle)
   RLUpdate.__call__, RolloutSource.submit, PagedSampler.__call__ = marked_update, timed_submit, capped
   PagedSampler.rounds = capped_rounds
   if judge_url is None:

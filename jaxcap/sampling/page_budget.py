@@ -93,3 +93,19 @@ def pool_pages(chunk_real: Sequence[np.ndarray], *, slots: int, pages: int, z: i
   )
   biggest_chunk = max((int(prompt_pages(r, z).sum()) for r in chunk_real), default=0)
   return 1 + slots * worst + biggest_chunk
+
+
+def chunk_too_big(chunk: int, prompt_pages_: int, own: int, pool: int) -> ValueError:
+  """The error of a pool (rollout.pages) too small for a chunk's prompts plus one sample's own pages."""
+  return ValueError(
+    f"chunk {chunk} needs {prompt_pages_} pages for its prompts plus {own} for a sample, more than "
+    f"rollout.pages={pool} holds; raise rollout.pages or use smaller chunks"
+  )
+
+
+def no_sample_fits(free: int, pool: int, own: int, max_new_tokens: int) -> ValueError:
+  """The error of a pool whose free pages cannot take one more sample's own pages while nothing decodes."""
+  return ValueError(
+    f"no sample fits: {free} free pages of rollout.pages={pool}, {own} needed for one sample's "
+    f"max_new_tokens={max_new_tokens}; raise rollout.pages or lower sampling.max_new_tokens"
+  )

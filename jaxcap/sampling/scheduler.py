@@ -39,7 +39,7 @@ from jaxcap.sampling import paged_decode as programs
 from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.host_slots import BUCKET_STEPS, REFILL_FRACTION, HostSlots, row_bucket, smaller_bucket
 from jaxcap.sampling.chunk_feed import ChunkBook, EagerFeed, TokenVersions
-from jaxcap.sampling.page_budget import PageAllocator, PromptPages, own_pages
+from jaxcap.sampling.page_budget import chunk_too_big, no_sample_fits, PageAllocator, PromptPages, own_pages
 from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, grow_pool
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
@@ -203,11 +203,8 @@ def shard(
       if not book.admits(pending[0]):  # a device of a shared stream ahead of the others: wait for the oldest chunk
         yield
         continue
-      raise ValueError(  # unreachable with pages=0; a budget too small for one chunk's prompts at once
-        f"chunk {pending[0]} needs {int(book.pages[pending[0]].sum())} pages for its prompts plus "
-        f"{book.own[pending[0]]} for a sample, more than rollout.pages={total_pages} holds; raise rollout.pages "
-        "or use smaller chunks"
-      )
+      # unreachable with pages=0; a budget too small for one chunk's prompts at once
+      raise chunk_too_big(pending[0], int(book.pages[pending[0]].sum()), book.own[pending[0]], total_pages)
     admitted = np.zeros((8, rows), np.int64)
     admitted[0], admitted[7] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
     j = 0
@@ -226,10 +223,7 @@ def shard(
     if live == 0 and not queue and not pending:
       break
     if live == 0:
-      raise ValueError(
-        f"no sample fits: {len(alloc.free)} free pages of rollout.pages={total_pages}, {own(queue[0][0])} needed "
-        f"for one sample's max_new_tokens={n_new}; raise rollout.pages or lower sampling.max_new_tokens"
-      )
+      raise no_sample_fits(len(alloc.free), total_pages, own(queue[0][0]), n_new)
     draining = not queue and not pending
     if draining and row_bucket(live, engine.slots) < rows:
       keep = np.flatnonzero(host.row >= 0)
