@@ -25,6 +25,8 @@ _RULES: list[tuple[str, str, str]] = [
   (r"embed_tokens\.embedding", "model.embed_tokens.weight", "same"),
   (r"lm_head\.kernel", "lm_head.weight", "t"),
   (r"layers\.(.*)", r"model.layers.*.\1", "lin"),
+  # Qwen3.5's two stacks: the "*" of each is its kind's decoder indices (`stack_indices`)
+  (r"(?:linear|attention)_layers\.(.*)", r"model.layers.*.\1", "lin"),
   (r"norm\.weight", r"model.norm.weight", "same"),
 ]
 
@@ -43,9 +45,20 @@ def hf_name(path: str) -> tuple[str, str]:
   raise KeyError(f"no HF name for param {path!r}")
 
 
-def layer_names(name: str, num_layers: int) -> list[str]:
-  """The per-layer HF names of a stacked param's name template ('model.layers.*.mlp...'), or [name]."""
-  return [name.replace("*", str(i)) for i in range(num_layers)] if "*" in name else [name]
+def layer_names(name: str, num_layers: int, indices=None) -> list[str]:
+  """The per-layer HF names of a stacked param's name template ('model.layers.*.mlp...'), or [name]; `indices`:
+  the HF layer index of each entry of the stack (`stack_indices`; default 0 .. num_layers - 1)."""
+  indices = range(num_layers) if indices is None else indices
+  return [name.replace("*", str(i)) for i in indices] if "*" in name else [name]
+
+
+def stack_indices(path: str, cfg) -> tuple[int, ...] | None:
+  """The decoder layer index of each entry of the stack holding the param at `path` where the stack is one kind
+  of a hybrid decoder (Qwen3.5's `linear_layers` / `attention_layers`), else None (entry i is layer i)."""
+  for stack, kind in (("linear_layers.", "linear_attention"), ("attention_layers.", "full_attention")):
+    if path.startswith(stack):
+      return cfg.text.layer_indices(kind)
+  return None
 
 
 def from_hf_layout(array: np.ndarray, layout: str) -> np.ndarray:

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 
-from jaxcap.checkpoint.hf_layout import alt_names, hf_name, hf_shape, layer_names, path_name
+from jaxcap.checkpoint.hf_layout import alt_names, hf_name, hf_shape, layer_names, path_name, stack_indices
 from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.checkpoint.tensor_read import LayerReader, layer_axis_whole, place, place_stacked
 from jaxcap.models.config import Qwen25VLConfig
@@ -118,7 +118,7 @@ def load_hf_checkpoint(
   def load_one(path, leaf, sharding):
     template, layout = hf_name(path_name(path))
     stacked = "*" in template
-    names = layer_names(template, leaf.shape[0] if stacked else 1)
+    names = layer_names(template, leaf.shape[0] if stacked else 1, stack_indices(path_name(path), cfg))
     tensors = []
     for hf in names:
       found = index.resolve(hf)

@@ -12,7 +12,15 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxcap.checkpoint.hf_layout import alt_names, hf_name, hf_shape, layer_names, path_name, to_hf_layout
+from jaxcap.checkpoint.hf_layout import (
+  alt_names,
+  hf_name,
+  hf_shape,
+  layer_names,
+  path_name,
+  stack_indices,
+  to_hf_layout,
+)
 from jaxcap.models import lora
 from jaxcap.models.families import family_of_config
 from jaxcap.models.qwen25vl import Qwen25VL
@@ -63,7 +71,8 @@ def save_hf_checkpoint(
     if dtype is not None:
       value = value.astype(dtype)
     stacked = "*" in template
-    for hf, v in zip(layer_names(template, value.shape[0] if stacked else 1), value if stacked else [value]):
+    names = layer_names(template, value.shape[0] if stacked else 1, stack_indices(path_name(path), cfg))
+    for hf, v in zip(names, value if stacked else [value]):
       tensors[alt_names(hf)[-1] if nested else hf] = to_hf_layout(v, layout, hf_shape(v.shape, layout, cfg))
 
   shards, current, size = [], {}, 0

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxcap.checkpoint.hf_layout import alt_names, hf_name, layer_names
+from jaxcap.checkpoint.hf_layout import alt_names, hf_name, layer_names, stack_indices
 from jaxcap.checkpoint.hf_save import gather
 from jaxcap.models.layers import Linear
 
@@ -33,12 +33,13 @@ def save_peft_adapters(model: nnx.Module, directory: str | os.PathLike, *, base_
   for path, lin in nnx.iter_modules(model):
     if not isinstance(lin, Linear) or not hasattr(lin, "kernel_lora_a"):
       continue
-    template, _ = hf_name(".".join(str(p) for p in path) + ".kernel")
+    param_path = ".".join(str(p) for p in path) + ".kernel"
+    template, _ = hf_name(param_path)
     template = alt_names(template)[-1].removesuffix(".weight")
     a = np.asarray(jax.device_get(gather(lin.kernel_lora_a[...])), np.float32)
     b = np.asarray(jax.device_get(gather(lin.kernel_lora_b[...])), np.float32)
     stacked = a.ndim == 3
-    names = layer_names(template, a.shape[0] if stacked else 1)
+    names = layer_names(template, a.shape[0] if stacked else 1, stack_indices(param_path, model.cfg))
     for i, module in enumerate(names):
       ai, bi = (a[i], b[i]) if stacked else (a, b)
       tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(ai.T)

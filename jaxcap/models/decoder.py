@@ -111,6 +111,11 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     return shard(apply_rotary(q, cos, sin), ("batch", None, "heads", None)), apply_rotary(k, cos, sin), v
 
+  def heads(self, x, cos, sin):
+    """`project`'s queries, keys and values, and the map of the attention output [B, T, N * H] -> [B, T, D] (a
+    gated attention's gate is computed with its queries: `jaxcap.models.qwen35_layers.GatedAttention`)."""
+    return (*self.project(x, cos, sin), self.o_proj)
+
   def shared(self, prompts, completions, prompt_rope, completion_rope, prompt_mask, prompt_real):
     """The prompt-shared pass (`jaxcap.models.shared_decode`): prompts [B, P, D] attend causally among themselves
     (`prompt_mask` bool [B, 1, P, P]); completions [N, C, D] (G = N / B per prompt) to their prompt's real tokens
@@ -118,13 +123,13 @@ class Attention(nnx.Module):
     values once for all G. `*_rope`: (cos, sin) of each stream. Returns both streams' outputs."""
     b, p, _ = prompts.shape
     n, c, _ = completions.shape
-    qp, kp, vp = self.project(prompts, *prompt_rope)
-    qc, kc, vc = self.project(completions, *completion_rope)
+    qp, kp, vp, out_p_map = self.heads(prompts, *prompt_rope)
+    qc, kc, vc, out_c_map = self.heads(completions, *completion_rope)
     scale = self.head_dim**-0.5
     kp, vp = kp.astype(qp.dtype), vp.astype(qp.dtype)
     out_p = jax.nn.dot_product_attention(qp, kp, vp, mask=prompt_mask, scale=scale)
     out_c = group_attention(qc, kc.astype(qc.dtype), vc.astype(qc.dtype), kp, vp, prompt_real, scale)
-    return self.o_proj(out_p.reshape(b, p, -1)), self.o_proj(out_c.reshape(n, c, -1))
+    return out_p_map(out_p.reshape(b, p, -1)), out_c_map(out_c.reshape(n, c, -1))
 
   def __call__(self, x, cos, sin, mask, kv, cache_index):
     """x [B, T, D]; mask: bool [B, 1, T, S] or, without a cache, a `SegmentMask` / `FusedSegments`; kv: this layer's cache (keys
@@ -132,17 +137,17 @@ class Attention(nnx.Module):
     Returns the output [B, T, D] and the keys and values: the updated cache (new tokens written at `cache_index`,
     counted after any prefix's slots) or, without one, the new tokens' [B, T, K, H]."""
     b, t, _ = x.shape
-    q, k, v = self.project(x, cos, sin)
+    q, k, v, out_map = self.heads(x, cos, sin)
     scale = self.head_dim**-0.5
     if kv is None:
       if isinstance(mask, (SegmentMask, FusedSegments)):  # packed rows: a fused kernel or blocked jnp attention
         out = packed_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, scale)
-        return self.o_proj(out.reshape(b, t, -1)), (k, v)
+        return out_map(out.reshape(b, t, -1)), (k, v)
       out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, scale=scale)
-      return self.o_proj(out.reshape(b, t, -1)), (k, v)
+      return out_map(out.reshape(b, t, -1)), (k, v)
     if hasattr(kv, "attend"):  # a paged cache's view of this layer (jaxcap.sampling.paged_cache.PagedLayer)
       out, kv = kv.attend(q, k, v, scale)
-      return self.o_proj(out.reshape(b, t, -1)), kv
+      return out_map(out.reshape(b, t, -1)), kv
     k_cache, v_cache, *prefix = kv
     own_index = cache_index - (prefix[1].shape[2] if prefix else 0)
     k_new = k.transpose(0, 2, 3, 1).astype(k_cache.dtype)  # [B, K, H, T]
@@ -150,7 +155,7 @@ class Attention(nnx.Module):
     k_cache = shard(jax.lax.dynamic_update_slice_in_dim(k_cache, k_new, own_index, axis=3), CACHE_AXES)
     v_cache = shard(jax.lax.dynamic_update_slice_in_dim(v_cache, v_new, own_index, axis=2), CACHE_AXES)
     out = cached_attention(q, k_cache, v_cache, mask, scale, prefix=tuple(prefix) or None)
-    return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
+    return out_map(out.reshape(b, t, -1)), (k_cache, v_cache)
 
 
 class DecoderLayer(nnx.Module):

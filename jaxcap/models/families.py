@@ -11,9 +11,11 @@ from typing import Any
 
 from jaxcap.models import config as qwen25vl_config
 from jaxcap.models import qwen25vl_presets
-from jaxcap.models import qwen3vl_presets
+from jaxcap.models import qwen35_presets, qwen3vl_presets
 from jaxcap.models.config import Qwen25VLConfig
 from jaxcap.models.qwen25vl import Qwen25VL
+from jaxcap.models.qwen35 import Qwen35
+from jaxcap.models.qwen35_config import Qwen35Config
 from jaxcap.models.qwen3vl import Qwen3VL
 from jaxcap.models.qwen3vl_config import Qwen3VisionConfig, Qwen3VLConfig
 from jaxcap.models.qwen3vl_vision import qwen3_layout_shape, qwen3_vision_layout
@@ -78,6 +80,22 @@ FAMILIES: dict[str, Family] = {
     nested_keys=True,
     processor="qwen3_vl",
     default_system=None,  # Qwen3-VL's template adds no system turn of its own
+  ),
+  "qwen3_5": Family(
+    name="qwen3_5",
+    model_type="qwen3_5",
+    config_cls=Qwen35Config,
+    model_cls=Qwen35,
+    presets=qwen35_presets.PRESETS,
+    rope_index=qwen3vl_rope_index,
+    vision_config_cls=None,  # Qwen3-VL's tower: `family_of_vision` answers qwen3_vl, whose layout it is
+    vision_layout=qwen3_vision_layout,
+    layout_shape=lambda grid_thw, cfg: qwen3_layout_shape(grid_thw),
+    preprocess={"image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)},
+    like_qwen25=qwen35_presets.qwen35_like,
+    nested_keys=True,
+    processor="qwen3_vl",
+    default_system=None,
   ),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"

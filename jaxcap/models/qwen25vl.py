@@ -142,16 +142,7 @@ class Qwen25VL(nnx.Module):
     b, t, _ = x.shape
     cfg = self.cfg.text
     cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved)
-    q_slot = cache_index + jnp.arange(t)
-    k_slot = jnp.arange(cache.slots if cache is not None else t)
-    # packed rows without a cache: a fused kernel's or a segment window's mask where either applies, else dense
-    packed = segments is not None and cache is None
-    mask = packed_mask(segments, attention_mask, segment_window, segment_parents) if packed else None
-    if mask is None:
-      mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
-      if segments is not None:
-        parent_q = None if segment_parents is None else segment_parents[:, None, :, None]
-        mask = mask & readable(segments[:, None, :, None], segments[:, None, None, :], parent_q)
+    mask = self.attention_mask(attention_mask, t, cache, cache_index, segments, segment_window, segment_parents)
     x = shard(x, ("batch", None, None))
     if cache is None:
       body = lambda layer, x, _: layer(x, cos, sin, mask, None, cache_index)[0]
@@ -184,10 +175,32 @@ class Qwen25VL(nnx.Module):
       new_v.append(v)
     return self.norm(x), KVCache(tuple(new_k), tuple(new_v), cache.prefix_k, cache.prefix_v)
 
+  def attention_mask(self, attention_mask, t, cache, cache_index, segments, segment_window, segment_parents):
+    """The attention layers' mask of `decode`'s arguments (T = `t` new tokens): bool [B, 1, T, S], or for packed
+    rows without a cache a fused kernel's / segment window's mask where either applies."""
+    q_slot = cache_index + jnp.arange(t)
+    k_slot = jnp.arange(cache.slots if cache is not None else t)
+    packed = segments is not None and cache is None
+    mask = packed_mask(segments, attention_mask, segment_window, segment_parents) if packed else None
+    if mask is None:
+      mask = (k_slot[None, :] <= q_slot[:, None])[None, None] & attention_mask.astype(bool)[:, None, None, :]
+      if segments is not None:
+        parent_q = None if segment_parents is None else segment_parents[:, None, :, None]
+        mask = mask & readable(segments[:, None, :, None], segments[:, None, None, :], parent_q)
+    return mask
+
+  def empty_cache(self, batch: int, slots: int) -> KVCache:
+    """A zeroed cache of `slots` slots for `batch` rows (what a prefill writes into)."""
+    return KVCache.zeros(self.cfg, batch, slots)
+
   def layer_params(self, rows: int | None = None) -> tuple:
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`
     (the loop's batch rows), kernels are laid out in `row_blocks` where that applies (few rows, on CPU)."""
-    stack = nnx.state(self.layers)
+    return self.stack_layer_params(self.layers, rows)
+
+  def stack_layer_params(self, layers: nnx.Module, rows: int | None = None) -> tuple:
+    """`layer_params` of one stacked module of layers."""
+    stack = nnx.state(layers)
     # not under LoRA: qwix computes x W with W as laid out when it made the adapters ([in, out])
     blocked = rows is not None and row_blocks.applies(rows) and not lora.has_adapters(stack)
 
@@ -199,7 +212,7 @@ class Qwen25VL(nnx.Module):
     # whole up front
     return tuple(
       jax.tree_util.tree_map_with_path(layout, shard_like_params(jax.tree.map(lambda a, i=i: a[i], stack)))
-      for i in range(self.cfg.text.num_hidden_layers)
+      for i in range(jax.tree.leaves(stack)[0].shape[0])
     )
 
   def head_params(self, rows: int | None = None) -> jax.Array | None:

@@ -22,7 +22,7 @@ def test_unknown_model_type_lists_supported(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
   with pytest.raises(ValueError, match=r"llava.*qwen2_5_vl"):
     families.family_of_checkpoint(tmp_path)
-  with pytest.raises(ValueError, match=r"supported: \['qwen2_5_vl', 'qwen3_vl'\]"):
+  with pytest.raises(ValueError, match=r"supported: \['qwen2_5_vl', 'qwen3_5', 'qwen3_vl'\]"):
     families.family("nope")
 
 
@@ -49,3 +49,19 @@ def test_embedded_student_of_either_family_has_the_same_sizes_and_its_own_layout
   shape = layout_shape_for(grid, like.vision).bucketed(like.vision)
   layout = layout_for(grid, like.vision, shape)
   assert isinstance(layout, Qwen3VisionLayout) and layout.frames.gather.shape == (1, 32)  # 24 patches, one frame
+
+
+def test_embedded_student_as_qwen35_keeps_the_sizes_and_is_hybrid():
+  """`qwen35_like` (how `model.family=qwen3_5` builds the embedded student): the Qwen2.5-VL config's widths, depths
+  and token ids; linear and full-attention layers both present; the Qwen3-VL tower's layout."""
+  from jaxcap.models.families import family, family_of_config
+  from jaxcap.models.qwen25vl_presets import tiny
+
+  base = tiny()
+  like = family("qwen3_5").like_qwen25(base)
+  assert family_of_config(like).name == "qwen3_5"
+  for f in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
+    assert getattr(like.text, f) == getattr(base.text, f), f
+  assert (like.image_token_id, like.eos_token_id) == (base.image_token_id, base.eos_token_id)
+  assert set(like.text.layer_types) == {"linear_attention", "full_attention"}
+  assert like.text.layer_types[-1] == "full_attention" and 2 * sum(like.text.mrope_section) == like.text.rotary_dim

@@ -1,0 +1,170 @@
+"""Parity of the Flax Qwen3.5 with `transformers`' Qwen3_5ForConditionalGeneration (f32, CPU) on tiny random
+models built offline, saved with `save_pretrained` and read back through `load_hf_checkpoint`: logits for single and
+mixed images, video, left / right padding, tied / untied heads; greedy decoding through the hybrid cache equal to
+`generate`; the export bit-exact both ways."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+from jaxcap.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from jaxcap.models.families import family_of_checkpoint
+from jaxcap.models.qwen35 import HybridCache, Qwen35
+from jaxcap.models.qwen35_config import Qwen35Config
+from jaxcap.models.qwen35_presets import PRESETS, qwen35_tiny
+from jaxcap.models.qwen3vl_vision import qwen3_vision_layout
+from tests.models.vl_cases import case, hf_kwargs, our_inputs
+
+ATOL = 1e-4
+KINDS = ["single_image", "two_images", "text_only", "video", "mixed_batch"]
+
+
+def _hf_model(cfg: Qwen35Config, seed: int):
+  torch.manual_seed(seed)
+  hc = transformers.Qwen3_5Config(**cfg.to_hf_dict())
+  hc._attn_implementation = "eager"
+  model = transformers.Qwen3_5ForConditionalGeneration(hc).float().eval()
+  with torch.no_grad():  # norms start at 0 (zero-centred) or 1, biases at 0: perturb them so every param matters
+    for name, p in model.named_parameters():
+      if ("norm" in name and name.endswith("weight")) or name.endswith("dt_bias"):
+        p.add_(0.1 * torch.randn_like(p))
+      elif name.endswith("bias"):
+        p.add_(0.02 * torch.randn_like(p))
+  return model
+
+
+def _load(tie: bool, tmp_path_factory):
+  cfg = qwen35_tiny(tie=tie)
+  directory = tmp_path_factory.mktemp(f"qwen35_{'tied' if tie else 'untied'}")
+  ref = _hf_model(cfg, seed=int(tie))
+  ref.save_pretrained(directory)
+  return ref, load_hf_checkpoint(directory), directory
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+  return _load(False, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+  return _load(True, tmp_path_factory)
+
+
+@pytest.fixture(params=["untied", "tied"])
+def models(request):
+  return request.getfixturevalue(request.param)
+
+
+@pytest.mark.parametrize(
+  "kind,side,variant",
+  [(k, "left", "untied") for k in KINDS] + [("mixed_batch", "right", "untied"), ("mixed_batch", "left", "tied")],
+)
+def test_logits_match(request, kind, side, variant):
+  ref, ours, _ = request.getfixturevalue(variant)
+  c = case(ours.cfg, kind, side)
+  with torch.no_grad():
+    want = ref(**hf_kwargs(ours.cfg, c)).logits.numpy()
+  positions, vision = our_inputs(ours.cfg, c)
+  got, _ = ours(jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision)
+  valid = c["mask"].astype(bool)
+  np.testing.assert_allclose(np.asarray(got)[valid], want[valid], atol=ATOL, rtol=0)
+
+
+def test_vision_features_match(untied):
+  ref, ours, _ = untied
+  grid = np.array([[1, 4, 6], [1, 8, 4], [2, 4, 4]])
+  px = np.random.RandomState(0).randn(int(np.prod(grid, -1).sum()), ours.cfg.vision.patch_dim).astype(np.float32)
+  with torch.no_grad():
+    want = ref.model.visual(torch.as_tensor(px), grid_thw=torch.as_tensor(grid))
+  feats, deepstack = ours.visual(jnp.asarray(px), qwen3_vision_layout(grid, ours.cfg.vision))
+  assert deepstack is None
+  np.testing.assert_allclose(np.asarray(feats), want.pooler_output.numpy(), atol=ATOL, rtol=0)
+
+
+def test_family_scan_and_unrolled_layers_agree(untied):
+  """The checkpoint's family is qwen3_5; the blocks' scan, the unrolled layers and remat give the same logits."""
+  _, ours, directory = untied
+  assert family_of_checkpoint(directory).model_cls is Qwen35 and isinstance(ours, Qwen35)
+  assert ours.block_period == 3
+  c = case(ours.cfg, "two_images")
+  positions, vision = our_inputs(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want = np.asarray(ours(*args)[0])
+  for overrides in (dict(scan_layers=False), dict(remat="full")):
+    np.testing.assert_allclose(np.asarray(load_hf_checkpoint(directory, **overrides)(*args)[0]), want, atol=1e-5)
+
+
+def test_hf_round_trip_is_bit_exact(models, tmp_path):
+  ref, ours, directory = models
+  save_hf_checkpoint(ours, tmp_path)
+  original, exported = load_file(directory / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+  assert sorted(original) == sorted(exported)
+  for k, v in exported.items():
+    assert original[k].dtype == v.dtype and np.array_equal(original[k], v), k
+  assert Qwen35Config.from_hf_dict(json.loads((tmp_path / "config.json").read_text())) == Qwen35Config.from_hf_dict(
+    json.loads((directory / "config.json").read_text())
+  )
+  back, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  theirs = back.state_dict()
+  assert all(torch.equal(v, theirs[k]) for k, v in ref.state_dict().items())
+
+
+def _greedy(model: Qwen35, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
+  """Greedy tokens [B, steps] and their logits through the hybrid cache: one prefill, then a token per step."""
+  positions, vision = our_inputs(model.cfg, c)
+  ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
+  b, t = ids.shape
+  slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
+  x, _ = model.embed_vision(ids, vision)
+  cache = model.empty_cache(b, t + steps)
+  assert isinstance(cache, HybridCache)
+  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0)
+  logits = [model.logits(hidden[:, -1])]
+  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
+  step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
+  for i in range(steps - 1):
+    slots = slots.at[:, t + i].set(True)
+    pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
+    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
+    logits.append(model.logits(hidden[:, -1]))
+  logits = np.asarray(jnp.stack(logits, 1))
+  return logits.argmax(-1), logits
+
+
+@pytest.mark.parametrize("kind,variant", [("two_images", "untied"), ("mixed_batch", "tied")])
+def test_greedy_generation_equals_transformers_generate(request, kind, variant):
+  ref, ours, _ = request.getfixturevalue(variant)
+  steps = 8
+  c = case(ours.cfg, kind)
+  with torch.no_grad():
+    out = ref.generate(
+      **hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+  want = out.sequences[:, c["ids"].shape[1] :].numpy()
+  tokens, logits = _greedy(ours, c, steps)
+  assert want.shape == tokens.shape
+  np.testing.assert_array_equal(tokens, want)
+  np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_presets_round_trip_through_transformers_config(preset):
+  cfg = PRESETS[preset]()
+  assert Qwen35Config.from_hf_dict(transformers.Qwen3_5Config(**cfg.to_hf_dict()).to_dict()) == cfg
+  assert 2 * sum(cfg.text.mrope_section) == cfg.text.rotary_dim
+  assert cfg.vision.out_hidden_size == cfg.text.hidden_size and not cfg.vision.deepstack_visual_indexes
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="qwen3_5"):
+    Qwen35Config.from_hf_dict({"model_type": "qwen3_vl"})
+  with pytest.raises(ValueError, match="layer_types"):
+    qwen35_tiny().text.__class__(num_hidden_layers=2, layer_types=("linear_attention",))
