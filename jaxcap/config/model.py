@@ -167,6 +167,14 @@ class Data(Block):
 
   train_manifest: str = field("", "JSONL/Parquet training manifest; empty = the synthetic world")
   eval_manifest: str = field("", "held-out JSONL/Parquet manifest; empty = the synthetic world")
+  # a manifest row's media outside its data root (`../../etc/passwd`, an absolute path elsewhere) is refused
+  # (jaxcap/data/media_root.py); relative paths still resolve against the manifest's folder
+  media_root: str = field(
+    "", "the folder every manifest media path must lie in (empty = each manifest's own folder)", resume=ALLOWED
+  )
+  allow_outside_paths: bool = field(
+    False, "read manifest media paths outside the data root (e.g. released rows' absolute paths)", resume=ALLOWED
+  )
   prompt: str = field("Describe this image in detail.", "the user turn before the image")
   image_size: int = field(84, "every image resized to this square side, pixels", ge=0, hint="0 = native size")
   min_pixels: int = field(0, "the native-size pixel budget's floor (0 = the checkpoint's preprocessor_config)", ge=0)

@@ -60,10 +60,15 @@ def build(config: Run, workdir: Path) -> Setup:
   if config.data.train_manifest:
     # kept as strings: Path() folds "hf:///abs/dataset" into "hf:/abs/dataset", a relative name
     train_path, eval_path = config.data.train_manifest, config.data.eval_manifest or ""
+    # the user's manifests: media confined to data.media_root (else each manifest's folder) unless allowed
+    confine = dict(media_root=config.data.media_root or None, allow_outside_paths=config.data.allow_outside_paths)
   else:
     train_path, eval_path = embedded.build_world_manifests(config, workdir)
-  train = read_manifest(train_path)
-  held_out = read_manifest(eval_path) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
+    confine = {}  # the synthetic world's: written under the workdir, each inside its own folder
+  train = read_manifest(train_path, **confine)
+  held_out = (
+    read_manifest(eval_path, **confine) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
+  )
   train_records, eval_records = train.records, held_out.records
   # every image / frame decoded before any compute: data.bad_media "fail" lists the bad ones, "skip" drops them
   media = {"train": train_records, "held-out": eval_records}
