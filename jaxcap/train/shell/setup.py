@@ -152,7 +152,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   processor with the run's media settings (`with_run_media`)."""
   m = config.model
   if m.checkpoint:
-    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype))
+    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype_name()))
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
     check_context(config, checkpoint_cfg)
     check_train_memory(config, checkpoint_cfg)
