@@ -2,6 +2,7 @@
 and a run that cannot fit refused before its checkpoint is read, with the numbers and settings that would fit."""
 
 import json
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -190,3 +191,73 @@ def test_a_saved_float32_default_resumes_under_auto(tmp_path):
         resume.check(_config(**changes), workdir, position)
     else:
       assert resume.check(_config(**changes), workdir, position) == []
+
+
+PAGED = {"rollout.engine": "paged", "sft.steps": 0}
+
+
+def test_a_page_pool_larger_than_the_device_is_refused_naming_the_knob():
+  """Issue 57: lengths within the model's context but a pool larger than the device (long captions times many slots,
+  or a large rollout.pages) died on the pool's allocation after SFT. Now one line, before any compute."""
+  from jaxcap.train.shell.memory_check import check_pool_memory, page_pool
+
+  long = _config(**PAGED, **{"sampling.max_new_tokens": 4000, "rollout.slots": 256})  # tiny: 4096 positions
+  pages, page, worst = page_pool(long, CFG)
+  assert (
+    pages == 1 + 256 * worst
+    and page == 2 * CFG.text.num_hidden_layers * CFG.text.num_key_value_heads * 16 * CFG.text.head_dim * 4
+  )
+  budget = pages * page // 4
+  with pytest.raises(ConfigError) as e:
+    check_pool_memory(long, CFG, available=(budget, "test budget"))
+  message = str(e.value)
+  assert "\n" not in message and message.startswith("the paged engine's page pool needs at least ")
+  assert (
+    f"({pages} pages of 16 tokens: rollout.slots=256 x {worst} pages for a prompt and sampling.max_new_tokens=4000)"
+    in message
+  )
+  assert "but a device holds " in message and "(test budget); lower rollout.slots (now 256; " in message
+  assert "or sampling.max_new_tokens (now 4000), or use rollout.engine='static'" in message
+  fit = int(re.search(r"now 256; (\d+) fit", message)[1])
+  check_pool_memory(_config(**PAGED, **{"sampling.max_new_tokens": 4000, "rollout.slots": fit}), CFG, (budget, "test"))
+  huge = _config(**PAGED, **{"rollout.pages": 10**9})
+  with pytest.raises(
+    ConfigError, match=r"1000000000 pages of 16 tokens\) .* lower rollout.pages \(now 1000000000; about \d+ fit\)"
+  ):
+    check_pool_memory(huge, CFG, available=(budget, "test budget"))
+  check_pool_memory(_config(**{"sampling.max_new_tokens": 4000, "rollout.slots": 256}), CFG, (1, "test"))  # static
+  check_pool_memory(_config(**PAGED, **{"rl.steps": 0, "rollout.pages": 10**9}), CFG, (1, "test"))  # no RL
+
+
+def test_the_device_figure_is_the_accelerators_own_or_the_hosts(monkeypatch):
+  from jaxcap.train.shell.memory_check import device_memory
+
+  class Gpu:
+    platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+    def memory_stats(self):
+      return {"bytes_limit": 80 * 2**30, "bytes_in_use": 0}
+
+  monkeypatch.delenv("JAXCAP_MEMORY_BUDGET", raising=False)
+  assert device_memory(Gpu()) == (80 * 2**30, "NVIDIA H100 80GB HBM3's memory_stats() bytes_limit")
+  monkeypatch.setattr(Gpu, "memory_stats", lambda self: None)  # a backend that keeps none: no check
+  assert device_memory(Gpu()) is None
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "2GiB")
+  assert device_memory(Gpu()) == (2 * 2**30, "JAXCAP_MEMORY_BUDGET")
+  assert device_memory() == (2 * 2**30, "JAXCAP_MEMORY_BUDGET")  # this host's CPU device
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "off")
+  assert device_memory() is None
+
+
+def test_the_trainer_checks_the_pool_before_loading(tmp_path, monkeypatch):
+  """The trainer's setup refuses the pool before the checkpoint is read (stubbed: no weights)."""
+  from jaxcap.train.shell import setup
+
+  ckpt = _checkpoint_dir(tmp_path / "ckpt", dtype="float32")
+  monkeypatch.setattr(setup, "read_config", lambda d, **kw: CFG)
+  monkeypatch.setattr(setup, "load_hf_checkpoint", lambda *a, **k: pytest.fail("loaded before the pool check"))
+  monkeypatch.setattr(setup, "check_train_memory", lambda *a, **k: None)
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "64MiB")
+  config = _config(**PAGED, **{"model.checkpoint": ckpt, "rollout.pages": 10**6})
+  with pytest.raises(ConfigError, match=r"lower rollout.pages \(now 1000000\b"):
+    setup._student(config, tmp_path, None)

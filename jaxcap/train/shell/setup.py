@@ -28,7 +28,7 @@ from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
 from jaxcap.train.steps.adapters import lora_rank, with_run_lora
-from jaxcap.train.shell.memory_check import check_train_memory
+from jaxcap.train.shell.memory_check import check_pool_memory, check_train_memory
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
@@ -156,6 +156,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
     check_context(config, checkpoint_cfg)
     check_train_memory(config, checkpoint_cfg)
+    check_pool_memory(config, checkpoint_cfg)  # the paged engine's pool against one device
     checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(
       m.checkpoint,
@@ -166,6 +167,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   else:
     model, processor = embedded.build_student(config, workdir, mesh)
     check_context(config, model.cfg)
+    check_pool_memory(config, model.cfg)
     processor = with_run_media(processor, config.data)
   return with_lora(model, config, mesh), processor
 
