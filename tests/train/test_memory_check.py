@@ -261,3 +261,20 @@ def test_the_trainer_checks_the_pool_before_loading(tmp_path, monkeypatch):
   config = _config(**PAGED, **{"model.checkpoint": ckpt, "rollout.pages": 10**6})
   with pytest.raises(ConfigError, match=r"lower rollout.pages \(now 1000000\b"):
     setup._student(config, tmp_path, None)
+
+
+def test_the_lora_fix_is_counted_at_the_dtype_auto_gives(tmp_path):
+  """Full fine-tuning of a bfloat16 checkpoint that does not fit: `--config.model.lora.rank=16` alone already holds
+  the base in bfloat16 ('auto'), counted so; with a float32 checkpoint the bfloat16 base is offered as well."""
+  for stored, offered in (("bfloat16", False), ("float32", True)):
+    ckpt = _checkpoint_dir(tmp_path / stored, dtype=stored)
+    c = _config(**{"model.checkpoint": ckpt})
+    lora_bf16 = train_footprint(
+      _config(**{"model.checkpoint": ckpt, "model.lora.rank": 16}), CFG.replace(param_dtype=jnp.bfloat16)
+    )
+    with pytest.raises(ConfigError) as e:
+      check_train_memory(c, CFG, (train_footprint(c, CFG).total - 1, "test"))
+    msg = str(e.value)
+    assert ("--config.model.lora.rank=16 --config.model.param_dtype=bfloat16" in msg) == offered, msg
+    if not offered:
+      assert f"--config.model.lora.rank=16 ({size(lora_bf16.total)})" in msg, msg

@@ -146,8 +146,8 @@ def check_train_memory(config: Run, cfg, available: tuple[int, str] | None = Non
   fixes = []
   for label, changes in _alternatives(config, cfg):
     trial = schema.replaced(config, changes)
-    dtype = changes.get("model.param_dtype")
-    trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(dtype)) if dtype else cfg
+    # the params' dtype under the change ('auto': LoRA holds a checkpoint's base in its stored dtype)
+    trial_cfg = cfg.replace(param_dtype=jax.numpy.dtype(trial.model.param_dtype_name()))
     smaller = train_footprint(trial, trial_cfg).total
     if smaller < need.total:
       fixes.append(f"{label} ({size(smaller)})")
@@ -163,7 +163,8 @@ def _alternatives(config: Run, cfg):
   lora = config.model.lora
   if int(lora.rank) == 0:
     yield "--config.model.lora.rank=16", {"model.lora.rank": 16}
-    if np.dtype(cfg.param_dtype).itemsize > 2:
+    wide = schema.replaced(config, {"model.lora.rank": 16}).model.param_dtype_name() == "float32"
+    if np.dtype(cfg.param_dtype).itemsize > 2 and wide:  # not the checkpoint's bfloat16 already ('auto')
       yield (
         "--config.model.lora.rank=16 --config.model.param_dtype=bfloat16",
         {"model.lora.rank": 16, "model.param_dtype": "bfloat16"},
