@@ -15,6 +15,9 @@ from jaxcap.judges.settings import JudgeConfig
 def get_config():
   c = ml_collections.ConfigDict()
   c.manifest = ""  # manifest.jsonl; empty: generate a synthetic world under out_dir/synthetic_world
+  # its media must lie in media_root (empty: the manifest's folder) unless allow_outside_paths (jaxcap.data.media_root)
+  c.media_root = ""
+  c.allow_outside_paths = False
   # 0: every manifest image; N: the first N (a training run's held-out captions cover its first eval.num_images)
   c.num_images = 0
   c.synthetic = dict(num_scenes=24, seed=0, questions_per_scene=5)

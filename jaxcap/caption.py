@@ -13,8 +13,8 @@ padded to a bucket, so a folder of many sizes compiles a handful of programs. Wo
 its local devices (data parallel; with --engine paged, each device runs an engine of its own with --slots slots).
 
 --images is a directory (searched recursively; id = path relative to it), a .jsonl manifest with "id" and
-"image" (path relative to the manifest's folder; the synthetic-world manifest works as is), or a .txt list of
-paths (id = the path as written).
+"image" (path relative to the manifest's folder, inside it unless --media_root names another folder or
+--allow_outside_paths; the synthetic-world manifest works as is), or a .txt list of paths (id = the path as written).
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ import zlib
 from pathlib import Path
 from typing import Sequence
 
-from jaxcap.data.annotation_files import DiskFullError, append_lines, finished_ids, list_images, shard_paths
+from jaxcap.data.annotation_files import (
+  DiskFullError,
+  ImageListError,
+  append_lines,
+  finished_ids,
+  list_images,
+  shard_paths,
+)
 from jaxcap.processing.annotation_media import load_images, sort_by_size
 
 DEFAULT_PROMPT = "Describe this image in detail."
@@ -42,6 +49,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--checkpoint", required=True, help="local HF Qwen2.5-VL checkpoint directory (with tokenizer)")
   ap.add_argument("--images", required=True, help="image folder, .jsonl manifest or .txt list of paths")
   ap.add_argument("--out", required=True, help="captions JSONL (appended to; resumable)")
+  ap.add_argument(
+    "--media_root", default=None, help="folder a .jsonl manifest's paths must lie in (default: the manifest's folder)"
+  )
+  ap.add_argument("--allow_outside_paths", action="store_true", help="read a .jsonl manifest's paths anywhere")
   ap.add_argument("--errors", default=None, help="errors JSONL (default: <out stem>.errors.jsonl)")
   ap.add_argument("--prompt", default=DEFAULT_PROMPT)
   ap.add_argument("--batch_size", type=int, default=16, help="images per batch (any sizes, padded to a bucket)")
@@ -99,7 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   except MemoryShortError as e:  # the memory check, before loading: one line with the numbers and the fix
     print(f"error: {e}", file=sys.stderr, flush=True)
     return 2
-  except (CheckpointError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
+  except (
+    CheckpointError,
+    ImageListError,
+    FileNotFoundError,
+    NotADirectoryError,
+    FileExistsError,
+    PermissionError,
+  ) as e:
     # bad input (no checkpoint, no images folder, an output path that cannot be written): one line, nothing lost
     what = f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
     if isinstance(e, FileExistsError) and e.filename:  # a folder of the output path is a file
@@ -135,7 +153,7 @@ def annotate(args: argparse.Namespace) -> int:
   if (run_export / "config.json").is_file() and (Path(args.checkpoint) / "checkpoints").is_dir():
     raise CheckpointError(f"{args.checkpoint} is a training run's workdir; its policy is --checkpoint {run_export}")
   read_config(args.checkpoint)
-  images = list_images(args.images)
+  images = list_images(args.images, media_root=args.media_root, allow_outside_paths=args.allow_outside_paths)
   index = jax.process_index() if args.process_index is None else args.process_index
   count = jax.process_count() if args.process_count is None else args.process_count
   if not 0 <= index < count:

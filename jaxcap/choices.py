@@ -5,6 +5,8 @@ No jaxcap imports here: every layer can import these (the foundation of tests/te
 """
 
 DTYPES = ("float32", "bfloat16")  # model.dtype (compute), model.param_dtype (master weights)
+# model.param_dtype: "auto" holds a LoRA run's frozen checkpoint base in its stored dtype, else float32
+PARAM_DTYPES = ("auto", *DTYPES)
 REMAT_POLICIES = ("none", "full", "dots")  # model.remat: activation checkpointing per decoder / vision block
 SCHEDULES = ("cosine", "linear", "constant")  # *.optim.schedule, after the linear warm-up
 RUBRIC_SOURCES = ("policy", "manifest")  # rubrics.source

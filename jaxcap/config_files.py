@@ -65,7 +65,8 @@ def real_model_run(
   c.data.image_size = 0
   c.data.max_pixels = max_pixels
   c.data.group_by_size = 16
-  c.model.update(dict(dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True))
+  # param_dtype 'auto': float32 masters in full fine-tuning, a LoRA run's frozen base in the checkpoint's bfloat16
+  c.model.update(dict(dtype="bfloat16", param_dtype="auto", remat="full", scan_layers=True))
 
 
 def released_answerer(c: ml_collections.ConfigDict, *, video: bool) -> None:

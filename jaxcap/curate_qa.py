@@ -98,7 +98,7 @@ def curate(
 
 def main(argv: list[str] | None = None) -> int:
   from jaxcap.data.manifest import read_manifest
-  from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
+  from jaxcap.judges.cli_options import add_judge_arguments, add_manifest_arguments, judge_from_args, manifest_options
 
   parser = argparse.ArgumentParser(
     prog="python -m jaxcap.curate_qa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--min-with", type=float, default=0.75)
   parser.add_argument("--max-without", type=float, default=0.25)
   parser.add_argument("--batch-images", type=int, default=64, help="images judged per batch")
+  add_manifest_arguments(parser)
   add_judge_arguments(parser)
   args = parser.parse_args(argv)
   config = CurationConfig(rotations=args.rotations, min_with=args.min_with, max_without=args.max_without)
 
   rows = [json.loads(line) for line in open(args.manifest) if line.strip()]
-  records = read_manifest(args.manifest, require_media=False).records  # media paths resolved; rows kept verbatim
+  records = read_manifest(
+    args.manifest, require_media=False, **manifest_options(args)
+  ).records  # media paths resolved; rows kept verbatim
   kept_total = failed_total = asked_total = 0
   with judge_from_args(args, args.manifest, records) as judge, open(args.out, "w") as out:
     answerer = (

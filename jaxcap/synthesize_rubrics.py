@@ -20,7 +20,7 @@ from jaxcap.rewards.rubric import RubricStore, RubricSynthesisConfig, jobs_from_
 
 def main(argv: list[str] | None = None) -> int:
   from jaxcap.data.manifest import read_manifest
-  from jaxcap.judges.cli_options import add_judge_arguments, judge_from_args
+  from jaxcap.judges.cli_options import add_judge_arguments, add_manifest_arguments, judge_from_args, manifest_options
 
   parser = argparse.ArgumentParser(
     prog="python -m jaxcap.synthesize_rubrics",
@@ -33,10 +33,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--min-agreement", type=int, default=3, help="k: consensus = stated by >= k teachers")
   parser.add_argument("--chunk", type=int, default=32, help="images per judge batch (and per save)")
   parser.add_argument("--overwrite", action="store_true")
+  add_manifest_arguments(parser)
   add_judge_arguments(parser)
   args = parser.parse_args(argv)
 
-  records = read_manifest(args.manifest, require_media=False).records
+  records = read_manifest(args.manifest, require_media=False, **manifest_options(args)).records
   students = {}
   if args.student_captions:
     students = {str(row["id"]): row["caption"] for row in map(json.loads, open(args.student_captions))}

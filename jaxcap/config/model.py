@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
-from jaxcap.choices import DTYPES, REMAT_POLICIES
+import numpy as np
+
+from jaxcap.choices import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxcap.fields import ALLOWED, ALTERS, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
 from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.config import dtype_from_name
-from jaxcap.models.families import FAMILIES
+from jaxcap.checkpoint.precision import checkpoint_dtype
+from jaxcap.models.families import FAMILIES, preset_names
 from jaxcap.processing.rules import PROCESSOR_RULES
 
 
@@ -92,7 +96,14 @@ class Model(Block):
     resume=SHAPE,
   )
   dtype: str = field("float32", "compute dtype", choices=DTYPES)
-  param_dtype: str = field("float32", "master-weight dtype", choices=DTYPES)
+  # "auto" (`param_dtype_name`): a LoRA run's frozen checkpoint base in the checkpoint's stored dtype (bfloat16 for
+  # the released Qwen checkpoints: half the bytes of float32, and the frozen base takes no update), else float32
+  # (full fine-tuning's master weights, the embedded student's base, which its SFT trains)
+  param_dtype: str = field(
+    "auto",
+    "master-weight dtype ('auto': float32, or a LoRA run's frozen checkpoint base in the checkpoint's own dtype)",
+    choices=PARAM_DTYPES,
+  )
   # remat and logprob_chunk are memory / speed knobs with the same math
   remat: str = field(
     "none", "activation checkpointing of each block (same math)", choices=REMAT_POLICIES, resume=ALLOWED
@@ -116,12 +127,19 @@ class Model(Block):
   student: Student = field(Student(), "the embedded student's shape")
   lora: Lora = field(Lora(), "low-rank adapters (LoRA / QLoRA) instead of full fine-tuning")
 
-  def compute(self) -> dict:
+  def param_dtype_name(self, source: str | None = None) -> str:
+    """The dtype the params are held in: `param_dtype` when set, else ("auto") the stored dtype of the frozen base
+    of a LoRA run on a checkpoint (`source`, default `checkpoint`: a directory's config.json, float16 or unstated
+    held in float32; a released model's preset: bfloat16), else float32."""
+    return held_param_dtype(self.param_dtype, self.lora.rank, self.checkpoint if source is None else source)
+
+  def compute(self, source: str | None = None) -> dict:
     """How the model computes, as `Qwen25VLConfig` fields: what every builder of the policy (the embedded student,
-    a checkpoint's load, `jaxcap.plan`) applies to the family's config."""
+    a checkpoint's load, `jaxcap.plan`: `source`, its checkpoint directory or preset) applies to the family's
+    config."""
     return dict(
       dtype=dtype_from_name(self.dtype),
-      param_dtype=dtype_from_name(self.param_dtype),
+      param_dtype=dtype_from_name(self.param_dtype_name(source)),
       remat=self.remat,
       logprob_chunk=self.logprob_chunk,
       scan_layers=self.scan_layers,
@@ -167,6 +185,14 @@ class Data(Block):
 
   train_manifest: str = field("", "JSONL/Parquet training manifest; empty = the synthetic world")
   eval_manifest: str = field("", "held-out JSONL/Parquet manifest; empty = the synthetic world")
+  # a manifest row's media outside its data root (`../../etc/passwd`, an absolute path elsewhere) is refused
+  # (jaxcap/data/media_root.py); relative paths still resolve against the manifest's folder
+  media_root: str = field(
+    "", "the folder every manifest media path must lie in (empty = each manifest's own folder)", resume=ALLOWED
+  )
+  allow_outside_paths: bool = field(
+    False, "read manifest media paths outside the data root (e.g. released rows' absolute paths)", resume=ALLOWED
+  )
   prompt: str = field("Describe this image in detail.", "the user turn before the image")
   image_size: int = field(84, "every image resized to this square side, pixels", ge=0, hint="0 = native size")
   min_pixels: int = field(0, "the native-size pixel budget's floor (0 = the checkpoint's preprocessor_config)", ge=0)
@@ -222,6 +248,26 @@ class Data(Block):
       )
     if self.train_manifest and not self.eval_manifest and run.eval.num_images:
       yield f"{at}eval_manifest: set a held-out manifest, or --config.eval.num_images=0 to skip evaluation"
+
+
+SYNTHETIC_PRESETS = ("tiny", "mid")  # the presets of no released checkpoint (every family has both)
+
+
+def held_param_dtype(param_dtype: str, lora_rank: int, source: str) -> str:
+  """`Model.param_dtype_name`'s rule: `param_dtype` unless 'auto'; then the frozen base's stored dtype for a LoRA
+  run (rank > 0) on `source` (a checkpoint directory or a preset), else float32."""
+  if param_dtype != "auto":
+    return param_dtype
+  return base_dtype_name(source) if int(lora_rank) > 0 and source else "float32"
+
+
+def base_dtype_name(source: str) -> str:
+  """The dtype a frozen base from `source` is held in: a checkpoint directory's stored dtype (float16 or unstated:
+  float32, which keeps it exactly), a released model's preset bfloat16 (its checkpoints' dtype), the synthetic
+  presets (tiny, mid) float32."""
+  if os.path.isdir(source):
+    return np.dtype(checkpoint_dtype(source)).name
+  return "bfloat16" if source in preset_names() and source not in SYNTHETIC_PRESETS else "float32"
 
 
 def _has_frame_floor(family: str) -> bool:

@@ -13,6 +13,8 @@ import stat
 import sys
 from typing import Sequence
 
+from jaxcap.data.media_root import Flags, inside, outside_message, root_folder
+
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi"}
@@ -69,9 +71,24 @@ def log_skipped(skipped: Sequence[tuple[str, str]], out=None) -> None:
     print(f"jaxcap.caption: skipped {len(plain)} files without an image or video suffix: {shown}", file=out)
 
 
-def list_images(source: str | os.PathLike, log=log_skipped) -> list[ImageItem]:
+class ImageListError(ValueError):
+  """A --images source that cannot be used (a bad manifest line, a repeated id, a path outside the data root)."""
+
+
+CAPTION_FLAGS = Flags("--media_root=DIR", "--allow_outside_paths")  # how jaxcap.caption spells them
+
+
+def list_images(
+  source: str | os.PathLike,
+  log=log_skipped,
+  *,
+  media_root: str | os.PathLike | None = None,
+  allow_outside_paths: bool = False,
+) -> list[ImageItem]:
   """Every image of a directory / .jsonl manifest / .txt list, sorted by id; duplicate ids are an error. Paths of
-  a directory that are not taken go to `log` (scan_directory's (path, why) pairs)."""
+  a directory that are not taken go to `log` (scan_directory's (path, why) pairs). A manifest's paths must lie in
+  its data root (`jaxcap.data.media_root`: `media_root`, else the manifest's folder) unless `allow_outside_paths`;
+  a .txt list names its files as given."""
   source = pathlib.Path(source)
   if source.is_dir():
     items, skipped = scan_directory(source)
@@ -79,6 +96,7 @@ def list_images(source: str | os.PathLike, log=log_skipped) -> list[ImageItem]:
       log(skipped)
   elif source.suffix == ".jsonl":
     items = []
+    root = root_folder(media_root, source.parent)
     for n, line in enumerate(source.read_text().splitlines(), 1):
       if not line.strip():
         continue
@@ -86,10 +104,13 @@ def list_images(source: str | os.PathLike, log=log_skipped) -> list[ImageItem]:
         row = json.loads(line)
         path = pathlib.Path(row.get("image") or row.get("video") or row["path"])
         items.append(ImageItem(str(row.get("id", path.as_posix())), str(source.parent / path)))
-      except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(
+      except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ImageListError(
           f"{source}:{n}: expected a JSON object with 'image' (or 'video' / 'path') and optionally 'id' ({e!r})"
         ) from None
+      if not allow_outside_paths and not inside(items[-1].path, root):
+        where = f"{source}:{n} (id {items[-1].id!r})"
+        raise ImageListError(outside_message(where, str(path), items[-1].path, root, CAPTION_FLAGS))
   elif source.is_file():
     items = [ImageItem(line.strip(), line.strip()) for line in source.read_text().splitlines() if line.strip()]
   else:
@@ -99,7 +120,7 @@ def list_images(source: str | os.PathLike, log=log_skipped) -> list[ImageItem]:
   items.sort(key=lambda it: it.id)
   for a, b in zip(items, items[1:]):
     if a.id == b.id:
-      raise ValueError(f"image id {a.id!r} appears twice in {source}; ids must be unique")
+      raise ImageListError(f"image id {a.id!r} appears twice in {source}; ids must be unique")
   return items
 
 

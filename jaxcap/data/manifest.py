@@ -1,7 +1,7 @@
 """The one manifest reader: a dataset's rows as `ImageRecord`s, plus the ground-truth scenes of synthetic rows.
 
 A manifest is JSONL (or Parquet, with pyarrow installed): one row per image with `id`, `image` (path, relative
-to the manifest's folder or absolute) or `frames` (a clip), `questions`, `rubric`, `reference_caption`,
+to the manifest's folder or absolute, inside the data root: `jaxcap.data.media_root`) or `frames` (a clip), `questions`, `rubric`, `reference_caption`,
 `reference_units`, `teacher_captions`, and for the synthetic world its `scene` graph (the rule-based judge's
 ground truth). Rows may also be the released CapRL / CapRL++ verl rows (`jaxcap.data.row_formats`), and the
 manifest a folder of images and videos or a Hugging Face dataset (`jaxcap.data.sources`).
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from jaxcap.data import sources
+from jaxcap.data.media_root import TRAIN_FLAGS, Flags, inside, outside_message, root_folder
 from jaxcap.data.records import ImageRecord
 from jaxcap.data.row_formats import as_jaxcap_row
 
@@ -36,12 +37,24 @@ class Manifest(NamedTuple):
   scenes: dict[str, dict[str, Any]]
 
 
-def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Manifest:
+def read_manifest(
+  path: str | os.PathLike,
+  *,
+  require_media: bool = True,
+  media_root: str | os.PathLike | None = None,
+  allow_outside_paths: bool = False,
+  flags: Flags = TRAIN_FLAGS,
+) -> Manifest:
   """All rows of a manifest: a JSONL / Parquet file, a folder of images and videos, a `Dataset.save_to_disk`
   folder or `hf://<name>[:<split>]` (`jaxcap.data.sources`), its rows jaxcap's or verl's (`jaxcap.data.row_formats`);
   `require_media=False` accepts rows without image or frames (caption-only evaluation). A corrupt row raises
-  `ManifestError` naming its line; nothing is partially read."""
+  `ManifestError` naming its line; nothing is partially read.
+
+  Media paths must lie in the data root (`jaxcap.data.media_root`): `media_root`, else the folder relative paths
+  resolve against (the manifest's); a row outside it is refused naming the row, the path and the fix (`flags`: how
+  the calling program spells its settings) unless `allow_outside_paths`."""
   label, base, rows = _source(path)
+  root = root_folder(media_root, base)
   records, scenes, seen = [], {}, {}
   absolute = lambda p: p if os.path.isabs(p) else str(base / p)
   for lineno, row in rows:
@@ -64,6 +77,9 @@ def read_manifest(path: str | os.PathLike, *, require_media: bool = True) -> Man
         f"{label}:{lineno} (id {rec.id!r}): {url!r} is a URL; media are read from local files only: download them "
         "and give their paths (relative to the manifest's folder, or absolute)"
       )
+    outside = next((p for p in (rec.image, *rec.frames) if p and not inside(absolute(p), root)), None)
+    if outside is not None and not allow_outside_paths:  # `../../etc/passwd` was opened (and failed to decode)
+      raise ManifestError(outside_message(f"{label}:{lineno} (id {rec.id!r})", outside, absolute(outside), root, flags))
     if rec.id in seen:  # rewards key questions, rubrics and scenes by id: a second row would judge against the first's
       raise ManifestError(
         f"{label}:{lineno}: id {rec.id!r} is also the id of row {seen[rec.id]}; give every row its own id."

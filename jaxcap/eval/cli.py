@@ -1,6 +1,7 @@
 """What `python -m jaxcap.eval` does, as functions: config -> judge, records, captioners -> report files.
 
-Config keys (see configs/eval.py): manifest (empty: generate a synthetic world under out_dir), num_images (0:
+Config keys (see configs/eval.py): manifest (empty: generate a synthetic world under out_dir), media_root and
+allow_outside_paths (the folder its media must lie in, `jaxcap.data.media_root`), num_images (0:
 every manifest image, N: the first N, as a training run's held-out captions with eval.num_images = N), synthetic,
 judge, captioners ("NAME=SPEC", ...), baselines {name: spec}, honest (spec or ""), empty_captions and
 duplicate_captions (policies, default "error"), suites, per-suite options, bootstrap, vqa_probe (checkpoints
@@ -25,6 +26,7 @@ from jaxcap.eval.redteam import RedTeamConfig
 from jaxcap.eval.render import write_report
 from jaxcap.eval.vqa_probe import probe_options, run_probe
 from jaxcap.config import schema
+from jaxcap.data.media_root import Flags
 from jaxcap.judges.factory import build_judge, judge_name
 from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.settings import JudgeConfig
@@ -39,6 +41,9 @@ def _plain(value: Any) -> Any:
   if isinstance(value, (list, tuple)):
     return [_plain(v) for v in value]
   return value
+
+
+EVAL_FLAGS = Flags("--config.media_root=DIR", "--config.allow_outside_paths=true")  # what the refusal names
 
 
 def parse_captioner_flags(pairs: Sequence[str]) -> dict[str, str]:
@@ -162,7 +167,13 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
   if num_images < 0:
     raise ValueError(f"config.num_images={num_images}: use 0 (every manifest image) or N > 0 (the first N).")
   probe = probe_options(config.get("vqa_probe"))  # checkpoint paths checked before any work
-  records, scenes = read_manifest(manifest, require_media=False)
+  # the user's manifest: its media confined to media_root (else its folder) unless allowed; a generated world's:
+  # to its own folder
+  confine = dict(
+    media_root=config.get("media_root") or None, allow_outside_paths=bool(config.get("allow_outside_paths"))
+  )
+  confine = confine if config.get("manifest") else {}
+  records, scenes = read_manifest(manifest, require_media=False, flags=EVAL_FLAGS, **confine)
   manifest_size = len(records)
   records = records[:num_images] if num_images else records
   judge_cfg = schema.block(JudgeConfig, config.get("judge", {}), "judge.")
@@ -195,6 +206,7 @@ def run(config: Any, captioner_overrides: Mapping[str, str] | None = None) -> di
     judge_name=judge_name(judge_cfg),
     settings={
       "manifest": str(manifest),
+      **{k: v for k, v in confine.items() if v},  # the data root the manifest was read under (the inspector's)
       "manifest_images": manifest_size,
       "num_images": len(records),
       "captioners": specs,

@@ -72,7 +72,8 @@ def _report(doc: dict, path: Path, workdir: Path, thumbs: Thumbnails, truth: Tru
   headline = list(doc.get("headline", []))
   images = []
   for n, image_id in enumerate(doc["image_ids"]):
-    known = truth.lookup("heldout", image_id, manifest or None)
+    confine = {k: settings[k] for k in ("media_root", "allow_outside_paths") if settings.get(k)}
+    known = truth.lookup("heldout", image_id, manifest or None, confine)
     values = {m["name"]: {h: _image_value(m, h, n) for h in headline} for m in doc["models"]}
     caps = {name: c.get(image_id) for name, c in captions.items() if c.get(image_id) is not None}
     images.append(

@@ -25,27 +25,32 @@ class TruthIndex:
       "train": data.get("train_manifest") or str(workdir / "world" / "train" / "manifest.jsonl"),
       "heldout": data.get("eval_manifest") or str(workdir / "world" / "heldout" / "manifest.jsonl"),
     }
+    # the run's data root (`jaxcap.data.media_root`): its manifests are read as the run read them
+    self.confine = (
+      {k: data[k] for k in ("media_root", "allow_outside_paths") if data.get(k)} if data.get("train_manifest") else {}
+    )
     self._read: dict[str, dict[str, dict]] = {}
 
-  def split(self, name: str, source: str | None = None) -> dict[str, dict]:
-    """The index of split `name` (or of the manifest `source`, e.g. an eval report's)."""
+  def split(self, name: str, source: str | None = None, confine: dict | None = None) -> dict[str, dict]:
+    """The index of split `name` (or of the manifest `source`, e.g. an eval report's, read under `confine`: the
+    report's media_root / allow_outside_paths)."""
     key = source or self.sources[name]
     if key not in self._read:
-      self._read[key] = _read(key)
+      self._read[key] = _read(key, self.confine if source is None else (confine or {}))
     return self._read[key]
 
-  def lookup(self, name: str, image_id: str, source: str | None = None) -> dict:
+  def lookup(self, name: str, image_id: str, source: str | None = None, confine: dict | None = None) -> dict:
     """The ground truth of one image; {} when the manifest does not hold it."""
-    return self.split(name, source).get(image_id, {})
+    return self.split(name, source, confine).get(image_id, {})
 
 
-def _read(source: str) -> dict[str, dict]:
+def _read(source: str, confine: dict) -> dict[str, dict]:
   from jaxcap.data.manifest import ManifestError, read_manifest
 
   if not source:
     return {}
   try:
-    records = read_manifest(source, require_media=False).records
+    records = read_manifest(source, require_media=False, **confine).records
   except (ManifestError, OSError, ValueError):
     return {}
   out = {}

@@ -34,6 +34,25 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
 
 
+MANIFEST_FLAGS = ("--media-root", "--allow-outside-paths")
+
+
+def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
+  """The data root of --manifest's media (`jaxcap.data.media_root`)."""
+  parser.add_argument(
+    MANIFEST_FLAGS[0], default=None, help="folder every manifest media path must lie in (default: the manifest's)"
+  )
+  parser.add_argument(MANIFEST_FLAGS[1], action="store_true", help="read manifest media paths anywhere")
+
+
+def manifest_options(args: argparse.Namespace) -> dict:
+  """`read_manifest`'s keywords for the flags `add_manifest_arguments` adds."""
+  from jaxcap.data.media_root import Flags
+
+  flags = Flags(f"{MANIFEST_FLAGS[0]}=DIR", MANIFEST_FLAGS[1])
+  return dict(media_root=args.media_root, allow_outside_paths=args.allow_outside_paths, flags=flags)
+
+
 def judge_config_from_args(args: argparse.Namespace) -> JudgeConfig:
   """The judge config the flags describe."""
   if args.rule_based:
@@ -63,6 +82,9 @@ def judge_from_args(args: argparse.Namespace, manifest: str, records) -> Iterato
   from jaxcap.judges.preflight import preflight_judge
 
   config = judge_config_from_args(args)
-  scenes = read_manifest(manifest, require_media=False).scenes if config.kind == "rule_based" else {}
+  # the scenes alone (the caller read the records, media confined): no media path is opened here
+  scenes = (
+    read_manifest(manifest, require_media=False, allow_outside_paths=True).scenes if config.kind == "rule_based" else {}
+  )
   with opened_judge(build_judge(config, scenes=scenes, records=records), report=config.kind == "http") as judge:
     yield preflight_judge(judge, config, records=records)  # every endpoint answers before any work

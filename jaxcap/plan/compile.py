@@ -241,5 +241,7 @@ def plan(
     "peak_gib": peak / GIB,
     "fits": peak <= budget,
     "engine": engine_plan,
-    "advice": advice(config, results, state_bytes, budget, mesh, (engine_plan or {}).get("slots_fit")),
+    "advice": advice(
+      config, results, state_bytes, budget, mesh, (engine_plan or {}).get("slots_fit"), np.dtype(cfg.param_dtype).name
+    ),
   }

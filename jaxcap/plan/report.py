@@ -8,8 +8,10 @@ from jaxcap.train.steps.programs import packs
 GIB = 2**30
 
 
-def advice(config, results, state_bytes: int, budget: float, mesh, slots_fit: int | None = None) -> list[str]:
-  """What to change when a program does not fit (largest term first)."""
+def advice(
+  config, results, state_bytes: int, budget: float, mesh, slots_fit: int | None = None, base_dtype: str | None = None
+) -> list[str]:
+  """What to change when a program does not fit (largest term first); `base_dtype`: the planned params' dtype."""
   out = []
   for r in results:
     if r.peak <= budget:
@@ -53,7 +55,7 @@ def advice(config, results, state_bytes: int, budget: float, mesh, slots_fit: in
   if state_bytes > 0.6 * budget:
     out.append(
       f"the train state alone takes {state_bytes / GIB:.1f} of {budget / GIB:.0f} GiB per device: shard it over "
-      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})" + lora_advice(config)
+      f"more devices on mesh axis 'fsdp' (now {dict(mesh.shape)})" + lora_advice(config, base_dtype)
     )
   return out
 

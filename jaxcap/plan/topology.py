@@ -78,7 +78,7 @@ def model_config(config, name: str | None):
       f"the config trains the embedded student; pass --model={' | '.join(preset_names())} or a "
       "checkpoint directory (or set model.checkpoint)"
     )
-  kw = m.compute()
+  kw = m.compute(name)  # model.param_dtype 'auto': a LoRA base in the checkpoint's (the preset's) dtype, as the run
   if name in preset_names():
     return preset_config(name, m.family, **kw)
   if Path(name).is_dir():

@@ -25,7 +25,9 @@ def rule_based_app_for_manifest(
 ) -> FastAPI:
   """The app for a dataset manifest whose rows carry their scene graph (synthetic world); the keyword options
   are `make_app`'s."""
-  records, scenes = read_manifest(manifest, require_media=False)
+  records, scenes = read_manifest(
+    manifest, require_media=False, allow_outside_paths=True
+  )  # scenes, references: no media read
   if not scenes:
     raise ValueError(
       f"Manifest {manifest} has no 'scene' fields; the rule-based judge needs the synthetic "

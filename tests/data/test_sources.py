@@ -129,7 +129,12 @@ def test_verl_videos_and_rows_without_questions(tmp_path):
     {"prompt": [], "videos": [{"video": ["f/0.png", "f/1.png"]}], "reward_model": {"ground_truth": []}},
     {"prompt": [], "reward_model": {"ground_truth": []}, "extra_info": {"video_path": "/data/clips/c.webm"}},
   ]
-  a, b, c = read_manifest(_jsonl(tmp_path / "v.jsonl", rows)).records
+  path = _jsonl(tmp_path / "v.jsonl", rows)
+  with pytest.raises(
+    ManifestError, match=r"v\.jsonl:3 \(id '3'\): media path '/data/clips/c\.webm' .* outside the data"
+  ):
+    read_manifest(path)  # an absolute path outside the manifest's folder: read only when allowed
+  a, b, c = read_manifest(path, allow_outside_paths=True).records
   assert (a.id, a.image, a.frames, a.is_video) == ("0", str(tmp_path / "clips/a.mp4"), (), True)
   assert (b.id, b.image, b.frames) == ("2", "", (str(tmp_path / "f/0.png"), str(tmp_path / "f/1.png")))
   assert (c.id, c.image, c.is_video) == ("3", "/data/clips/c.webm", True)  # CapRL++'s extra_info.video_path

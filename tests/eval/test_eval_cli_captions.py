@@ -95,3 +95,25 @@ def test_the_option_the_error_names_evaluates_the_first_images(tmp_path):
   assert report.image_ids == tuple(r.id for r in records[:4])
   assert report.settings["num_images"] == 4 and report.settings["manifest_images"] == 16
   assert "images: 4 (the first 4 of the manifest's 16)" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_manifest_is_read_under_its_data_root(tmp_path):
+  """Issue 57: a manifest whose media lie outside its folder is refused naming the row and the eval's own flags;
+  `media_root` (a folder holding them) or `allow_outside_paths` reads it, and the report keeps the setting."""
+  manifest, records, _ = world()
+  rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+  for row in rows:  # absolute paths into the world's folder, from a manifest kept elsewhere
+    row["image"] = str(manifest.parent / row["image"])
+    row["frames"] = [str(manifest.parent / f) for f in row.get("frames", [])]
+  (tmp_path / "manifests").mkdir()
+  moved = tmp_path / "manifests" / "m.jsonl"
+  moved.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  spec = _captions(tmp_path / "rl.jsonl", [{"id": r.id, "caption": r.reference_caption} for r in records])
+  with pytest.raises(ValueError) as e:
+    run(_config(tmp_path, manifest=str(moved)), {"rl": spec})
+  message = str(e.value)
+  assert message.startswith(f"{moved}:1 (id {records[0].id!r}): media path ") and "outside the data root" in message
+  assert "--config.media_root=DIR" in message and "--config.allow_outside_paths=true" in message
+  run(_config(tmp_path, manifest=str(moved), media_root=str(manifest.parent)), {"rl": spec})
+  assert EvalReport.load(tmp_path / "report" / "report.json").settings["media_root"] == str(manifest.parent)
+  run(_config(tmp_path, manifest=str(moved), allow_outside_paths=True), {"rl": spec})

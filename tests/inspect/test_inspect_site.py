@@ -71,7 +71,11 @@ def _workdir(tmp_path):
     '{"phase": "rl", "step": 2, "loss": 0.25, "reward/mean": 0.75, "adv/advantage_mean": -1e-9, "time/update_s": 1,'
     ' "time/rollout_s": 3, "time/step_s": 4}\n{"phase": "rl", "st'
   )
-  (w / "config.json").write_text(json.dumps({"config": {"name": "demo", "data": {"eval_manifest": ""}}}))
+  # the run's own manifests, their media in the workdir's images/ (outside the manifests' folders): the run's
+  # data.media_root, which the inspector reads them under as the run did
+  data = {"train_manifest": str(w / "world" / "train" / "manifest.jsonl"), "media_root": str(w)}
+  data["eval_manifest"] = str(w / "world" / "heldout" / "manifest.jsonl")
+  (w / "config.json").write_text(json.dumps({"config": {"name": "demo", "data": data}}))
   (w / "world" / "heldout").mkdir(parents=True)
   (w / "world" / "heldout" / "manifest.jsonl").write_text(
     '{"id": "h0", "image": "../../images/0.png", "reference_caption": "A dark square.", "questions": [{"id": "q",'

@@ -16,6 +16,7 @@ from jaxcap.models.packed_attention import packed_mask
 from jaxcap.models.segment_attention import SegmentMask, SegmentWindow, dense_segment_mask
 
 import segment_rows
+from abstract_gpu import abstract_gpu
 
 N, K, H = 4, 2, 16  # query heads, key/value heads (GQA groups of 2), head dim
 T = 300  # slots per row: padded to 384 in the kernel, three blocks of 128
@@ -103,16 +104,34 @@ def test_heads_must_group():
     _flash(q[:, :, :3], k, v, segment_rows.segments([[8]], 8))
 
 
-def test_lowers_to_triton_for_gpu(monkeypatch):
+def test_lowers_to_triton_for_gpu():
   """A program targeting GPU (no `INTERPRET`) lowers, on this CPU host, to the Pallas Triton kernels, forward and
-  backward: the kernel's constraints (power-of-two tiles: a long row, a short one; a head dim rounded up) hold."""
-  monkeypatch.setattr(gpu_flash, "target_platform", lambda: "gpu")
+  backward: the kernel's constraints (power-of-two tiles: a long row, a short one; a head dim rounded up) hold.
+  The target is an abstract GPU (`abstract_gpu`: jax 0.11 needs one to lower Triton without a GPU), which is also
+  what makes the kernel apply (`target_platform`: the ambient mesh's device)."""
   loss = lambda q, k, v, segments: jnp.sum(_flash(q, k, v, segments).astype(jnp.float32))
   for t, h in ((300, 128), (40, 24)):
     q, k = (jax.ShapeDtypeStruct((2, t, heads, h), jnp.bfloat16) for heads in (8, 2))
     segments = jax.ShapeDtypeStruct((2, t), jnp.int32)
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, segments).lower(lowering_platforms=("cuda",))
+    with abstract_gpu():
+      assert gpu_flash.applies()
+      traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, segments)
+      lowered = traced.lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("__gpu$xla.gpu.triton") == 3  # forward, backward's preprocessing, backward
+
+
+def test_the_abstract_gpu_is_the_target_on_either_jax():
+  """Under `abstract_gpu` the programs target GPU (jaxcap's kernels read the ambient mesh's device); where jax's
+  Triton lowering reads the GPU from the abstract device (0.11 on), it finds a Hopper (compute capability 9.0,
+  what 0.10 falls back to without one)."""
+  from jaxcap.models.fused_segments import target_platform
+
+  assert target_platform() == jax.default_backend() == "cpu"
+  with abstract_gpu():
+    assert target_platform() == "gpu"
+    triton = pytest.importorskip("jax.experimental.pallas.triton")
+    if hasattr(triton, "get_gpu_info"):  # jax >= 0.11
+      assert triton.get_gpu_info().compute_capability == 90
 
 
 def test_one_decision_point(interpret, monkeypatch):

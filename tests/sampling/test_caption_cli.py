@@ -105,10 +105,14 @@ def test_listing_sources(setup, tmp_path):
   manifest.write_text(
     "".join(json.dumps({"id": f"x{i}", "image": str(root / "images" / rel)}) + "\n" for i, rel in enumerate(ids[:3]))
   )
-  assert [it.id for it in caption.list_images(manifest)] == ["x0", "x1", "x2"]
+  # the images lie outside the manifest's folder: refused by default, read under their data root or when allowed
+  with pytest.raises(ValueError, match="outside the data root"):
+    caption.list_images(manifest)
+  assert [it.id for it in caption.list_images(manifest, media_root=root)] == ["x0", "x1", "x2"]
+  assert [it.id for it in caption.list_images(manifest, allow_outside_paths=True)] == ["x0", "x1", "x2"]
   manifest.write_text(manifest.read_text() + json.dumps({"id": "x0", "image": "a.png"}) + "\n")
   with pytest.raises(ValueError, match="x0"):
-    caption.list_images(manifest)
+    caption.list_images(manifest, allow_outside_paths=True)
   with pytest.raises(FileNotFoundError, match="--images"):
     caption.list_images(tmp_path / "missing")
 

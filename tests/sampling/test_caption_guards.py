@@ -117,6 +117,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, bad):
   assert not any("Traceback" in line for line in err)
 
 
+def test_a_manifest_path_outside_its_data_root_is_one_line_and_exit_2(tmp_path, capsys):
+  """Issue 57: a .jsonl manifest's row outside its folder is refused before any backend starts, naming the row, the
+  path and the annotator's flags; --media_root (a folder holding it) reads it."""
+  save_tiny_checkpoint(M.tiny(), 0, tmp_path / "ckpt")
+  (tmp_path / "images").mkdir()
+  (tmp_path / "lists").mkdir()
+  Image.fromarray(np.zeros((56, 56, 3), np.uint8)).save(tmp_path / "images" / "a.png")
+  manifest = tmp_path / "lists" / "m.jsonl"
+  manifest.write_text(json.dumps({"id": "a", "image": "../images/a.png"}) + "\n")
+  capsys.readouterr()
+  args = ["--checkpoint", str(tmp_path / "ckpt"), "--images", str(manifest), "--out", str(tmp_path / "c.jsonl")]
+  assert caption.main([*args, "--no_progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+    f"error: {manifest}:1 (id 'a'): media path '../images/a.png' resolves to {tmp_path / 'images' / 'a.png'}, "
+    f"outside the data root {tmp_path / 'lists'}; keep the dataset's files under it, set --media_root=DIR to a "
+    "folder holding them all, or --allow_outside_paths to read paths anywhere"
+  ]
+  items = caption.list_images(manifest, media_root=tmp_path)
+  assert [(it.id, it.path) for it in items] == [("a", str(tmp_path / "lists" / "../images/a.png"))]
+
+
 def test_a_training_runs_workdir_is_pointed_to_its_export(tmp_path, capsys):
   """--checkpoint runs/x (the workdir, not runs/x/export): one line naming the export, exit 2, before any backend
   starts (whose start-up logs would bury it)."""

@@ -21,8 +21,8 @@ OPTIM += ["weight_decay"]
 KEYS = {
   "": ["compile_cache", "name", "resume_changes", "seed", "workdir"],
   "checkpoint": ["every", "max_to_keep"],
-  "data": ["bad_media", "bucket_steps", "check_media", "eval_manifest", "group_by_size", "image_size"]
-  + ["max_pixels", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"]
+  "data": ["allow_outside_paths", "bad_media", "bucket_steps", "check_media", "eval_manifest", "group_by_size"]
+  + ["image_size", "max_pixels", "media_root", "min_pixels", "pad_to_multiple", "prompt", "train_manifest"]
   + ["video_fps", "video_max_frames", "video_max_pixels", "video_min_frames", "video_min_pixels", "video_total_pixels"],
   "distributed": ["coordinator_address", "num_processes", "process_id"],
   "eval": ["at_rl_start", "at_start", "batch_size", "every", "num_images"],

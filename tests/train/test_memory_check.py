@@ -1,6 +1,10 @@
 """The trainer's memory check (jaxcap.train.shell.memory_check): the footprint's parts counted by hand on the tiny model,
 and a run that cannot fit refused before its checkpoint is read, with the numbers and settings that would fit."""
 
+import json
+import re
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -90,6 +94,9 @@ def test_lora_advice_names_the_frozen_bases_dtype_then_quantization():
     _config(**{"model.lora.rank": 8, "model.param_dtype": "bfloat16", "model.lora.weight_qtype": "int8"})
   )
   assert done == ""
+  auto = lora_advice(_config(**{"model.lora.rank": 8}), base_dtype="float32")  # 'auto' on a float32 checkpoint
+  assert "it is float32 now, the checkpoint's stored dtype (model.param_dtype='auto')" in auto
+  assert "param_dtype" not in lora_advice(_config(**{"model.lora.rank": 8}), base_dtype="bfloat16")
 
 
 def test_generation_past_the_models_context_is_refused_before_any_compute():
@@ -104,3 +111,170 @@ def test_generation_past_the_models_context_is_refused_before_any_compute():
     check_context(_config(**{"sampling.max_new_tokens": 100_000_000}), cfg)
   with pytest.raises(ConfigError, match=r"sft.max_target_tokens=.* set sft.max_target_tokens below"):
     check_context(_config(**{"sft.max_target_tokens": context}), cfg)
+
+
+def _checkpoint_dir(path, **config):
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps(config))
+  return str(path)
+
+
+def test_a_lora_base_defaults_to_the_checkpoints_dtype(tmp_path):
+  """Issue 57: a LoRA run's frozen base was held in float32 whatever the checkpoint stored (90.4 GiB against 59.5 for
+  Qwen2.5-VL-7B). model.param_dtype='auto' (the default) holds it in the checkpoint's dtype; full fine-tuning and
+  the embedded student keep float32 masters; a value the user sets wins."""
+  bf16 = _checkpoint_dir(tmp_path / "bf16", dtype="bfloat16", text_config={"dtype": "bfloat16"})
+  fp16 = _checkpoint_dir(tmp_path / "fp16", torch_dtype="float16")  # held in float32, which keeps it exactly
+  unstated = _checkpoint_dir(tmp_path / "unstated")
+  held = lambda **c: _config(**c).model.param_dtype_name()
+  assert _config().model.param_dtype == "auto"
+  assert held(**{"model.lora.rank": 8, "model.checkpoint": bf16}) == "bfloat16"
+  assert held(**{"model.lora.rank": 8, "model.checkpoint": fp16}) == "float32"
+  assert held(**{"model.lora.rank": 8, "model.checkpoint": unstated}) == "float32"
+  assert held(**{"model.checkpoint": bf16}) == "float32"  # full fine-tuning: float32 masters
+  assert held(**{"model.lora.rank": 8}) == "float32"  # the embedded student: its SFT trains the base
+  assert held(**{"model.lora.rank": 8, "model.checkpoint": bf16, "model.param_dtype": "float32"}) == "float32"
+  lora = _config(**{"model.lora.rank": 8, "model.checkpoint": bf16}).model
+  assert lora.compute()["param_dtype"] == jnp.bfloat16
+
+
+def test_the_trainer_loads_a_lora_base_in_the_checkpoints_dtype(tmp_path, monkeypatch):
+  """The trainer's load (`setup._student`) reads and loads the checkpoint under the same rule (stubbed: no weights)."""
+  from jaxcap.train.shell import setup
+
+  bf16 = _checkpoint_dir(tmp_path / "bf16", dtype="bfloat16")
+  seen = {}
+
+  class Loaded(Exception):
+    pass
+
+  def load(directory, **kw):
+    seen["load"] = kw["param_dtype"]
+    raise Loaded
+
+  monkeypatch.setattr(setup, "read_config", lambda d, **kw: seen.setdefault("read", kw["param_dtype"]) and CFG)
+  for name in ("check_context", "check_train_memory", "checkpoint_processor"):
+    monkeypatch.setattr(setup, name, lambda *a, **k: None)
+  monkeypatch.setattr(setup, "load_hf_checkpoint", load)
+  for rank, want in ((8, jnp.bfloat16), (0, jnp.float32)):
+    seen.clear()
+    with pytest.raises(Loaded):
+      setup._student(_config(**{"model.lora.rank": rank, "model.checkpoint": bf16}), tmp_path, None)
+    assert seen == {"read": want, "load": want}
+
+
+def test_the_plan_holds_a_lora_base_as_the_run_does():
+  """`jaxcap.plan --model=<preset>`: a released model's preset is stored in bfloat16, as its checkpoints."""
+  from jaxcap.plan.topology import model_config
+
+  lora = _config(**{"model.lora.rank": 16})
+  assert model_config(lora, "qwen2.5-vl-7b").param_dtype == jnp.bfloat16
+  assert model_config(lora, "tiny").param_dtype == jnp.float32  # no released checkpoint
+  assert model_config(_config(), "qwen2.5-vl-7b").param_dtype == jnp.float32  # full fine-tuning
+  f32 = _config(**{"model.lora.rank": 16, "model.param_dtype": "float32"})
+  assert model_config(f32, "qwen2.5-vl-7b").param_dtype == jnp.float32
+
+
+def test_a_saved_float32_default_resumes_under_auto(tmp_path):
+  """A run saved with model.param_dtype='float32' (the default before 'auto') resumes with nothing to confirm where
+  'auto' holds the params in float32 too; where it would not (a LoRA base stored in bfloat16), the change is listed."""
+  from jaxcap.train.shell import resume
+
+  bf16 = _checkpoint_dir(tmp_path / "bf16", dtype="bfloat16")
+  position = resume.Position("rl", 2, 1602)
+  for changes, listed in (({}, False), ({"model.lora.rank": 8, "model.checkpoint": bf16}, True)):
+    workdir = tmp_path / f"run{len(changes)}"
+    workdir.mkdir()
+    resume.record(_config(**changes, **{"model.param_dtype": "float32"}), workdir, [])
+    if listed:
+      with pytest.raises(resume.ConfigChangedError, match="model.param_dtype: 'float32' -> 'auto'"):
+        resume.check(_config(**changes), workdir, position)
+    else:
+      assert resume.check(_config(**changes), workdir, position) == []
+
+
+PAGED = {"rollout.engine": "paged", "sft.steps": 0}
+
+
+def test_a_page_pool_larger_than_the_device_is_refused_naming_the_knob():
+  """Issue 57: lengths within the model's context but a pool larger than the device (long captions times many slots,
+  or a large rollout.pages) died on the pool's allocation after SFT. Now one line, before any compute."""
+  from jaxcap.train.shell.memory_check import check_pool_memory, page_pool
+
+  long = _config(**PAGED, **{"sampling.max_new_tokens": 4000, "rollout.slots": 256})  # tiny: 4096 positions
+  pages, page, worst = page_pool(long, CFG)
+  assert (
+    pages == 1 + 256 * worst
+    and page == 2 * CFG.text.num_hidden_layers * CFG.text.num_key_value_heads * 16 * CFG.text.head_dim * 4
+  )
+  budget = pages * page // 4
+  with pytest.raises(ConfigError) as e:
+    check_pool_memory(long, CFG, available=(budget, "test budget"))
+  message = str(e.value)
+  assert "\n" not in message and message.startswith("the paged engine's page pool needs at least ")
+  assert (
+    f"({pages} pages of 16 tokens: rollout.slots=256 x {worst} pages for a prompt and sampling.max_new_tokens=4000)"
+    in message
+  )
+  assert "but a device holds " in message and "(test budget); lower rollout.slots (now 256; " in message
+  assert "or sampling.max_new_tokens (now 4000), or use rollout.engine='static'" in message
+  fit = int(re.search(r"now 256; (\d+) fit", message)[1])
+  check_pool_memory(_config(**PAGED, **{"sampling.max_new_tokens": 4000, "rollout.slots": fit}), CFG, (budget, "test"))
+  huge = _config(**PAGED, **{"rollout.pages": 10**9})
+  with pytest.raises(
+    ConfigError, match=r"1000000000 pages of 16 tokens\) .* lower rollout.pages \(now 1000000000; about \d+ fit\)"
+  ):
+    check_pool_memory(huge, CFG, available=(budget, "test budget"))
+  check_pool_memory(_config(**{"sampling.max_new_tokens": 4000, "rollout.slots": 256}), CFG, (1, "test"))  # static
+  check_pool_memory(_config(**PAGED, **{"rl.steps": 0, "rollout.pages": 10**9}), CFG, (1, "test"))  # no RL
+
+
+def test_the_device_figure_is_the_accelerators_own_or_the_hosts(monkeypatch):
+  from jaxcap.train.shell.memory_check import device_memory
+
+  class Gpu:
+    platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+    def memory_stats(self):
+      return {"bytes_limit": 80 * 2**30, "bytes_in_use": 0}
+
+  monkeypatch.delenv("JAXCAP_MEMORY_BUDGET", raising=False)
+  assert device_memory(Gpu()) == (80 * 2**30, "NVIDIA H100 80GB HBM3's memory_stats() bytes_limit")
+  monkeypatch.setattr(Gpu, "memory_stats", lambda self: None)  # a backend that keeps none: no check
+  assert device_memory(Gpu()) is None
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "2GiB")
+  assert device_memory(Gpu()) == (2 * 2**30, "JAXCAP_MEMORY_BUDGET")
+  assert device_memory() == (2 * 2**30, "JAXCAP_MEMORY_BUDGET")  # this host's CPU device
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "off")
+  assert device_memory() is None
+
+
+def test_the_trainer_checks_the_pool_before_loading(tmp_path, monkeypatch):
+  """The trainer's setup refuses the pool before the checkpoint is read (stubbed: no weights)."""
+  from jaxcap.train.shell import setup
+
+  ckpt = _checkpoint_dir(tmp_path / "ckpt", dtype="float32")
+  monkeypatch.setattr(setup, "read_config", lambda d, **kw: CFG)
+  monkeypatch.setattr(setup, "load_hf_checkpoint", lambda *a, **k: pytest.fail("loaded before the pool check"))
+  monkeypatch.setattr(setup, "check_train_memory", lambda *a, **k: None)
+  monkeypatch.setenv("JAXCAP_MEMORY_BUDGET", "64MiB")
+  config = _config(**PAGED, **{"model.checkpoint": ckpt, "rollout.pages": 10**6})
+  with pytest.raises(ConfigError, match=r"lower rollout.pages \(now 1000000\b"):
+    setup._student(config, tmp_path, None)
+
+
+def test_the_lora_fix_is_counted_at_the_dtype_auto_gives(tmp_path):
+  """Full fine-tuning of a bfloat16 checkpoint that does not fit: `--config.model.lora.rank=16` alone already holds
+  the base in bfloat16 ('auto'), counted so; with a float32 checkpoint the bfloat16 base is offered as well."""
+  for stored, offered in (("bfloat16", False), ("float32", True)):
+    ckpt = _checkpoint_dir(tmp_path / stored, dtype=stored)
+    c = _config(**{"model.checkpoint": ckpt})
+    lora_bf16 = train_footprint(
+      _config(**{"model.checkpoint": ckpt, "model.lora.rank": 16}), CFG.replace(param_dtype=jnp.bfloat16)
+    )
+    with pytest.raises(ConfigError) as e:
+      check_train_memory(c, CFG, (train_footprint(c, CFG).total - 1, "test"))
+    msg = str(e.value)
+    assert ("--config.model.lora.rank=16 --config.model.param_dtype=bfloat16" in msg) == offered, msg
+    if not offered:
+      assert f"--config.model.lora.rank=16 ({size(lora_bf16.total)})" in msg, msg

@@ -35,6 +35,7 @@ def test_released_preset_on_a_plain_manifest_with_a_python_reward_and_no_judge(b
     "caprl:released_plus",
     f"--config.model.checkpoint={base / 'export'}",
     f"--config.data.train_manifest={manifest}",
+    f"--config.data.media_root={base}",  # the images' folder: outside the manifest's
     "--config.eval.num_images=0",
     "--config.judge.kind=none",
     f"--config.reward={json.dumps(reward)}",

@@ -67,7 +67,9 @@ GSPO_TOKEN_TIS_MIS = {
 )
 def test_plan_compiles_the_trainers_rl_step(spec, overrides):
   config = _config(spec, **overrides)
-  precision = dict(dtype=jax.numpy.dtype(config.model.dtype), param_dtype=jax.numpy.dtype(config.model.param_dtype))
+  precision = dict(
+    dtype=jax.numpy.dtype(config.model.dtype), param_dtype=jax.numpy.dtype(config.model.param_dtype_name())
+  )
   cfg = tiny(remat=config.model.remat, scan_layers=config.model.scan_layers, **precision)
   devices = jax.devices()[:2]
   planned = plan(config, cfg, devices, hbm_gib=80.0, names=("rl_step",), text=8)

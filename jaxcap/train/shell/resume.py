@@ -27,6 +27,7 @@ import jax
 from jaxcap.config.run import Run
 
 from jaxcap.config import schema
+from jaxcap.config.model import held_param_dtype
 from jaxcap.config.changes import ABSENT as _ABSENT, Change, diff, flatten
 from jaxcap.fields import ALLOWED, ALTERS, SHAPE
 
@@ -154,6 +155,7 @@ def check(config: Run, workdir: Path, position: Position | None) -> list[str]:
     )
   else:
     changes = diff(saved, new, defaults=flatten(schema.defaults()), renamed=schema.renamed_keys())
+    changes = [c for c in changes if not _same_param_dtype(c, config)]
   impossible = _position_problems(config, saved, position)
   impossible += _world_problems(config, workdir)
   by_kind: dict[str, list[Change]] = {"allowed": [], "inert": [], "alters": [], "impossible": []}
@@ -190,6 +192,16 @@ def check(config: Run, workdir: Path, position: Position | None) -> list[str]:
   if by_kind["inert"]:
     notes.append("these changes have no effect (their phase is over): " + "; ".join(map(str, by_kind["inert"])))
   return notes
+
+
+def _same_param_dtype(change: Change, config) -> bool:
+  """Whether `change` spells model.param_dtype another way with the same effect: 'float32', saved when it was the
+  default, and 'auto', the default since, hold the params in one dtype unless a LoRA base is stored narrower."""
+  if change.key != "model.param_dtype" or _ABSENT in (change.old, change.new):
+    return False
+  m = config.model
+  held = lambda v: held_param_dtype(v, m.lora.rank, m.checkpoint)
+  return held(change.old) == held(change.new)
 
 
 def _world_problems(config, workdir: Path) -> list[Change]:

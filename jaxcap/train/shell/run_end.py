@@ -40,6 +40,10 @@ def eval_command(config: Run) -> str | None:
   names = [p.stem.removesuffix("_end") for p in ends]
   parts = ["python -m jaxcap.eval --config=configs/eval.py", f"--config.manifest={q(manifest)}"]
   parts += [f"--config.num_images={int(config.eval.num_images)}"]
+  if config.data.eval_manifest and config.data.media_root:  # the run's data root, as the run read the manifest
+    parts += [f"--config.media_root={q(config.data.media_root)}"]
+  if config.data.eval_manifest and config.data.allow_outside_paths:
+    parts += ["--config.allow_outside_paths=true"]
   parts += [f"--captioner {name}=jsonl:{q(p)}" for name, p in zip(names, ends)]
   parts += [f"--config.compare_to={names[0]}", f"--config.out_dir={q(wd / 'eval_report')}"]
   return " ".join(parts)

@@ -28,7 +28,7 @@ from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
 from jaxcap.train.steps.adapters import lora_rank, with_run_lora
-from jaxcap.train.shell.memory_check import check_train_memory
+from jaxcap.train.shell.memory_check import check_pool_memory, check_train_memory
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
@@ -60,10 +60,15 @@ def build(config: Run, workdir: Path) -> Setup:
   if config.data.train_manifest:
     # kept as strings: Path() folds "hf:///abs/dataset" into "hf:/abs/dataset", a relative name
     train_path, eval_path = config.data.train_manifest, config.data.eval_manifest or ""
+    # the user's manifests: media confined to data.media_root (else each manifest's folder) unless allowed
+    confine = dict(media_root=config.data.media_root or None, allow_outside_paths=config.data.allow_outside_paths)
   else:
     train_path, eval_path = embedded.build_world_manifests(config, workdir)
-  train = read_manifest(train_path)
-  held_out = read_manifest(eval_path) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
+    confine = {}  # the synthetic world's: written under the workdir, each inside its own folder
+  train = read_manifest(train_path, **confine)
+  held_out = (
+    read_manifest(eval_path, **confine) if str(eval_path) not in ("", ".") else train._replace(records=[], scenes={})
+  )
   train_records, eval_records = train.records, held_out.records
   # every image / frame decoded before any compute: data.bad_media "fail" lists the bad ones, "skip" drops them
   media = {"train": train_records, "held-out": eval_records}
@@ -147,10 +152,11 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   processor with the run's media settings (`with_run_media`)."""
   m = config.model
   if m.checkpoint:
-    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype))
+    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype_name()))
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
     check_context(config, checkpoint_cfg)
     check_train_memory(config, checkpoint_cfg)
+    check_pool_memory(config, checkpoint_cfg)  # the paged engine's pool against one device
     checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(
       m.checkpoint,
@@ -161,6 +167,7 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   else:
     model, processor = embedded.build_student(config, workdir, mesh)
     check_context(config, model.cfg)
+    check_pool_memory(config, model.cfg)
     processor = with_run_media(processor, config.data)
   return with_lora(model, config, mesh), processor
 

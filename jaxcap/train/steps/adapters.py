@@ -97,17 +97,20 @@ def format_breakdown(parts: dict) -> str:
   )
 
 
-def lora_advice(config: Run) -> str:
-  """The plan's advice clause when the train state is too large: adapters, or a quantized base."""
+def lora_advice(config: Run, base_dtype: str | None = None) -> str:
+  """The plan's advice clause when the train state is too large: adapters, or a quantized base. `base_dtype`: the
+  dtype the planned base is held in (default: `model.param_dtype_name()`, the run's checkpoint)."""
   if lora_rank(config) <= 0:
     return (
       "; or train low-rank adapters on a frozen base (--config.model.lora.rank=16, optimizer state for the "
       "adapters only, no KL reference copy; --config.model.lora.weight_qtype=int8 also quantizes the base)"
     )
   base = ""
-  if config.model.param_dtype == "float32":  # a frozen base needs no float32 master copy
+  if (base_dtype or config.model.param_dtype_name()) == "float32":  # a frozen base needs no float32 master copy
+    why = "" if config.model.param_dtype == "float32" else ", the checkpoint's stored dtype (model.param_dtype='auto')"
     base = (
-      "; or hold the frozen base in bfloat16 (--config.model.param_dtype=bfloat16: it is float32 now, twice the bytes)"
+      "; or hold the frozen base in bfloat16 (--config.model.param_dtype=bfloat16: it is float32 now"
+      f"{why}, twice the bytes)"
     )
   if not config.model.lora.weight_qtype:
     return base + "; or quantize the frozen base (--config.model.lora.weight_qtype=int8, or nf4 / int4: QLoRA)"
