@@ -12,7 +12,7 @@ Packed rows (`segments`): several sequences end to end in one row; the state res
 segment's outputs are those of the segment run alone from a zero state. The resets are masks (pairwise terms of a
 chunk only within a segment, the carried state read only by the chunk's tokens of the segment it belongs to, carried
 out only into the chunk's last segment), never a large negative g: float32 cumulative sums of g would lose the
-real decays next to it. An `initial_state` (a conv `state`) belongs to the row's first segment, whichever id it
+real decays next to it. An `initial_state` (and a conv `state`) belongs to the row's first segment, whichever id it
 has; the final state is that of the row's last segment. Padding is a segment like any other (id 0 or not); tokens
 with g = 0 and beta = 0 leave the state unchanged, so giving right padding the last real segment's id and g = beta
 = 0 carries that segment's state out of the row.
@@ -27,14 +27,14 @@ inside its haliax / equinox layer, not as a library function.
 
 Shapes: B batch, T tokens, Hk query / key heads, Hv value heads (a multiple of Hk: q / k head h serves value heads
 h * R ... h * R + R - 1, R = Hv / Hk, as transformers' repeat_interleave), Dk key dim, Dv value dim, C chunk tokens,
-N chunks, K conv taps, Ch conv channels. Matmuls run at jax's default precision (exact float32 on CPU).
+N chunks, K conv taps, Ch conv channels. Matmuls run at jax's default precision (exact float32 on CPU, fewer
+bf16 passes on TPU: set `jax_default_matmul_precision` for float32 there), but for the intra-chunk inverse: HIGHEST.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 L2_EPS = 1e-6  # transformers' l2norm (and FLA's) for q and k inside the rule
 
@@ -61,6 +61,36 @@ def _inputs(q, k, v, g, beta, initial_state):
   else:
     state = f32(initial_state).reshape(b, hk, r, dk, dv)
   return q, k, v, g, beta, state
+
+
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+  """The inverse of unit-lower-triangular a [..., C, C] (C a power of two; only the strict lower triangle is read),
+  by block doubling: inverses of the diagonal blocks of size s give those of size 2s,
+  [[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]], log2(C) rounds of batched matmuls.
+
+  Not `solve_triangular`: on CPU that is LAPACK through scipy's OpenBLAS, whose threads deadlocked against XLA's
+  in a gradient of this rule (one run in three of a [8, 512] backward never returned); matmuls also suit TPUs."""
+  c = a.shape[-1]
+  if c & (c - 1):
+    raise ValueError(f"unit_lower_inverse needs a power-of-two size, got {c}")
+  lead = a.shape[:-2]
+  mm = lambda x, y: jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)
+  inv = jnp.ones((*lead, c, 1, 1), a.dtype)  # [..., C / s, s, s]: the inverted diagonal blocks of size s
+  s = 1
+  while s < c:
+    nb = c // (2 * s)
+    pairs = inv.reshape(*lead, nb, 2, s, s)
+    upper, lower = pairs[..., 0, :, :], pairs[..., 1, :, :]
+    blocks = a.reshape(*lead, nb, 2 * s, nb, 2 * s)
+    idx = jnp.arange(nb)
+    diag = blocks[..., idx, :, idx, :]  # [nb, ..., 2s, 2s]: advanced indices first
+    b = jnp.moveaxis(diag, 0, -3)[..., s:, :s]  # [..., nb, s, s]
+    off = -mm(mm(lower, b), upper)
+    top = jnp.concatenate([upper, jnp.zeros_like(upper)], axis=-1)
+    bottom = jnp.concatenate([off, lower], axis=-1)
+    inv = jnp.concatenate([top, bottom], axis=-2)  # [..., nb, 2s, 2s]
+    s *= 2
+  return inv.reshape(*lead, c, c)
 
 
 def _runs(segments: jax.Array) -> jax.Array:
@@ -122,7 +152,7 @@ def chunk_gated_delta(
   hk, dk = k.shape[2:]
   q, k, v, g, beta, state = _inputs(q, k, v, g, beta, initial_state)
   r = hv // hk
-  c = min(chunk_size, t)
+  c = min(chunk_size, 1 << max(t - 1, 0).bit_length())  # a power of two (`unit_lower_inverse`)
   n = -(-t // c)
   # padding with k = v = g = beta = 0, in the last segment: beta = 0 writes nothing, g = 0 decays nothing, so the
   # state leaves the last chunk as it was after the last real token
@@ -156,7 +186,7 @@ def chunk_gated_delta(
   lower = (kk * decay * beta[..., :, None]) * (1.0 - jnp.eye(c))
   k_beta = k[:, :, :, None] * beta[..., None]
   rhs = jnp.concatenate([v * beta[..., None], k_beta * (jnp.exp(cum) * read)[..., None]], axis=-1)
-  solved = solve_triangular(lower + jnp.eye(c), rhs, lower=True, unit_diagonal=True)
+  solved = jnp.matmul(unit_lower_inverse(lower), rhs, precision=jax.lax.Precision.HIGHEST)
   u_local, w = solved[..., :dv], solved[..., dv:]  # u = u_local - w S_entering
   attn = qk * decay  # [B, N, Hk, R, C, C]: o_i = q_i . (exp(cum_i) S_entering + sum_j decay[i, j] k_j u_j^T)
   q_read = q[:, :, :, None] * (jnp.exp(cum) * read)[..., None]
