@@ -39,7 +39,7 @@ class DecodeState:
   slot_mask bool [R, S] cache slots holding real tokens; key: the call's PRNG key.
   """
 
-  cache: KVCache
+  cache: KVCache  # or the family's own cache (`model.empty_cache`: Qwen3.5's HybridCache)
   slot_mask: jax.Array
   tokens: jax.Array
   sample_logprobs: jax.Array
@@ -90,7 +90,7 @@ def prefill(
   x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision)
   mask = prompts.attention_mask.astype(bool)
   hidden, prompt_cache = model.decode(
-    x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
+    x, prompts.positions, mask, model.empty_cache(b, t), 0, layers, deepstack=deepstack
   )
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
 

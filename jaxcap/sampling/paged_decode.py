@@ -19,7 +19,6 @@ from flax import nnx
 
 from jaxcap.models import row_blocks
 from jaxcap.models.layers import mrope_cos_sin
-from jaxcap.models.qwen25vl import KVCache
 from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
@@ -87,9 +86,7 @@ def prefill(
   g = num_samples
   x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision) if embedded is None else embedded
   mask = prompts.attention_mask.astype(bool)
-  hidden, cache = model.decode(
-    x, prompts.positions, mask, KVCache.zeros(model.cfg, b, t), 0, layers, deepstack=deepstack
-  )
+  hidden, cache = model.decode(x, prompts.positions, mask, model.empty_cache(b, t), 0, layers, deepstack=deepstack)
   pool = write_prompt_pages(pool, cache.k, cache.v, page_ids, jnp.sum(mask, -1, dtype=jnp.int32))
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)

@@ -298,3 +298,15 @@ def test_gated_rms_norm_equals_transformers(dtype, weight_dtype):
   else:  # measured bit-exact; a bf16-rounded f32 weight moves ~40% of the outputs by a bf16 step or two
     assert np.mean(got != want) < 0.01
     np.testing.assert_allclose(got, want, rtol=8e-3, atol=8e-3)
+
+
+@pytest.mark.parametrize("c", [1, 2, 8, 64])
+def test_unit_lower_inverse_equals_numpy(c):
+  """The block-doubling inverse of a unit-lower-triangular matrix (the chunk's solve) equals numpy's inverse; only
+  the strict lower triangle is read."""
+  from jaxcap.models.gated_delta import unit_lower_inverse
+
+  rng = np.random.RandomState(c)
+  a = np.tril(rng.randn(3, c, c) * 0.3, -1) + np.triu(rng.randn(3, c, c))  # garbage on and above the diagonal
+  want = np.linalg.inv(np.tril(a, -1) + np.eye(c))
+  np.testing.assert_allclose(np.asarray(unit_lower_inverse(jnp.asarray(a, jnp.float32))), want, rtol=1e-4, atol=1e-5)
