@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.host_memory import release_freed
 from jaxcap.models import lora
 from jaxcap.rl.rollout_correction import mismatch_metrics
 from jaxcap.train.logs.metrics import PendingMetrics
@@ -56,6 +57,9 @@ class RLLearner:
     prompts, layout, packing = self.inputs(judged.batch, judged.placed, judged.lengths, judged.tokens)
     logprobs = self.logprobs(state, prompts, layout, judged.tokens, judged.cmask, judged.behaviour)
     values, valid = judged.rewards()  # waits for the judge, while the log-prob passes run
+    # on CPU, the retained heap's free pages back (the rollouts' and log-prob passes' buffers, and the last update's
+    # block they were cut from), so this update's temporaries do not stack on theirs (jaxcap.host_memory)
+    release_freed(wait_for=logprobs)
     rollout = (judged.tokens, judged.cmask, judged.behaviour, values, valid)
     return self._update(step_fn, state, prompts, layout, rollout, logprobs, judged, {**packing, **judged.metrics}, step)
 
