@@ -21,7 +21,6 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.judges.factory import build_judge
 from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.protocol import Judge
-from jaxcap.models.config import dtype_from_name
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
 from jaxcap.rewards.families import REWARD_FAMILIES
@@ -147,10 +146,10 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   processor with the run's media settings (`with_run_media`)."""
   m = config.model
   if m.checkpoint:
-    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype))
+    checkpoint_cfg = read_config(m.checkpoint, **m.compute())
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
     check_context(config, checkpoint_cfg)
-    check_train_memory(config, checkpoint_cfg)
+    check_train_memory(config, checkpoint_cfg, mesh=mesh)
     checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(
       m.checkpoint,
