@@ -23,6 +23,7 @@ from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.protocol import Judge
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
+from jaxcap.processing.video import SAMPLING_SETTINGS
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
@@ -104,15 +105,8 @@ def with_pixel_budget(vision_cfg, data):
   return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 
-# the data block's video fields -> `VideoPreprocessConfig.with_sampling`'s arguments
-VIDEO_SAMPLING = {
-  "video_fps": "fps",
-  "video_min_frames": "min_frames",
-  "video_max_frames": "max_frames",
-  "video_min_pixels": "min_frame_pixels",
-  "video_max_pixels": "max_frame_pixels",
-  "video_total_pixels": "total_pixels",
-}
+# the data block's video fields -> `VideoPreprocessConfig.with_sampling`'s arguments (the annotator's flags too)
+VIDEO_SAMPLING = SAMPLING_SETTINGS
 
 
 def with_video_sampling(video_cfg, data):
