@@ -15,6 +15,10 @@ its local devices (data parallel; with --engine paged, each device runs an engin
 --images is a directory (searched recursively; id = path relative to it), a .jsonl manifest with "id" and
 "image" (path relative to the manifest's folder, inside it unless --media_root names another folder or
 --allow_outside_paths; the synthetic-world manifest works as is), or a .txt list of paths (id = the path as written).
+Videos (.mp4, .webm, .mov, ...) among them are captioned too: their frames are sampled as the checkpoint's
+video_preprocessor_config.json says (a training run's export carries the run's own: data.video_fps, ...), as
+training samples them; the --video_* flags change that, as the run's data.video_* fields do (e.g. --video_fps 1
+--video_max_frames 16).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from jaxcap.data.annotation_files import (
   shard_paths,
 )
 from jaxcap.processing.annotation_media import load_images, sort_by_size
+from jaxcap.processing.video import SAMPLING_SETTINGS
 
 DEFAULT_PROMPT = "Describe this image in detail."
 
@@ -47,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     epilog=__doc__,
   )
   ap.add_argument("--checkpoint", required=True, help="local HF Qwen2.5-VL checkpoint directory (with tokenizer)")
-  ap.add_argument("--images", required=True, help="image folder, .jsonl manifest or .txt list of paths")
+  ap.add_argument("--images", required=True, help="image / video folder, .jsonl manifest or .txt list of paths")
   ap.add_argument("--out", required=True, help="captions JSONL (appended to; resumable)")
   ap.add_argument(
     "--media_root", default=None, help="folder a .jsonl manifest's paths must lie in (default: the manifest's folder)"
@@ -69,6 +74,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   )
   ap.add_argument("--min_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
   ap.add_argument("--max_pixels", type=int, default=None, help="default: the checkpoint's preprocessor_config.json")
+  videos = "default: the checkpoint's video_preprocessor_config.json (a run's export: the run's data.video_*)"
+  ap.add_argument("--video_fps", type=float, default=None, help=f"video frames sampled per second; {videos}")
+  ap.add_argument("--video_min_frames", type=int, default=None, help=f"fewest frames sampled from a video; {videos}")
+  ap.add_argument("--video_max_frames", type=int, default=None, help=f"most frames sampled from a video; {videos}")
+  ap.add_argument("--video_min_pixels", type=int, default=None, help=f"each video frame's pixel floor; {videos}")
+  ap.add_argument("--video_max_pixels", type=int, default=None, help=f"each video frame's pixel ceiling; {videos}")
+  ap.add_argument(
+    "--video_total_pixels", type=int, default=None, help=f"a video's pixel budget, shared by its frames; {videos}"
+  )
   ap.add_argument("--process_index", type=int, default=None, help="default: jax.process_index()")
   ap.add_argument("--process_count", type=int, default=None, help="default: jax.process_count()")
   ap.add_argument("--no_progress", action="store_true", help="no progress bar")
@@ -94,7 +108,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   if args.batch_size < 1:
     ap.error(f"--batch_size={args.batch_size}; use at least 1")
+  for flag in SAMPLING_SETTINGS:
+    value = getattr(args, flag)
+    if value is not None and value <= 0:
+      ap.error(f"--{flag}={value}; use a positive number (or leave it out: the checkpoint's own)")
   return args
+
+
+class FlagError(ValueError):
+  """Flags the checkpoint's processor cannot take (one line, exit 2)."""
+
+
+def with_video_flags(video_cfg, args: argparse.Namespace):
+  """The checkpoint's video settings with the --video_* flags given, by the rule the run's data.video_* fields
+  follow (`VideoPreprocessConfig.with_sampling`); FlagError naming the flag where they cannot apply."""
+  given = {arg: getattr(args, flag) for flag, arg in SAMPLING_SETTINGS.items() if getattr(args, flag) is not None}
+  if not given:
+    return video_cfg
+  try:
+    return video_cfg.with_sampling(**given, names={arg: f"--{flag}" for flag, arg in SAMPLING_SETTINGS.items()})
+  except ValueError as e:
+    raise FlagError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (
     CheckpointError,
     ImageListError,
+    FlagError,
     FileNotFoundError,
     NotADirectoryError,
     FileExistsError,
@@ -179,6 +214,7 @@ def annotate(args: argparse.Namespace) -> int:
   processor = Processor.from_pretrained(args.checkpoint)  # the checkpoint's pixel budget, as transformers
   budget = {k: getattr(args, k) for k in ("min_pixels", "max_pixels") if getattr(args, k) is not None}
   processor.vision_cfg = dataclasses.replace(processor.vision_cfg, **budget)
+  processor.video_cfg = with_video_flags(processor.video_cfg, args)  # frames sampled as the run sampled them
   sampling = SamplingConfig(
     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
   )

@@ -9,11 +9,22 @@ process keeps its peak, and as asynchronous dispatch keeps a few calls' buffers 
 first calls (~20 for a small program) before every request finds a freed buffer. glibc reads these settings
 (`GLIBC_TUNABLES`) only when a process starts, so an entry point that runs on CPU re-executes itself once with them.
 
+What the retained heap cannot do is serve two programs of different sizes in turn: an RL step runs its rollouts and
+log-prob passes, then the update, whose temporaries are the largest block. The next step's smaller buffers are cut
+from the update's freed block (best fit), the next update no longer fits in what is left, and the heap grows by
+another one, so resident memory becomes the sum of the programs' peaks instead of the largest (the `mid` shapes, 8
+prompts x 8 samples x 64 new tokens: 10.6 GiB against 6.9 GiB with glibc's defaults; at 256 new tokens the kernel
+killed the run). Not trimming is not the cause (the same peak with glibc's trim threshold): the holes are between
+live blocks, where only malloc_trim reaches. So the RL learner hands the free pages back once a step, before its
+update (`release_freed`): each program's buffers are faulted in once a step instead of once a call
+(docs/benchmarks-history.md, "Host memory at longer captions").
+
 Set JAXCAP_HOST_MALLOC=system to keep glibc's defaults.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import importlib.util
 import os
@@ -59,6 +70,29 @@ def retain_on_cpu() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)
+
+
+def retained(environ=None) -> bool:
+  """Whether this process runs with the retained heap (`retain_on_cpu` re-executed it with the tunables)."""
+  return (os.environ if environ is None else environ).get(OPT_OUT) == "retain"
+
+
+def release_freed(wait_for=None) -> bool:
+  """Hands the retained heap's free pages back to the kernel (glibc's `malloc_trim(0)`: every free page, those
+  between live blocks too; the heap keeps its address range and faults a page in again when it is reused), after
+  `wait_for` (jax values, e.g. the programs whose temporaries should go too) is ready. Returns whether it trimmed:
+  without the retained heap (glibc's defaults, an accelerator, the user's own malloc tunables) it does nothing."""
+  if not retained():
+    return False
+  trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+  if trim is None:
+    return False
+  if wait_for is not None:
+    import jax
+
+    jax.block_until_ready(wait_for)
+  trim(0)
+  return True
 
 
 BUDGET = "JAXCAP_MEMORY_BUDGET"  # bytes (or e.g. "12GiB") a memory check takes as available; "off": no check

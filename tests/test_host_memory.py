@@ -78,3 +78,42 @@ def test_reexec_keeps_freed_buffers_and_stops_the_page_faults():
   # 4500 x 4500 f32 (81 MB) faulted back in every call by default (~20k pages), reused with the tunables
   assert default > 10_000
   assert kept < default / 5
+
+
+_HOLE = textwrap.dedent(
+  """
+  import numpy as np
+  from jaxcap.host_memory import release_freed
+
+  def anon():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("RssAnon"))
+
+  block = np.ones(200 * 2**20, np.uint8)  # 200 MiB: on the retained heap, a block of the heap itself
+  pin = np.ones(2**20, np.uint8)  # a live block after it: freeing `block` leaves a hole, not a free top to trim
+  before = anon()
+  del block
+  freed = anon()
+  trimmed = release_freed()
+  print(before >> 20, freed >> 20, anon() >> 20, trimmed, pin.size)
+  """
+)
+
+
+@glibc_only
+def test_release_freed_hands_back_a_hole_between_live_blocks():
+  """A freed block between live ones stays resident on the retained heap (what stacked the RL update's buffers on
+  the rollouts'); `release_freed` gives its pages back, and does nothing with glibc's defaults."""
+
+  def probe(**env):
+    base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)}
+    out = subprocess.run(
+      [sys.executable, "-c", _HOLE], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, freed, after, trimmed, _ = out.stdout.split()
+    return int(before), int(freed), int(after), trimmed == "True"
+
+  before, freed, after, trimmed = probe(GLIBC_TUNABLES=host_memory.TUNABLES, JAXCAP_HOST_MALLOC="retain")
+  assert trimmed and freed > before - 50 and after < before - 150  # kept when freed, handed back when released
+  before, freed, after, trimmed = probe(JAXCAP_HOST_MALLOC="system")
+  assert not trimmed and freed < before - 150  # glibc's defaults: mapped on its own, unmapped on free

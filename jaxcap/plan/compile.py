@@ -12,22 +12,20 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxcap.models.families import family_of_config, layout_for
+from jaxcap.models.families import layout_for
 from jaxcap.models.flops import model_flops, param_counts, peak_tflops
 from jaxcap.models.qwen25vl import VisionInput
-from jaxcap.plan.inputs import decode_state_shardings, per_device_bytes, rl_step_inputs, with_shardings
+from jaxcap.plan.inputs import decode_state_shardings, per_device_bytes, with_shardings
 from jaxcap.plan.layout import Layout
 from jaxcap.plan.report import GIB, advice
 from jaxcap.sampling import generate
 from jaxcap.sampling.prompts import Prompts, batch_bucket
 from jaxcap.sharding import logical_to_spec
-from jaxcap.train.steps.adapters import state_breakdown, with_run_lora
-from jaxcap.train.packing.inputs import PackedInputs
-from jaxcap.train.packing.batch import planned_rows
-from jaxcap.train.steps.programs import RunPrograms, packs, rollout_engine
+from jaxcap.train.steps.abstract import abstract_rl_update
+from jaxcap.train.steps.adapters import state_breakdown
+from jaxcap.train.steps.programs import packs, rollout_engine
 from jaxcap.plan.engine import engine_inputs, engine_programs, engine_shards, slots_that_fit
 
 
@@ -79,13 +77,12 @@ def plan(
 
   placement = Layout.of(config, devices, slices)  # the learner's mesh, and the rollouts' (rollout.devices: their own)
   mesh = placement.learner
-  model_cls = family_of_config(cfg).model_cls
-  # with model.lora: the adapters and any quantized base, as the run builds them
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: with_run_lora(model_cls(cfg, rngs=nnx.Rngs(0)), config)))
-  programs = RunPrograms(config, graphdef)  # the trainer's own builder: the programs compiled here are the run's
-  opt = programs.optimizer("rl")
-  inputs = rl_step_inputs(config, cfg, mesh, abstract_params, opt, text)
-  state, prompt_batch, rollouts, layout = inputs.state, inputs.prompts, inputs.rollouts, inputs.layout
+  # the trainer's own update (and model, with model.lora's adapters and any quantized base, as the run builds it)
+  abstract = abstract_rl_update(config, cfg, mesh, text)
+  graphdef, abstract_params, programs = abstract.graphdef, abstract.abstract_params, abstract.programs
+  inputs = abstract.inputs
+  state, rollouts = inputs.state, inputs.rollouts
+  _, prompt_batch, _, layout = abstract.args  # packed: the step's PackedInputs, its prompts without pixels
   params, key, arr = state.params, state.key, inputs.arr
   prompts_total, g, p, c, grid, patches = (
     inputs.prompts_total,
@@ -98,7 +95,7 @@ def plan(
   state_bytes = per_device_bytes(state)
   # rl.max_staleness = k, colocated: the next k steps' rounds (prompts and rollouts) are held through this step's
   # passes; on rollout devices of their own (rollout.devices) they wait there, and only this step's is copied over
-  queued = per_device_bytes((prompt_batch, rollouts.tokens, rollouts.mask, rollouts.old_logprobs))
+  queued = per_device_bytes((inputs.prompts, rollouts.tokens, rollouts.mask, rollouts.old_logprobs))
   queued = queued * config.rl.max_staleness if not config.rollout.devices else 0
   params_bytes = per_device_bytes(params)
   rows = batch_bucket(prompts_total)
@@ -147,19 +144,8 @@ def plan(
       results.append(row)
     return row
 
-  if packs(config):  # packed micro-batches at the budget (rl.micro_batch_tokens): the step's pixels, one pack
-    budget_tokens = int(config.rl.micro_batch_tokens)
-    with jax.set_mesh(mesh):  # whether the rows share prompts depends on the target's attention kernels
-      packed_rows = planned_rows(prompts_total, g, p, c, grid, budget_tokens, cfg, config.data.bucket_steps)
-    replicated = lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=NamedSharding(mesh, logical_to_spec((), (), mesh))
-    )
-    pixels = arr((prompts_total * patches, cfg.vision.patch_dim), jnp.float32, (None, None))
-    layout = PackedInputs(pixels, jax.tree.map(replicated, packed_rows))
-    prompt_batch = dataclasses.replace(prompt_batch, pixel_values=None)
   if "rl_step" in names:
-    jitted = programs.update("rl", opt, jax.tree.map(lambda x: x.sharding, state))
-    compile_one("rl_step", jitted.lower, (state, prompt_batch, rollouts, layout), queued)
+    compile_one("rl_step", abstract.update.lower, abstract.args, queued)
   if "logprobs" in names:
     lower = programs.logprobs().lower
     compile_one("logprobs", lower, (params, prompt_batch, layout, rollouts.tokens), state_bytes - params_bytes + queued)
@@ -223,7 +209,7 @@ def plan(
     "batch": {
       "prompts": prompts_total,
       "samples": g,
-      "micro_batches": f"{packed_rows.shape[0]} packed" if packs(config) else config.rl.micro_batches,
+      "micro_batches": f"{abstract.packed_rows.shape[0]} packed" if packs(config) else config.rl.micro_batches,
       "prompt_tokens": p,
       "completion": c,
     },

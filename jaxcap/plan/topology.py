@@ -11,7 +11,9 @@ from jax.experimental import topologies
 
 from jaxcap.checkpoint import read_config
 from jaxcap.models.families import preset_config, preset_names
-from jaxcap.processing.vision import smart_resize
+from jaxcap.train.steps.abstract import image_grid
+
+__all__ = ["TPU_HBM_GIB", "image_grid", "model_config", "split_slices", "topology_devices"]
 
 # HBM per chip, GiB, of the TPU generations libtpu compiles for
 TPU_HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
@@ -84,22 +86,3 @@ def model_config(config, name: str | None):
   if Path(name).is_dir():
     return read_config(name, **kw)
   raise SystemExit(f"--model={name!r}: not a preset ({', '.join(preset_names())}) nor a checkpoint directory")
-
-
-def image_grid(cfg, image_size: int, max_pixels: int = 0) -> tuple[int, int, int]:
-  """(t, h, w) patch grid of the largest image a run feeds, after smart_resize (as the processor does): one
-  square `image_size` image, or with native sizes (image_size 0) a square one at the `max_pixels` budget."""
-
-  v = cfg.vision
-  factor = v.patch_size * v.spatial_merge_size
-  if image_size:
-    h, w = smart_resize(image_size, image_size, factor)
-  elif max_pixels:
-    side = int(max_pixels**0.5)
-    h, w = smart_resize(side, side, factor, max_pixels=max_pixels)
-  else:
-    raise SystemExit(
-      "data.image_size=0 (native sizes) with data.max_pixels=0 (the checkpoint's budget, up to 12.8 MP per image): "
-      "set --config.data.max_pixels (e.g. 200704 = 448 x 448) or --config.data.image_size to plan the run"
-    )
-  return 1, h // v.patch_size, w // v.patch_size

@@ -43,6 +43,16 @@ from jaxcap.processing.vision import (
 )
 
 # qwen-vl-utils' defaults (vision_process.py) and transformers' Qwen2VLVideoProcessor class defaults.
+# The frame-sampling settings as the run config's data block (`data.video_fps`, ...) and the annotator's flags
+# (`--video_fps`, ...) name them -> `VideoPreprocessConfig.with_sampling`'s arguments: one rule for both
+SAMPLING_SETTINGS = {
+  "video_fps": "fps",
+  "video_min_frames": "min_frames",
+  "video_max_frames": "max_frames",
+  "video_min_pixels": "min_frame_pixels",
+  "video_max_pixels": "max_frame_pixels",
+  "video_total_pixels": "total_pixels",
+}
 FRAME_FACTOR = 2
 FPS = 2.0
 FPS_MIN_FRAMES = 4

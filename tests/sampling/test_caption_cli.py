@@ -170,3 +170,72 @@ def test_mixed_sizes_and_a_video_caption_as_each_alone(setup, tmp_path, engine, 
       media = {"type": "image", "image": load_image(path)}
     alone = sampler([[{"role": "user", "content": [media, {"type": "text", "text": "describe ."}]}]], jax.random.key(0))
     assert alone.text[0] == text, name
+
+
+def _clip(path, frames: int, rate: int, rng):
+  """An mp4 of `frames` random 64 x 48 frames at `rate` frames per second, written with PyAV."""
+  import av
+
+  with av.open(str(path), "w") as container:
+    stream = container.add_stream("mpeg4", rate=rate)
+    stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+    for _ in range(frames):
+      frame = av.VideoFrame.from_ndarray((rng.rand(48, 64, 3) * 255).astype(np.uint8), format="rgb24")
+      container.mux(stream.encode(frame))
+    container.mux(stream.encode())
+
+
+@pytest.mark.slow
+def test_videos_are_sampled_as_the_run_sampled_them_or_as_the_video_flags_say(setup, tmp_path, monkeypatch):
+  """A folder with a 6 s clip (24 frames at 4 fps) and an image, captioned from a run's export: the clip's frames
+  are sampled as the export's video_preprocessor_config.json says (the run's data.video_fps=1: 6 frames, not the
+  family's default 2 fps: 12), and --video_fps / --video_max_frames override that by the run's rule
+  (`with_sampling`: 2 fps capped at 4 frames); flags the processor cannot take are one line, exit 2."""
+  from jaxcap import processing
+  from jaxcap.processing import Processor
+  from jaxcap.processing.processor_files import save_processor_configs
+
+  root, _ = setup
+  export = tmp_path / "export"  # as a run exports its policy: the run's own frame sampling beside the weights
+  export.mkdir()
+  for f in (root / "ckpt").iterdir():
+    (export / f.name).write_bytes(f.read_bytes())
+  processor = Processor.from_pretrained(export)
+  processor.video_cfg = processor.video_cfg.with_sampling(fps=1.0)
+  save_processor_configs(processor, export, square_side=56)
+  folder = tmp_path / "media"
+  folder.mkdir()
+  rng = np.random.RandomState(2)
+  _clip(folder / "clip.mp4", 24, 4, rng)
+  Image.fromarray((rng.rand(56, 56, 3) * 255).astype(np.uint8)).save(folder / "img.png")
+  sampled = []
+  read_video = processing.read_video
+
+  def recording(path, cfg, **kw):
+    clip = read_video(path, cfg, **kw)
+    sampled.append((cfg.fps, len(clip.frames)))
+    return clip
+
+  monkeypatch.setattr(processing, "read_video", recording)
+
+  def run(name, *flags):
+    out = tmp_path / f"{name}.jsonl"
+    args = ["--checkpoint", str(export), "--images", str(folder), "--out", str(out), "--max_new_tokens", "3"]
+    code = caption.main([*args, "--no_progress", *flags])
+    return code, sorted(r["id"] for r in _rows(out))
+
+  assert run("export") == (0, ["clip.mp4", "img.png"]) and sampled == [(1.0, 6)]
+  sampled.clear()
+  assert run("flags", "--video_fps", "2", "--video_max_frames", "4") == (0, ["clip.mp4", "img.png"])
+  assert sampled == [(2.0, 4)]
+
+
+def test_video_flags_the_processor_cannot_take_are_one_line(setup, tmp_path, capsys):
+  root, _ = setup
+  args = ["--checkpoint", str(root / "ckpt"), "--images", str(root / "images"), "--out", str(tmp_path / "o.jsonl")]
+  assert caption.main([*args, "--video_min_pixels", "40000", "--video_max_pixels", "4000"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: each frame's pixel ceiling --video_max_pixels=4000 is below its floor"), err
+  with pytest.raises(SystemExit) as e:
+    caption.parse_args([*args, "--video_fps", "0"])
+  assert e.value.code == 2

@@ -12,8 +12,14 @@ import jaxcap.models as M
 from jaxcap.config import schema
 from jaxcap.config.cli import ConfigError
 from jaxcap.sampling.footprint import param_sizes
-from jaxcap.train.shell.memory_check import check_train_memory, size, train_footprint
-from processes import cpu_env, launch, load_config, tiny_run
+from jaxcap.train.shell.memory_check import check_train_memory, size, train_footprint, update_temporaries
+from processes import TINY, cpu_env, launch, load_config, tiny_run
+
+
+def tiny_run_settings(changes):
+  """TINY with `changes` (None drops a setting), as a dict of settings."""
+  return {k: v for k, v in {**TINY, **changes}.items() if v is not None}
+
 
 CFG = M.tiny()
 SIZES = dict(param_sizes(CFG))
@@ -80,6 +86,83 @@ def test_the_trainer_stops_before_loading_a_checkpoint_that_cannot_fit(tmp_path)
   )
   assert out.returncode == 2, out.stderr[-2000:]
   assert "needs at least" in out.stderr and "64.00 KiB is available (JAXCAP_MEMORY_BUDGET)" in out.stderr, out.stderr
+
+
+def _one_device_mesh(config):
+  import jax
+
+  from jaxcap.sharding import make_mesh
+
+  return make_mesh(dict(config.mesh.shape), jax.devices()[:1])
+
+
+def test_the_updates_activations_are_counted_and_grow_with_the_caption_length():
+  """XLA's own count of the RL update's temporaries (the program compiled with abstract weights): longer captions,
+  more activations, and a footprint that says so."""
+  short, long = (_config(**{"sampling.max_new_tokens": n}) for n in (16, 64))
+  mesh = _one_device_mesh(short)
+  small, large = update_temporaries(short, CFG, mesh), update_temporaries(long, CFG, mesh)
+  assert large > 2 * small > 0
+  footprint = train_footprint(long, CFG, large)
+  assert footprint.total == footprint.params + footprint.moments + footprint.reference + large
+  assert footprint.total > train_footprint(long, CFG).total + large // 2
+  assert "the RL update's activations and gradients" in footprint.describe()
+  assert "up to 64 new tokens a pass, model.remat=none" in footprint.describe()
+
+
+def test_a_run_whose_update_cannot_fit_is_refused_naming_the_knobs():
+  """Room for the weights, moments and rollouts but not the update's activations: refused, in one line, with the
+  settings that shrink them; the static part already over the budget is refused without compiling anything."""
+  c = _config(**{"sampling.max_new_tokens": 64, "rl.batch_size": 4, "rl.micro_batches": 1})
+  mesh = _one_device_mesh(c)
+  static = train_footprint(c, CFG).total
+  with pytest.raises(ConfigError) as e:
+    check_train_memory(c, CFG, (static + 2**20, "a test budget"), mesh=mesh)
+  msg = str(e.value)
+  assert "\n" not in msg and "the RL update's activations and gradients" in msg and "a test budget" in msg
+  assert "--config.model.remat=full" in msg and "--config.rl.micro_batches=2" in msg
+  assert "--config.sampling.max_new_tokens (now 64" in msg
+  update = update_temporaries(c, CFG, mesh)
+  check_train_memory(c, CFG, (train_footprint(c, CFG, update).total, "test"), mesh=mesh)  # exactly enough
+  import jaxcap.train.shell.memory_check as memory_check
+
+  def no_compile(*args):
+    raise AssertionError("compiled the update for a run whose state alone does not fit")
+
+  original, memory_check.update_temporaries = memory_check.update_temporaries, no_compile
+  try:
+    with pytest.raises(ConfigError, match="needs at least"):
+      check_train_memory(c, CFG, (static - 1, "test"), mesh=mesh)
+  finally:
+    memory_check.update_temporaries = original
+
+
+@pytest.mark.slow  # the trainer in a subprocess
+def test_the_trainer_refuses_an_update_that_cannot_fit_before_loading(tmp_path):
+  """The issue-56 case in small: 64 new tokens, the memory for everything but the update's activations; the
+  trainer stops before its checkpoint is read (a load would fail on the weights file), exit 2, one line."""
+  from hf_reference import save_tiny_checkpoint
+
+  ckpt = tmp_path / "ckpt"
+  save_tiny_checkpoint(CFG, 0, ckpt)
+  (ckpt / "model.safetensors").write_bytes(b"not read")
+  run = {"model.checkpoint": str(ckpt), "vision_warmup.steps": 0, "vision_warmup.batch_size": None}
+  run |= {"sampling.max_new_tokens": 64}
+  from jaxcap.checkpoint import read_config
+
+  c = _config(**{k: v for k, v in tiny_run_settings(run).items() if k.startswith(("rl.", "sampling.", "model."))})
+  static = train_footprint(c, read_config(ckpt, **c.model.compute())).total
+  out = launch(
+    "caprl",
+    *tiny_run(run),
+    workdir=tmp_path / "run",
+    env=cpu_env(1, JAXCAP_MEMORY_BUDGET=str(static + 2**20)),
+    check=False,
+  )
+  assert out.returncode == 2, out.stderr[-2000:]
+  errors = [line for line in out.stderr.splitlines() if "needs at least" in line]
+  assert len(errors) == 1 and "the RL update's activations and gradients" in errors[0], out.stderr[-2000:]
+  assert "--config.sampling.max_new_tokens (now 64" in errors[0]
 
 
 def test_lora_advice_names_the_frozen_bases_dtype_then_quantization():

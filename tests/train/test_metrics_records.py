@@ -5,6 +5,7 @@ checkpoint and a kill, and rerunning a finished run keeps one final evaluation."
 import json
 import math
 import struct
+import time
 import types
 
 import numpy as np
@@ -122,3 +123,51 @@ def test_rerunning_a_finished_run_keeps_one_final_eval(tmp_path):
     ("rl/loss", 1),
     ("rl/loss", 2),
   ]
+
+
+def test_each_record_holds_its_own_steps_update_and_time(tmp_path):
+  """StepLog writes step s's record one step late (after step s+1 is dispatched) but with step s's own values: its
+  loss and time/update_s, the device time of its own update (`DeviceTimer`, measured by a thread, so nothing waits
+  for it). Step 2's update is the slow one, and its record says so."""
+  import jax
+  import jax.numpy as jnp
+
+  from jaxcap.train.logs.metrics import DeviceTimer, PendingMetrics, StepLog
+
+  @jax.jit
+  def update(x, repeats):
+    y = jax.lax.fori_loop(0, repeats, lambda i, y: jnp.tanh(y @ y) / 100, x)
+    return {"loss": jnp.mean(y) * 0 + repeats}
+
+  x = jnp.ones((600, 600), jnp.float32)
+  update(x, 1)["loss"].block_until_ready()  # compiled: the timed calls run it only
+  writer = MetricsWriter(tmp_path)
+  log = StepLog(writer, "rl", 2, 0, enabled=False)
+  for step, repeats in enumerate((1, 60)):
+    t0 = time.perf_counter()
+    metrics = update(x, repeats)
+    log.defer(step, PendingMetrics(metrics, {}, {"time/update_s": DeviceTimer(t0, metrics)}), t0)
+  log.close()
+  writer.close()
+  rows = _rows(tmp_path)
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 60.0)]
+  fast, slow = (r["time/update_s"] for r in rows)
+  assert 0 <= fast < slow and slow > 0.05, rows
+
+
+@pytest.mark.slow  # the trainer in a subprocess
+def test_a_run_logs_each_steps_time_split(tmp_path):
+  """metrics.jsonl splits every RL step's time: the rollout (until its captions are on the host, less the previous
+  update's tail), the judge's wait, the log-prob passes and the update (its own, on the device); SFT logs its
+  update. The last step's update is in the last record."""
+  from processes import launch, tiny_run
+
+  launch("caprl", *tiny_run({"rl.steps": 3, "eval.num_images": 0}), workdir=tmp_path)
+  rows = [r for r in _rows(tmp_path) if "loss" in r]
+  sft, rl = [r for r in rows if r["phase"] == "sft"], [r for r in rows if r["phase"] == "rl"]
+  assert [r["step"] for r in rl] == [1, 2, 3] and len(sft) == 2
+  split = ("time/rollout_s", "time/judge_wait_s", "time/logprobs_s", "time/update_s", "time/step_s")
+  for r in rl:
+    assert all(isinstance(r[k], float) and 0 <= r[k] for k in split), r
+    assert r["time/rollout_s"] + r["time/judge_wait_s"] <= r["time/step_s"], r
+  assert all(isinstance(r["time/update_s"], float) and r["time/update_s"] >= 0 for r in sft)

@@ -3,7 +3,7 @@
 // and a minimum y span so a flat series (float noise around a value) is drawn flat, not stretched to full height.
 "use strict";
 const KEY_METRICS = ["reward/mean", "eval/qa_accuracy", "kl", "length/mean", "loss"];
-const TIME_SPLIT = ["time/rollout_s", "time/judge_wait_s", "time/update_s"]; // one chart when the run logs them
+const TIME_SPLIT = ["time/rollout_s", "time/judge_wait_s", "time/logprobs_s", "time/update_s"]; // one chart when the run logs them
 const GROUP_ORDER = ["eval", "reward", "length", "adv", "update", "judge", "time", "rollout_corr"];
 const STEP_LABEL = { rl: "RL step", sft: "SFT step", vision: "vision warm-up step" };
 const COLOURS = ["#2f6fb0", "#e8590c", "#2f9e44", "#9c36b5", "#c92a2a"];

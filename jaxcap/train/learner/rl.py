@@ -11,6 +11,7 @@ dispatched the next step instead of waiting for this one to finish.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -18,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcap.data.records import ImageRecord
+from jaxcap.host_memory import release_freed
 from jaxcap.models import lora
 from jaxcap.rl.rollout_correction import mismatch_metrics
-from jaxcap.train.logs.metrics import PendingMetrics
+from jaxcap.train.logs.metrics import DeviceTimer, PendingMetrics
 from jaxcap.train.logs.reward_metrics import reward_metrics
 from jaxcap.train.packing.batch import packed_rows, packing_metrics, with_pixels
 from jaxcap.train.rollouts.batching import Batcher
@@ -50,14 +52,35 @@ class RLLearner:
   packing_min_saving: float = 0.1  # rl.packing_min_saving: packed only if that saves this share of FLOPs
   recorder: Any = None  # jaxcap.train.logs.rollout_records.RolloutRecorder: rollout records at its steps
   reference_is_base: bool = False  # LoRA with a KL term: reference log-probs from the params with adapters off
+  last_update: DeviceTimer | None = dataclasses.field(default=None, init=False, repr=False)
 
   def update(self, step_fn: Callable, state, judged: JudgedRound, step: int):
-    """One update on `judged` (0-based `step`); the reward metrics and rollout records are its first round's."""
+    """One update on `judged` (0-based `step`); the reward metrics and rollout records are its first round's. Its
+    record's time/update_s and time/logprobs_s are this update's and its log-prob passes' device time
+    (`DeviceTimer`), and time/rollout_s of a round rolled out just now (on-policy) leaves out the time the device
+    was still running the update before it."""
+    self._without_the_last_update(judged)
     prompts, layout, packing = self.inputs(judged.batch, judged.placed, judged.lengths, judged.tokens)
+    dispatched = time.perf_counter()
     logprobs = self.logprobs(state, prompts, layout, judged.tokens, judged.cmask, judged.behaviour)
+    passes = DeviceTimer(dispatched, logprobs[:2])  # old / reference log-probs: 0 s when there is no pass to run
     values, valid = judged.rewards()  # waits for the judge, while the log-prob passes run
+    # on CPU, the retained heap's free pages back (the rollouts' and log-prob passes' buffers, and the last update's
+    # block they were cut from), so this update's temporaries do not stack on theirs (jaxcap.host_memory)
+    release_freed(wait_for=logprobs)
     rollout = (judged.tokens, judged.cmask, judged.behaviour, values, valid)
-    return self._update(step_fn, state, prompts, layout, rollout, logprobs, judged, {**packing, **judged.metrics}, step)
+    extra = {**packing, **judged.metrics}
+    state, metrics = self._update(step_fn, state, prompts, layout, rollout, logprobs, judged, extra, step)
+    metrics.timers = {"time/logprobs_s": passes, **metrics.timers}
+    return state, metrics
+
+  def _without_the_last_update(self, judged: JudgedRound) -> None:
+    """time/rollout_s less its overlap with the previous update: an on-policy rollout (`judged.started` set)
+    samples from that update's weights, so its programs start only once it is done."""
+    seconds, started, last = judged.metrics.get("time/rollout_s"), judged.started, self.last_update
+    if seconds is None or started is None or last is None:
+      return
+    judged.metrics["time/rollout_s"] = seconds - min(seconds, max(0.0, last.done_at() - started))
 
   def inputs(self, batch: HostBatch, placed, lengths: np.ndarray, tokens: jax.Array):
     """The update's (prompts, layout, packing/* metrics) of the batch the update sees: `placed` its prompts on
@@ -112,12 +135,15 @@ class RLLearner:
       behaviour if self.rollout_correction else None,
       None if self.stop_ids is None else _truncated_fn(tokens, cmask, jnp.asarray(self.stop_ids, jnp.int32)),
     )
+    dispatched = time.perf_counter()
     state, metrics = step_fn(state, prompts, rollout_batch, layout)
+    # its device time, from a thread: the loop goes on to dispatch the next step (whose rollout waits for it anyway)
+    self.last_update = timer = DeviceTimer(dispatched, metrics, inputs=(old, ref))
     metrics = {**metrics, **{f"rollout_corr/{k}": v for k, v in mismatch.items()}}
     host = {} if self.recompute_old_logprobs else {f"rollout_corr/{k}": v for k, v in SAMPLER_OLD_MISMATCH.items()}
     host.update(reward_metrics(rewards, group_size=g))
     host.update({"length/mean": float(first.rollouts.host_lengths.mean()), **rewards.extras, **extra})
-    return state, PendingMetrics(metrics, host)
+    return state, PendingMetrics(metrics, host, {"time/update_s": timer})
 
 
 @dataclasses.dataclass

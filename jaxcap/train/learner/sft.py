@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ from jaxcap.data.sft_targets import SFTTarget
 from jaxcap.processing.tokenizer import encode_targets
 from jaxcap.processing.vqa import letter_token_ids, max_options, vqa_prompt, vqa_target
 from jaxcap.train.rollouts.batching import Batcher
-from jaxcap.train.logs.metrics import PendingMetrics
+from jaxcap.train.logs.metrics import DeviceTimer, PendingMetrics
 from jaxcap.train.packing.batch import packed_rows, packing_metrics, with_pixels
 from jaxcap.train.steps.batches import HostBatch
 from jaxcap.train.learner.vqa import vqa_questions
@@ -95,5 +96,6 @@ class SFTUpdate:
       captions = [c if q is None else vqa_target(q) for c, q in zip(captions, batch.questions)]
     ids, mask = encode_targets(self.tokenizer, captions, self.max_target_tokens, self.eos_id)
     prompts, layout, packing = self.inputs(batch, mask.sum(-1), ids.shape[-1])
+    dispatched = time.perf_counter()
     state, metrics = step_fn(state, prompts, self.batcher.micro(ids, m), self.batcher.micro(mask, m), layout)
-    return state, PendingMetrics(metrics, packing)
+    return state, PendingMetrics(metrics, packing, {"time/update_s": DeviceTimer(dispatched, metrics)})

@@ -18,7 +18,7 @@ PANELS = {
     "eval/qa_accuracy",
     "kl",
     "length/mean",
-    ("time/rollout_s", "time/judge_wait_s", "time/update_s"),
+    ("time/rollout_s", "time/judge_wait_s", "time/logprobs_s", "time/update_s"),
   ),
   "sft": ("loss", "eval/qa_accuracy"),
   "vision": ("loss",),

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+import threading
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -60,6 +61,38 @@ def is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class DeviceTimer:
+  """The device time of a dispatched program, measured without making the host wait for it: a thread waits for
+  the program's `inputs` (device values it reads that may still be being computed, e.g. the log-prob passes an
+  update takes) and then its `outputs`, and notes when each became ready. `seconds()` is from the later of the
+  dispatch (`dispatched`, perf_counter) and its inputs' readiness to its outputs' readiness; `done_at()` the
+  latter. Both wait for the thread, which the loop asks only once it has waited for the program anyway (the next
+  step's rollout needs its weights)."""
+
+  def __init__(self, dispatched: float, outputs, inputs=()):
+    self.dispatched, self.inputs_at, self.outputs_at = dispatched, dispatched, dispatched
+    self._error: BaseException | None = None
+    self._thread = threading.Thread(target=self._wait, args=(outputs, inputs), daemon=True, name="device-timer")
+    self._thread.start()
+
+  def _wait(self, outputs, inputs):
+    try:
+      jax.block_until_ready(inputs)
+      self.inputs_at = time.perf_counter()
+      jax.block_until_ready(outputs)
+      self.outputs_at = time.perf_counter()
+    except BaseException as e:  # the program failed: its own error surfaces where its outputs are fetched
+      self._error = e
+
+  def done_at(self) -> float:
+    self._thread.join()
+    return self.outputs_at
+
+  def seconds(self) -> float:
+    done = self.done_at()
+    return float("nan") if self._error is not None else done - max(self.dispatched, self.inputs_at)
+
+
 @dataclasses.dataclass
 class PendingMetrics:
   """A step's metrics as the update left them: `device` values (jax arrays, possibly still being computed) and
@@ -69,10 +102,12 @@ class PendingMetrics:
 
   device: Mapping
   host: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  timers: Mapping[str, DeviceTimer] = dataclasses.field(default_factory=dict)  # e.g. time/update_s: its seconds
 
   def result(self) -> dict[str, float]:
     out: dict = {k: measured(v) for k, v in to_scalars(self.device).items()}
     out.update(self.host)
+    out.update({k: timer.seconds() for k, timer in self.timers.items()})
     return out
 
 

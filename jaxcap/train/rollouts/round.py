@@ -32,7 +32,7 @@ class JudgedRound:
   layout on device. `rewards()` waits for the judge and returns (values float32 [B*G, R], valid bool [B*G, R]);
   the learner calls it only after it has dispatched the round's log-prob passes, so they run while the judge
   judges. `first` is the round of the loader's own batch (its rewards, once judged, are the step's reward metrics
-  and rollout records); `metrics` the source's own (filter/*, async/*)."""
+  and rollout records); `metrics` the source's own (filter/*, async/*, time/rollout_s, time/judge_wait_s)."""
 
   batch: Any
   placed: Any
@@ -43,11 +43,12 @@ class JudgedRound:
   rewards: Callable[[], tuple[np.ndarray, np.ndarray]]
   first: Round
   metrics: dict = dataclasses.field(default_factory=dict)
+  started: float | None = None  # perf_counter when a round rolled out for this step began (None: rolled out ahead)
 
   @classmethod
-  def of(cls, rnd: Round, rewards: Callable, metrics: dict | None = None) -> "JudgedRound":
+  def of(cls, rnd: Round, rewards: Callable, metrics: dict | None = None, started: float | None = None):
     """A round trained on as it was rolled out (no refill)."""
     return cls(
       rnd.batch, rnd.placed, rnd.rollouts.host_lengths, rnd.tokens, rnd.cmask, rnd.behaviour, rewards, rnd,
-      metrics or {},
+      metrics or {}, started,
     )  # fmt: skip

@@ -51,7 +51,9 @@ class OnPolicy:
   def round(self, source, state, batch, step, key):
     t0 = time.perf_counter()
     rnd = source.rollout(state, batch, key, step)
-    # the static sampler returns once its rollout is dispatched: the decode's own time then lands in the wait
+    # until its lengths are on the host (the static sampler returns once its rollout is dispatched): the
+    # generation, less the previous update's tail the learner subtracts (`JudgedRound.started`)
+    rnd.rollouts.host_lengths
     metrics = {"time/rollout_s": time.perf_counter() - t0}
 
     def rewards():
@@ -60,7 +62,7 @@ class OnPolicy:
       metrics["time/judge_wait_s"] = time.perf_counter() - t1
       return rnd.rewards.values, rnd.rewards.valid
 
-    return JudgedRound.of(rnd, rewards, metrics)
+    return JudgedRound.of(rnd, rewards, metrics, started=t0)
 
 
 @dataclasses.dataclass

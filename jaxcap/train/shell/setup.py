@@ -21,9 +21,9 @@ from jaxcap.data.records import ImageRecord
 from jaxcap.judges.factory import build_judge
 from jaxcap.judges.preflight import preflight_judge
 from jaxcap.judges.protocol import Judge
-from jaxcap.models.config import dtype_from_name
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.processing import Processor
+from jaxcap.processing.video import SAMPLING_SETTINGS
 from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
@@ -110,15 +110,8 @@ def with_pixel_budget(vision_cfg, data):
   return dataclasses.replace(vision_cfg, **budget) if budget else vision_cfg
 
 
-# the data block's video fields -> `VideoPreprocessConfig.with_sampling`'s arguments
-VIDEO_SAMPLING = {
-  "video_fps": "fps",
-  "video_min_frames": "min_frames",
-  "video_max_frames": "max_frames",
-  "video_min_pixels": "min_frame_pixels",
-  "video_max_pixels": "max_frame_pixels",
-  "video_total_pixels": "total_pixels",
-}
+# the data block's video fields -> `VideoPreprocessConfig.with_sampling`'s arguments (the annotator's flags too)
+VIDEO_SAMPLING = SAMPLING_SETTINGS
 
 
 def with_video_sampling(video_cfg, data):
@@ -152,10 +145,10 @@ def _student(config, workdir: Path, mesh) -> tuple[Qwen25VL, Processor]:
   processor with the run's media settings (`with_run_media`)."""
   m = config.model
   if m.checkpoint:
-    checkpoint_cfg = read_config(m.checkpoint, param_dtype=dtype_from_name(m.param_dtype_name()))
+    checkpoint_cfg = read_config(m.checkpoint, **m.compute())
     # fail here, with the numbers, rather than be killed by the OOM killer minutes into the load
     check_context(config, checkpoint_cfg)
-    check_train_memory(config, checkpoint_cfg)
+    check_train_memory(config, checkpoint_cfg, mesh=mesh)
     check_pool_memory(config, checkpoint_cfg)  # the paged engine's pool against one device
     checkpoint_processor(config, checkpoint_cfg)  # and a video setting the checkpoint cannot take, before the load
     model = load_hf_checkpoint(

@@ -14,6 +14,7 @@ from jaxcap.config.run import Run
 from flax import nnx
 
 from jaxcap.config.cli import ConfigError
+from jaxcap.host_memory import release_freed
 from jaxcap.multihost import is_lead_process
 from jaxcap.rewards.mix import build_reward
 from jaxcap.rewards.pipeline import build_reward_pipeline
@@ -214,6 +215,7 @@ class Trainer:
   def evaluate(self, params, phase: str, step: int, tag: str = ""):
     records = self.setup.eval_records[: self.config.eval.num_images]
     metrics, captions = self.heldout.evaluate(params, records, phase, step, tag)
+    release_freed()  # on CPU, the sampler's freed buffers back before training goes on (jaxcap.host_memory)
     if tag and metrics:
       self.summary[f"{phase}_{tag}"] = metrics
       self.summary[f"{phase}_{tag}_samples"] = captions[:3]
