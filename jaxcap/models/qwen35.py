@@ -151,6 +151,34 @@ class Qwen35(Qwen3VL):
     kv = KVCache(tuple(new_k), tuple(new_v), cache.kv.prefix_k, cache.kv.prefix_v)
     return self.norm(x), HybridCache(kv, tuple(new_linear))
 
+  def decode_shared(self, prompts, prompt_positions, prompt_mask, completions, completion_positions, deepstack=None):
+    """`jaxcap.models.shared_decode.decode_shared` for the hybrid decoder: attention layers as there (completions
+    read their prompt's keys and values, `Attention.shared`); a linear layer runs each prompt once from a zero state
+    and each of its G completions from the prompt's final state (conv inputs and delta state), so the gradients of
+    the G continuations meet in the prompt's pass."""
+    if deepstack is not None:
+      raise ValueError("Qwen3.5 has no DeepStack features")
+    tc = self.cfg.text
+    b, p, _ = prompts.shape
+    g = completions.shape[0] // b
+    rope = lambda pos: mrope_cos_sin(pos, tc.rotary_dim, tc.rope_theta, tc.mrope_section, True)
+    prompt_rope = rope(prompt_positions)
+    completion_rope = tuple(jnp.repeat(x, g, axis=0) for x in rope(completion_positions))
+    real = prompt_mask.astype(bool)
+    causal = jnp.tril(jnp.ones((p, p), bool))[None, None] & real[:, None, None, :]
+    completion_real = jnp.ones(completions.shape[:2], bool)
+
+    def attend(layer, streams):
+      return layer.shared(*streams, prompt_rope, completion_rope, causal, real)
+
+    def mix(layer, streams):
+      xp, state = layer(streams[0], real, LinearState.zeros(self.cfg, b, streams[0].dtype))
+      xc, _ = layer(streams[1], completion_real, jax.tree.map(lambda a: jnp.repeat(a, g, axis=0), state))
+      return xp, xc
+
+    xp, xc = self.run_layers((shard(prompts, ACT_AXES), shard(completions, ACT_AXES)), mix, attend)
+    return self.norm(xp), self.norm(xc)
+
   def run_layers(self, x, mix, attend):
     """x through every layer in order without a cache: `mix(linear_layer, x)` / `attend(attention_layer, x)`,
     each rematerialised per `cfg.remat`; a regular pattern under one scan over blocks unless `scan_layers` is off."""

@@ -36,6 +36,9 @@ def decode_shared(
   cache. prompt_positions int [3, B, P], prompt_mask bool [B, P] (real tokens), completion_positions int
   [3, B, C] (the same for a prompt's G completions); deepstack [n, B, P, D] (Qwen3-VL): added to the prompts'
   outputs of the first n layers (the completions are text: nothing to add)."""
+  own = getattr(model, "decode_shared", None)
+  if own is not None:  # a family whose decoder is not one stack of attention layers (Qwen3.5's hybrid)
+    return own(prompts, prompt_positions, prompt_mask, completions, completion_positions, deepstack)
   cfg = model.cfg.text
   b, p, _ = prompts.shape
   g = completions.shape[0] // b

@@ -1,5 +1,6 @@
 """The prompt-shared training passes (`model.share_prompt`, `jaxcap.models.shared_decode`) equal the repeated ones:
-log-probs, entropies and gradients for both families (Qwen3-VL's DeepStack at the prompt), with LoRA, under a
+log-probs, entropies and gradients for every family (Qwen3-VL's DeepStack at the prompt, Qwen3.5's linear layers
+continuing from the prompt's state), with LoRA, under a
 sharded mesh; and the whole RL step (every loss aggregation, KL, rollout correction, micro-batch splits)."""
 
 import jax
@@ -45,7 +46,9 @@ def _prompts(cfg, rng, num_micro=1):
 
 def _pair(family, **overrides):
   """Two graphdefs of one model, sharing and repeating the prompt, and its params."""
-  make, cfg = (M.Qwen25VL, M.tiny()) if family == "qwen2_5_vl" else (M.Qwen3VL, M.qwen3vl_tiny())
+  from jaxcap.models.families import family as family_named
+
+  make, cfg = family_named(family).model_cls, family_named(family).presets["tiny"]()
   cfg = cfg.replace(**overrides)
   model = make(cfg.replace(share_prompt=True), rngs=nnx.Rngs(0))
   if family == "qwen3_vl":
@@ -89,7 +92,7 @@ def _check_equal(graphdefs, params, prompts, layout, rng, vocab, atol=2e-5):
   return g_shared
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_shared_prompt_logprobs_and_gradients_equal_the_repeated_pass(family):
   cfg, shared, repeated, params = _pair(family)
   rng = np.random.default_rng(0)
