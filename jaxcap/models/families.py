@@ -34,7 +34,10 @@ class Family:
   `like_qwen25(cfg)`: this family's config of a Qwen2.5-VL config's sizes (how the embedded student is built).
   `processor`: the transformers processor whose rules `jaxcap.processing` follows for this family (a key of
   `jaxcap.processing.rules.PROCESSOR_RULES`: video sampling, resizing and placeholders); `default_system`: the
-  system turn the family's chat template adds when a conversation has none (None: no system turn)."""
+  system turn the family's chat template adds when a conversation has none (None: no system turn).
+  `packs_shared_prompts`: whether packed training rows may lay a prompt out once for its G completions (each
+  completion segment also reading its prompt's, `segment_parents`); Qwen3.5's linear layers would need the prompt's
+  final state there, so its packed rows repeat the prompt per completion (its padded passes still share it)."""
 
   name: str
   model_type: str
@@ -50,6 +53,7 @@ class Family:
   nested_keys: bool = False
   processor: str = "qwen2_vl"
   default_system: str | None = "You are a helpful assistant."
+  packs_shared_prompts: bool = True
 
 
 FAMILIES: dict[str, Family] = {
@@ -96,6 +100,7 @@ FAMILIES: dict[str, Family] = {
     nested_keys=True,
     processor="qwen3_vl",
     default_system=None,
+    packs_shared_prompts=False,
   ),
 }
 DEFAULT_FAMILY = "qwen2_5_vl"

@@ -168,3 +168,32 @@ def test_config_errors_name_the_field():
     Qwen35Config.from_hf_dict({"model_type": "qwen3_vl"})
   with pytest.raises(ValueError, match="layer_types"):
     qwen35_tiny().text.__class__(num_hidden_layers=2, layer_types=("linear_attention",))
+
+
+def test_packed_rows_equal_each_sequence_alone(untied):
+  """Two sequences (an image prompt and a text prompt) packed end to end in one row, with segment ids and each
+  segment's own positions: the logits of each equal its own unpadded pass (attention within a segment; the linear
+  layers' conv and state reset at the segment start)."""
+  _, ours, _ = untied
+  parts = [case(ours.cfg, "single_image"), case(ours.cfg, "text_only")]
+  ids, positions, segments, pixels, grids, alone = [], [], [], [], [], []
+  for s, c in enumerate(parts, start=1):
+    pos, vision = our_inputs(ours.cfg, c)
+    ids.append(c["ids"][0])
+    positions.append(pos[:, 0])
+    segments.append(np.full(c["ids"].shape[1], s, np.int32))
+    if c["image_grid"] is not None:
+      pixels.append(c["image_px"])
+      grids.append(c["image_grid"])
+    alone.append(np.asarray(ours(jnp.asarray(c["ids"]), jnp.asarray(pos), jnp.ones(c["ids"].shape, bool), vision)[0]))
+  ids, positions, segments = np.concatenate(ids)[None], np.concatenate(positions, 1)[:, None], np.concatenate(segments)
+  from jaxcap.models.qwen25vl import VisionInput
+
+  vision = VisionInput(jnp.asarray(np.concatenate(pixels)), qwen3_vision_layout(np.concatenate(grids), ours.cfg.vision))
+  x, _ = ours.embed_vision(jnp.asarray(ids), vision)
+  real = jnp.ones(ids.shape, bool)
+  hidden, _ = ours.decode(x, jnp.asarray(positions), real, segments=jnp.asarray(segments)[None])
+  got = np.asarray(ours.logits(hidden))[0]
+  n = alone[0].shape[1]
+  np.testing.assert_allclose(got[:n], alone[0][0], atol=1e-4)
+  np.testing.assert_allclose(got[n:], alone[1][0], atol=1e-4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxcap.models.families import family_of_config
 from jaxcap.models.flops import padded_pass_counts
 from jaxcap.models.packed_attention import fused_platform
 from jaxcap.sampling.prompts import VisionItems
@@ -56,8 +57,10 @@ def packed_inputs(
 def shares_prompts(cfg, group: int) -> bool:
   """Whether packed rows lay each prompt out once for its completions (`pack(..., share=True)`): the model shares
   prompts (`model.share_prompt`), G > 1, and the packed attention runs the jnp paths (the fused kernels of TPU / GPU
-  read segment ids only, so there the rows repeat each prompt and keep the kernel)."""
-  return bool(cfg.share_prompt) and group > 1 and fused_platform() is None
+  read segment ids only, so there the rows repeat each prompt and keep the kernel), and the family's decoder can
+  (`Family.packs_shared_prompts`)."""
+  shared = bool(cfg.share_prompt) and group > 1 and fused_platform() is None
+  return shared and family_of_config(cfg).packs_shared_prompts
 
 
 def packed_rows(host: SamplerBatch, lengths: np.ndarray, completion_len: int, budget: int, cfg, steps: int):
