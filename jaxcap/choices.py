@@ -20,5 +20,8 @@ ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 # model.lora.targets: the decoder's attention and MLP projections (sharding rules' names); with model.lora.vision the
 # vision tower's / merger's too
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Qwen3.5's linear-attention (Gated DeltaNet) projections: adapted when named (not by default, so a run's targets
+# mean the same modules for every family); in_proj_b / in_proj_a (one output per head) are left out
+LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "out_proj")
 VISION_TARGETS = ("qkv", "proj", "fc1", "fc2", "linear_fc1", "linear_fc2")
 WEIGHT_QTYPES = ("", "int8", "int4", "nf4")  # model.lora.weight_qtype: QLoRA's frozen base ('' = not quantized)

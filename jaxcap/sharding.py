@@ -41,6 +41,10 @@ PARAM_RULES: list[tuple[str, tuple[str | None, ...]]] = [
   (r"attn\.qkv\.kernel$", ("embed", "heads")),
   (r"attn\.qkv\.bias$", ("heads",)),
   (r"attn\.proj\.kernel$", ("heads", "embed")),
+  # Qwen3.5's linear attention: the projections' hidden axis only (its q / k / v concatenation and per-head gates
+  # split at head boundaries no mesh axis follows; transformers gathers their outputs too)
+  (r"linear_attn\.in_proj_(qkv|z|b|a)\.kernel$", ("embed", None)),
+  (r"linear_attn\.out_proj\.kernel$", (None, "embed")),
   (r"(gate_proj|up_proj|fc1)\.kernel$", ("embed", "mlp")),
   (r"(gate_proj|up_proj|fc1)\.bias$", ("mlp",)),
   (r"(down_proj|fc2)\.kernel$", ("mlp", "embed")),

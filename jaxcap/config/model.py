@@ -10,7 +10,7 @@ import numpy as np
 from jaxcap.choices import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxcap.fields import ALLOWED, ALTERS, SHAPE, Block, field
 from jaxcap.data.media_check import BAD_MEDIA_POLICIES
-from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
+from jaxcap.choices import LINEAR_ATTENTION_TARGETS, LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.config import dtype_from_name
 from jaxcap.checkpoint.precision import checkpoint_dtype
 from jaxcap.models.families import FAMILIES, preset_names
@@ -69,9 +69,9 @@ class Lora(Block):
   def check(self, run, at):
     if self.dropout:
       yield f"{at}dropout={self.dropout}: adapter dropout is not supported yet; set {at}dropout=0"
-    unknown = sorted(set(self.targets) - set(LORA_TARGETS) - set(VISION_TARGETS))
+    unknown = sorted(set(self.targets) - set(LORA_TARGETS) - set(LINEAR_ATTENTION_TARGETS) - set(VISION_TARGETS))
     if unknown:
-      known = ", ".join(LORA_TARGETS + VISION_TARGETS)
+      known = ", ".join(LORA_TARGETS + LINEAR_ATTENTION_TARGETS + VISION_TARGETS)
       yield f"{at}targets={list(self.targets)}: unknown module name(s) {', '.join(unknown)}; choose among {known}"
     if not self.targets:
       yield f"{at}targets=[]: name at least one module (default: {', '.join(LORA_TARGETS)})"

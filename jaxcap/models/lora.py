@@ -23,10 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcap.choices import LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
+from jaxcap.choices import LINEAR_ATTENTION_TARGETS, LORA_TARGETS, VISION_TARGETS, WEIGHT_QTYPES
 from jaxcap.models.layers import Linear
 
 __all__ = [
+  "LINEAR_ATTENTION_TARGETS",
   "LORA_TARGETS",
   "VISION_TARGETS",
   "WEIGHT_QTYPES",

@@ -197,3 +197,60 @@ def test_packed_rows_equal_each_sequence_alone(untied):
   n = alone[0].shape[1]
   np.testing.assert_allclose(got[:n], alone[0][0], atol=1e-4)
   np.testing.assert_allclose(got[n:], alone[1][0], atol=1e-4)
+
+
+def test_lora_on_every_projection_loads_in_peft_with_the_same_logits(untied, tmp_path):
+  """LoRA on the attention, MLP and linear-attention projections: zero adapters leave the logits bit for bit; the
+  adapters alone, written in PEFT's layout, make peft's model on the transformers base compute jaxcap's logits."""
+  peft = pytest.importorskip("peft")
+  from flax import nnx
+
+  from jaxcap.checkpoint.peft import save_peft_adapters
+  from jaxcap.models import lora
+
+  ref, ours, directory = untied
+  c = case(ours.cfg, "single_image")
+  positions, vision = our_inputs(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  base = np.asarray(ours(*args)[0])
+  targets = lora.LORA_TARGETS + lora.LINEAR_ATTENTION_TARGETS
+  model = lora.apply_lora(load_hf_checkpoint(directory), rank=4, alpha=8.0, seed=3, targets=targets)
+  assert np.array_equal(np.asarray(model(*args)[0]), base)
+  graphdef, params = nnx.split(model)
+  rng = np.random.RandomState(7)
+  params = jax.tree_util.tree_map_with_path(
+    lambda p, x: x + 0.05 * rng.randn(*x.shape).astype(x.dtype) if "lora_b" in jax.tree_util.keystr(p) else x, params
+  )
+  model = nnx.merge(graphdef, params)
+  got = np.asarray(model(*args)[0])
+  out = save_peft_adapters(model, tmp_path / "adapters", base_model=str(directory))
+  back = peft.PeftModel.from_pretrained(
+    transformers.Qwen3_5ForConditionalGeneration.from_pretrained(directory, attn_implementation="eager").float(), out
+  ).eval()
+  adapted = {n for n, m in back.named_modules() if hasattr(m, "lora_A")}
+  assert any("linear_attn.in_proj_qkv" in n for n in adapted) and any("self_attn.q_proj" in n for n in adapted)
+  with torch.no_grad():
+    want = back(**hf_kwargs(ours.cfg, c)).logits.numpy()
+  valid = c["mask"].astype(bool)
+  np.testing.assert_allclose(got[valid], want[valid], atol=ATOL, rtol=0)
+  assert float(np.abs(got - base).max()) > 1e-3
+
+
+def test_sharded_forward_equals_single_device(untied):
+  """Loaded over a ('fsdp', 'tensor') mesh of the 8 test devices, jitted: the single-device logits."""
+  from flax import nnx
+
+  from jaxcap.sharding import make_mesh
+
+  _, ours, directory = untied
+  c = case(ours.cfg, "mixed_batch")
+  positions, vision = our_inputs(ours.cfg, c)
+  args = jnp.asarray(c["ids"]), jnp.asarray(positions), jnp.asarray(c["mask"], bool), vision
+  want, _ = ours(*args)
+  mesh = make_mesh({"tensor": 2, "fsdp": 4})
+  sharded = load_hf_checkpoint(directory, mesh=mesh)
+  graphdef, params = nnx.split(sharded)
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params))
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a)[0])(params, *args)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
