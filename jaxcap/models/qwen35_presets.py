@@ -53,6 +53,28 @@ def _preset(vision: dict, text: dict, **overrides) -> Qwen35Config:
   )
 
 
+# The dense checkpoints' config.json values as public configs quote them (Qwen3.5-4B through a fine-tune of it,
+# Qwen3.5-9B), not read from the Hub in this repo: every decoder 8 blocks of (3 Gated DeltaNet, 1 gated attention),
+# head 256 with a quarter rotary, linear attention of 16 key / 32 value heads of 128. Qwen3.5-2B is left out: no
+# full config of it could be checked here.
+_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128)
+_TEXT = dict(num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256, **_LINEAR)
+
+
+def qwen35_4b(**overrides) -> Qwen35Config:
+  """Qwen3.5-4B (tied head, the 24-block ViT)."""
+  vision = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560)
+  return _preset(vision, dict(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True, **_TEXT), **overrides)
+
+
+def qwen35_9b(**overrides) -> Qwen35Config:
+  """Qwen3.5-9B (untied head, the 27-block ViT)."""
+  vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096)
+  return _preset(
+    vision, dict(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False, **_TEXT), **overrides
+  )
+
+
 def qwen35_tiny(vocab_size: int = 512, tie: bool = False, **overrides) -> Qwen35Config:
   """A tiny model with every architectural feature: two blocks of (linear, linear, full), GQA in both kinds (Hv =
   2 Hk in the linear layers), head_dim != hidden / heads, partial rotary, a 4x4 grid of position embeddings."""
@@ -125,6 +147,8 @@ def qwen35_mid(**overrides) -> Qwen35Config:
 
 
 PRESETS = {
+  "qwen3.5-4b": qwen35_4b,
+  "qwen3.5-9b": qwen35_9b,
   "tiny": qwen35_tiny,
   "mid": qwen35_mid,
 }
