@@ -114,6 +114,7 @@ def load_hf_checkpoint(
   single = SingleDeviceSharding(jax.local_devices()[0])
   shardings = param_shardings(pure, mesh) if mesh is not None else jax.tree.map(lambda _: single, pure)
   missing = []
+  decoder = {name for name, _ in model_cls.decoder_stacks(cfg)}
 
   def load_one(path, leaf, sharding):
     template, layout = hf_name(path_name(path))
@@ -135,7 +136,7 @@ def load_hf_checkpoint(
       tensors.append(tensor)
     if len(tensors) < len(names):
       return None
-    if layers_apart and stacked and path_name(path).startswith("layers.") and layer_axis_whole(sharding):
+    if layers_apart and stacked and path_name(path).split(".")[0] in decoder and layer_axis_whole(sharding):
       return LayerReader(tensors, layout, leaf.shape, param_dtype, sharding)
     if layers_apart and path_name(path) == "lm_head.kernel":  # an untied head: laid out for decoding as it is read
       return LayerReader(tensors, layout, leaf.shape, param_dtype, sharding, stacked=False)

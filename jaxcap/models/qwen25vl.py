@@ -193,6 +193,11 @@ class Qwen25VL(nnx.Module):
     """A zeroed cache of `slots` slots for `batch` rows (what a prefill writes into)."""
     return KVCache.zeros(self.cfg, batch, slots)
 
+  @staticmethod
+  def decoder_stacks(cfg) -> list[tuple[str, tuple[int, ...]]]:
+    """The decoder's stacked modules by attribute name, each with the decoder index of its entries."""
+    return [("layers", tuple(range(cfg.text.num_hidden_layers)))]
+
   def layer_params(self, rows: int | None = None) -> tuple:
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`
     (the loop's batch rows), kernels are laid out in `row_blocks` where that applies (few rows, on CPU)."""

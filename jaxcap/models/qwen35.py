@@ -209,6 +209,10 @@ class Qwen35(Qwen3VL):
 
     return jax.lax.scan(block, x, (lin, att))[0]
 
+  @staticmethod
+  def decoder_stacks(cfg) -> list[tuple[str, tuple[int, ...]]]:
+    return [("linear_layers", cfg.text.layer_indices(LINEAR)), ("attention_layers", cfg.text.layer_indices(FULL))]
+
   def layer_params(self, rows: int | None = None) -> tuple:
     """Every decoder layer's param state in `layer_types` order (each sliced from its kind's stack), with
     kernels in `row_blocks` for a loop of few `rows` where that applies (`Qwen25VL.layer_params`)."""

@@ -47,26 +47,29 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   `LayerReader`, `load_hf_checkpoint(layers_apart=True)`) is read a layer at a time, so the peak is the weights
   plus one layer. Row blocks where they apply to a decode of few rows (`row_blocks.applies(1)`: CPU, one device).
   `state`'s arrays are consumed."""
-  n = cfg.text.num_hidden_layers
-  treedef_state = state["layers"]
-  # LoRA's layers compute x W through qwix, which needs W as laid out when it made the adapters ([in, out])
-  blocked_layers = row_blocks.applies(1) and not lora.has_adapters(treedef_state)
-  stack = nnx.to_pure_dict(treedef_state)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(stack)
-  per_leaf = []
-  for path, leaf in flat:
-    kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
-    if isinstance(leaf, jax.Array):
-      per_leaf.append([(_layer_blocks if kernel else _layer)(leaf, i) for i in range(n)])
-    else:  # a LayerReader: each layer read from disk straight into its layout
-      per_leaf.append([leaf.blocks(i) if kernel else leaf.layer(i) for i in range(n)])
-    leaf.delete()
-  layers = tuple(
-    _as_state(treedef_state, jax.tree_util.tree_unflatten(treedef, [leaves[i] for leaves in per_leaf]))
-    for i in range(n)
-  )
+  from jaxcap.models.families import family_of_config
+
   params = nnx.to_pure_dict(state)
-  params["layers"] = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), stack)
+  by_index = {}
+  for name, indices in family_of_config(cfg).model_cls.decoder_stacks(cfg):
+    treedef_state = state[name]
+    # LoRA's layers compute x W through qwix, which needs W as laid out when it made the adapters ([in, out])
+    blocked_layers = row_blocks.applies(1) and not lora.has_adapters(treedef_state)
+    stack = nnx.to_pure_dict(treedef_state)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(stack)
+    n = len(indices)
+    per_leaf = []
+    for path, leaf in flat:
+      kernel = blocked_layers and re.search(r"kernel$", path_name(path)) is not None and leaf.ndim == 3
+      if isinstance(leaf, jax.Array):
+        per_leaf.append([(_layer_blocks if kernel else _layer)(leaf, i) for i in range(n)])
+      else:  # a LayerReader: each layer read from disk straight into its layout
+        per_leaf.append([leaf.blocks(i) if kernel else leaf.layer(i) for i in range(n)])
+      leaf.delete()
+    for i, index in enumerate(indices):
+      by_index[index] = _as_state(treedef_state, jax.tree_util.tree_unflatten(treedef, [v[i] for v in per_leaf]))
+    params[name] = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), stack)
+  layers = tuple(by_index[i] for i in sorted(by_index))  # decoder order, as `layer_params` gives them
   head = None if cfg.text.tie_word_embeddings else params["lm_head"]["kernel"]
   if head is not None and not isinstance(head, jax.Array):  # a LayerReader
     params["lm_head"]["kernel"] = head.blocks(0) if row_blocks.applies(1) else head.layer(0)

@@ -1,4 +1,4 @@
-"""A saved Qwen3-VL HF checkpoint directory through jaxcap's inference entry points: `Sampler.from_checkpoint` (the
+"""A saved Qwen3-VL (and Qwen3.5: the same processor, the hybrid decoder) HF checkpoint directory through jaxcap's inference entry points: `Sampler.from_checkpoint` (the
 family, processor configs, chat template and weights all read from the directory) gives transformers' greedy
 `generate` tokens for an image and a video prompt, and `python -m jaxcap.caption` on a folder gives each item's
 caption as that sampler does alone."""
@@ -14,6 +14,7 @@ import transformers
 from PIL import Image
 
 from jaxcap import caption
+from jaxcap.models.qwen35_presets import qwen35_tiny
 from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
 from jaxcap.processing import read_video, word_tokenizer
 from jaxcap.sampling import Sampler, SamplingConfig
@@ -27,14 +28,21 @@ VIDEO = {**IMAGE, "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "fp
 PROMPT = "describe the image in detail ."
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-  """(checkpoint dir, transformers model, media folder)."""
-  root = tmp_path_factory.mktemp("qwen3vl_ckpt")
-  cfg = qwen3vl_tiny()
+FAMILIES = {  # family -> (tiny config, transformers config class, model class)
+  "qwen3_vl": (qwen3vl_tiny, "Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+  "qwen3_5": (qwen35_tiny, "Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def setup(tmp_path_factory, request):
+  """(checkpoint dir, transformers model, media folder) of each family."""
+  root = tmp_path_factory.mktemp(f"{request.param}_ckpt")
+  make, config_cls, model_cls = FAMILIES[request.param]
+  cfg = make()
   torch.manual_seed(0)
-  hc = transformers.Qwen3VLConfig(**cfg.to_hf_dict())
-  model = transformers.Qwen3VLForConditionalGeneration(hc).float().eval()
+  hc = getattr(transformers, config_cls)(**cfg.to_hf_dict())
+  model = getattr(transformers, model_cls)(hc).float().eval()
   with torch.no_grad():  # non-trivial norms, so every weight matters
     for name, p in model.named_parameters():
       if "norm" in name and name.endswith("weight"):
@@ -98,7 +106,9 @@ def sampler(setup):
 def test_from_checkpoint_greedy_equals_transformers_generate(setup, sampler, name):
   ckpt, model, media = setup
   proc = sampler.processor
-  assert type(sampler.cfg).__name__ == "Qwen3VLConfig" and proc.system is None  # the family from config.json
+  # the family from config.json
+  assert type(sampler.cfg).__name__ == type(model.config).__name__.replace("_", "")
+  assert proc.system is None
   conv = _conversation(media, name, proc)
   batch = proc([conv], padding_side="left")
   if name.endswith(".mp4"):  # the clip's timestamps are in the prompt: 3 frame groups, 3 vision blocks, no outer one
@@ -112,7 +122,7 @@ def test_from_checkpoint_greedy_equals_transformers_generate(setup, sampler, nam
 
 
 @pytest.mark.slow
-def test_caption_cli_on_a_qwen3vl_checkpoint(setup, sampler, tmp_path):
+def test_caption_cli_on_a_checkpoint(setup, sampler, tmp_path):
   """`jaxcap.caption` on a folder holding an image and a clip: each caption is the sampler's for that item alone."""
   ckpt, _, media = setup
   out = tmp_path / "captions.jsonl"
