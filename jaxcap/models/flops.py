@@ -1,9 +1,10 @@
-"""Model FLOPs of a student's update (Qwen2.5-VL, Qwen3-VL; the PaLM / MFU convention) and accelerators' peak rates.
+"""Model FLOPs of a student's update (Qwen2.5-VL, Qwen3-VL, Qwen3.5; the PaLM / MFU convention) and accelerators' peak rates.
 
 XLA's `cost_analysis()` counts a loop body once, so with scanned layer stacks it under-reports a step by about the
 depth; MFU and `jaxcap.plan` use these analytic counts instead:
   decoder   6 x (decoder params) x (N sequences x (P prompt + C completion) tokens)
-          + 12 x layers x (heads x head_dim) x T per token for attention (T = P + C, counted as full attention)
+          + 12 x layers x (heads x head_dim) x T per token for attention (T = P + C, counted as full attention; a
+            hybrid decoder's full-attention layers only, its linear layers 3 x `linear_mixing_flops` per token)
             (a prompt-shared pass, `padded_pass_counts`: B x P + N x C tokens, each prompt token reading P keys and
             each completion token P + C)
           + 6 x hidden x vocab x (N x C) for the LM head, applied only at completion positions
@@ -62,6 +63,24 @@ def param_counts(params) -> dict[str, int]:
   return counts
 
 
+def full_attention_layers(text_cfg) -> int:
+  """The decoder layers with softmax attention over the sequence (all but a hybrid decoder's linear layers)."""
+  types = getattr(text_cfg, "layer_types", None)
+  return types.count("full_attention") if types else text_cfg.num_hidden_layers
+
+
+def linear_mixing_flops(text_cfg, chunk: int = 64) -> float:
+  """Forward FLOPs per token of a hybrid decoder's linear-attention token mixing, all its linear layers (0 for a
+  plain decoder): per value head, the chunked gated delta rule's state read and write (2 Dk Dv each) and its
+  intra-chunk attention (C (Dk + Dv))."""
+  types = getattr(text_cfg, "layer_types", None)
+  if not types:
+    return 0.0
+  t = text_cfg
+  dk, dv, hv = t.linear_key_head_dim, t.linear_value_head_dim, t.linear_num_value_heads
+  return 2.0 * types.count("linear_attention") * hv * (2 * dk * dv + chunk * (dk + dv))
+
+
 def padded_pass_counts(sequences: int, prompt: int, completion: int, prompts: int | None = None) -> dict[str, int]:
   """A padded pass's decoder work over `sequences` rows of `prompt` + `completion` slots: token slots through the
   layers, LM-head positions and attention (query, key) pairs (dense, masked ones included). Each row repeating its
@@ -87,7 +106,8 @@ def decoder_pass_flops(text_cfg, *, slots: int, head_positions: int, attention_p
   return (
     2.0 * layer * t.num_hidden_layers * slots
     + 2.0 * t.hidden_size * t.vocab_size * head_positions
-    + 4.0 * t.num_hidden_layers * q * attention_pairs
+    + 4.0 * full_attention_layers(t) * q * attention_pairs
+    + linear_mixing_flops(t) * slots
   )
 
 
@@ -107,7 +127,8 @@ def model_flops(
   t, v = cfg.text, cfg.vision
   work = padded_pass_counts(sequences, prompt, completion, prompts)
   decoder = 6 * counts["decoder"] * work["slots"]
-  attention = 12 * t.num_hidden_layers * t.num_attention_heads * t.head_dim * work["attention_pairs"]
+  attention = 12 * full_attention_layers(t) * t.num_attention_heads * t.head_dim * work["attention_pairs"]
+  attention += 3 * linear_mixing_flops(t) * work["slots"]
   lm_head = 6 * t.hidden_size * t.vocab_size * work["head_positions"]
   patches = images * patches_per_image
   ctx = attention_context(v, patches_per_image)

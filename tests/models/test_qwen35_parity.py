@@ -254,3 +254,16 @@ def test_sharded_forward_equals_single_device(untied):
   with jax.set_mesh(mesh):
     got = jax.jit(lambda p, *a: nnx.merge(graphdef, p)(*a)[0])(params, *args)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_flops_count_softmax_attention_in_the_full_layers_only():
+  """The analytic FLOPs of a hybrid decoder: quadratic attention from its full-attention layers alone, plus the
+  linear layers' per-token mixing; a plain decoder's count is unchanged by the hybrid terms."""
+  from jaxcap.models.flops import full_attention_layers, linear_mixing_flops
+  from jaxcap.models.qwen25vl_presets import tiny
+
+  t = qwen35_tiny().text
+  assert full_attention_layers(t) == 2 and full_attention_layers(tiny().text) == tiny().text.num_hidden_layers
+  assert linear_mixing_flops(tiny().text) == 0
+  per_head = 2 * 16 * 24 + 64 * (16 + 24)
+  assert linear_mixing_flops(t) == 2.0 * 4 * 4 * per_head  # 4 linear layers x 4 value heads
