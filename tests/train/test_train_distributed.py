@@ -53,12 +53,15 @@ def _staleness(workdir):
   return [(r["step"], r["async/staleness"]) for r in rows if r["phase"] == "rl" and "loss" in r]
 
 
-def test_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5"])
+def test_two_processes_match_one(tmp_path, family):
+  """Either decoder: the default student's, and Qwen3.5's hybrid one (its linear layers' states sharded by batch)."""
+  run = [*RUN, f"--config.model.family={family}"]
   launch(
-    "caprl", *RUN, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
+    "caprl", *run, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
   )
   per_process = ["--config.sft.batch_size=2", "--config.rl.batch_size=2"]
-  launch_processes("caprl", *RUN, *per_process, workdir=tmp_path / "two")
+  launch_processes("caprl", *run, *per_process, workdir=tmp_path / "two")
   got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
   assert [(p, s) for p, s, *_ in got] == [("sft", 1), ("sft", 2), ("rl", 1), ("rl", 2)]
   assert all(g > 0 for *_, g in got)
