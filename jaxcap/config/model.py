@@ -42,6 +42,11 @@ class Student(Block):
         f"{at}text_heads={h}: the student shares keys over text_heads // 2 groups, which must divide text_heads "
         "(use 1, 3 or an even number)"
       )
+    if run.model.family == "qwen3_5" and self.text_layers < 2:
+      yield (
+        f"{at}text_layers={self.text_layers}: a Qwen3.5 student interleaves linear-attention and full-attention "
+        "layers, so it needs at least 2; set it to 2 or more"
+      )
     heads = max(1, self.vision_width // 32)
     if self.vision_width >= 1 and self.vision_width % heads:
       yield (

@@ -217,6 +217,16 @@ def test_qlora_on_the_embedded_students_sft_is_refused():
   validate(c)
 
 
+def test_a_one_layer_qwen35_student_is_refused():
+  """A hybrid decoder needs a layer of each kind: one layer would leave a stack empty."""
+  c = base_config()
+  c.model.family, c.model.student.text_layers = "qwen3_5", 1
+  msg = _errors(c)
+  assert "model.student.text_layers=1" in msg and "at least 2" in msg and msg.count("\n  - ") == 1
+  c.model.student.text_layers = 2
+  validate(c)
+
+
 def test_filter_groups_budget_is_whole_batches_and_needs_the_filter():
   c = base_config()
   c.rl.filter_groups, c.rl.filter_groups_max_extra = "spread", 12  # rl.batch_size 8

@@ -57,6 +57,8 @@ def _staleness(workdir):
 def test_two_processes_match_one(tmp_path, family):
   """Either decoder: the default student's, and Qwen3.5's hybrid one (its linear layers' states sharded by batch)."""
   run = [*RUN, f"--config.model.family={family}"]
+  if family == "qwen3_5":  # one linear-attention layer and one full-attention layer
+    run.append("--config.model.student.text_layers=2")
   launch(
     "caprl", *run, "--config.sft.batch_size=4", "--config.rl.batch_size=4", workdir=tmp_path / "one", env=cpu_env(2)
   )
