@@ -47,6 +47,11 @@ def hold_for_decoding(state, cfg) -> DecodeWeights:
   `LayerReader`, `load_hf_checkpoint(layers_apart=True)`) is read a layer at a time, so the peak is the weights
   plus one layer. Row blocks where they apply to a decode of few rows (`row_blocks.applies(1)`: CPU, one device).
   `state`'s arrays are consumed."""
+  if "layers" not in state:  # a hybrid decoder's two stacks (Qwen3.5: linear_layers, attention_layers)
+    raise NotImplementedError(
+      f"a sampler that owns its weights (owns_weights=True: the annotator, Sampler.from_checkpoint) holds a decoder "
+      f"of one layer stack; {type(cfg).__name__}'s has several: pass owns_weights=False"
+    )
   n = cfg.text.num_hidden_layers
   treedef_state = state["layers"]
   # LoRA's layers compute x W through qwix, which needs W as laid out when it made the adapters ([in, out])

@@ -3,10 +3,13 @@
 A call queues every sample (G per prompt, prompt-major) and loops:
 
 1. prefill: when the queue cannot fill the free slots, the next chunk of prompts (a bucketed `SamplerBatch`) is
-   run once and its keys and values written into pages (each prompt left-aligned in ceil(real / Z) pages);
+   run once and its keys and values written into pages (each prompt left-aligned in ceil(real / Z) pages); a
+   hybrid decoder's (Qwen3.5) recurrent states after each prompt go to a row of the pool's store of prompt states
+   (`page_budget.StateRows`), held until the prompt's last sample finishes;
 2. admit: queued samples take free slots, each with pages of its own for its max_new_tokens, the first a copy of
    its prompt's partly filled last page (when it has one); their page tables start with their prompt's full pages
-   (shared by reference by the prompt's G samples);
+   (shared by reference by the prompt's G samples); a hybrid decoder's slot gets a copy of its prompt's recurrent
+   states over whatever its previous sample left, which its decode steps then advance (live slots only);
 3. compact: when the queue has run dry, live slots move into the smallest row bucket that holds them (the ladder
    of `jaxcap.buckets` at 2 sizes per octave: 32, 24, 16, 12, ...), so a long tail decodes at its own size;
 4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the

@@ -135,18 +135,21 @@ class _Feed:
 
 
 def test_a_mesh_and_a_stream_give_the_one_device_rollouts(models):
-  """Sampled: a 2-device data mesh (one engine per block of prompts) and a stream of chunks (reused output rows,
-  two chunks in flight) give each chunk the tokens of one call on one device."""
+  """Sampled: a 2-device data mesh (one engine per block of prompts), a stream of chunks (partial rollouts: reused
+  output rows, two chunks in flight) and that stream over the mesh give each chunk the tokens of one call on one
+  device."""
   _, model, proc = models
   sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, stop_ids=())
   sampler = PagedSampler(model, processor=proc, sampling=sampling, engine=FEW)
   chunks = [sampler.bucket(p) for p in (PADDED_BATCH[:2], PADDED_BATCH[1:3], [PADDED_BATCH[2], PADDED_BATCH[0]])]
   want = sampler.stream(chunks, jax.random.key(3), num_samples=G)
+  params = compute_dtype_params(sampler.params, sampler.cfg.dtype)
+  feed, meshed_feed = _Feed(chunks, params), _Feed(chunks, params)
+  assert run_to_end(sampler.rounds(feed, jax.random.key(3), num_samples=G)) is None
   with jax.set_mesh(make_mesh({"data": 2}, jax.devices()[:2])):
     meshed = sampler.stream(chunks, jax.random.key(3), num_samples=G)
-  feed = _Feed(chunks, compute_dtype_params(sampler.params, sampler.cfg.dtype))
-  assert run_to_end(sampler.rounds(feed, jax.random.key(3), num_samples=G)) is None
+    run_to_end(sampler.rounds(meshed_feed, jax.random.key(3), num_samples=G))
   for c, one in enumerate(want):
-    for got in (meshed[c].arrays, feed.done[c]):
+    for got in (meshed[c].arrays, feed.done[c], meshed_feed.done[c]):
       np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(one.arrays.tokens))
       np.testing.assert_allclose(np.asarray(got.policy_logprobs), np.asarray(one.arrays.policy_logprobs), atol=1e-5)
