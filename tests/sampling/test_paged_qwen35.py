@@ -18,7 +18,11 @@ from jaxcap.models.qwen35_presets import qwen35_tiny
 from jaxcap.processing import Processor, word_tokenizer
 from jaxcap.sampling import Sampler, SamplingConfig
 from jaxcap.sampling.engine import EngineConfig, PagedSampler
+from jaxcap.sampling.footprint import sampling_footprint
 from jaxcap.sampling.generate import compute_dtype_params
+from jaxcap.sampling.page_budget import state_rows
+from jaxcap.sampling.paged_cache import PagePool
+from jaxcap.sampling.paged_slots import Slots
 from jaxcap.sampling.scheduler import run_to_end
 from jaxcap.sharding import make_mesh
 from hf_reference import WORDS
@@ -134,6 +138,7 @@ class _Feed:
     self.done[c] = jax.device_get(arrays)
 
 
+@pytest.mark.slow
 def test_a_mesh_and_a_stream_give_the_one_device_rollouts(models):
   """Sampled: a 2-device data mesh (one engine per block of prompts), a stream of chunks (partial rollouts: reused
   output rows, two chunks in flight) and that stream over the mesh give each chunk the tokens of one call on one
@@ -153,3 +158,23 @@ def test_a_mesh_and_a_stream_give_the_one_device_rollouts(models):
     for got in (meshed[c].arrays, feed.done[c], meshed_feed.done[c]):
       np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(one.arrays.tokens))
       np.testing.assert_allclose(np.asarray(got.policy_logprobs), np.asarray(one.arrays.policy_logprobs), atol=1e-5)
+
+
+def test_memory_counts_the_attention_layers_keys_and_every_rows_linear_states():
+  """The tiny preset's 6 layers are 4 linear and 2 full-attention: the KV cache (static sampler's footprint, the
+  engine's pool) has 2 layers, and every row (a static row, a decode slot, a prompt in flight) holds 4 layers'
+  conv inputs (3 x 160 channels) and float32 delta states (4 heads x 16 x 24)."""
+  cfg = qwen35_tiny()
+  t = cfg.text
+  assert t.kv_layers == 2 and t.conv_dim == 2 * 2 * 16 + 4 * 24
+  per_row = 4 * (3 * t.conv_dim * 4 + 4 * 16 * 24 * 4)
+  assert t.recurrent_bytes(jnp.float32) == per_row
+  fp = sampling_footprint(cfg, 8, 20, 12)
+  assert fp.kv_cache == 2 * 2 * 8 * t.num_key_value_heads * t.head_dim * 32 * 4
+  assert fp.recurrent == 8 * per_row and fp.running == fp.decode_layout + fp.kv_cache + fp.recurrent + fp.activations
+  assert "recurrent states" in fp.describe("float32")
+  pool = jax.eval_shape(lambda: PagePool.for_model(cfg, 9, 4, state_rows(3, [4, 2])))
+  assert len(pool.k) == 2 and pool.k[0].shape == (t.num_key_value_heads, 9, 4, t.head_dim)
+  assert [s.conv.shape[0] for s in pool.states] == [3 + 4] * 4
+  slots = jax.eval_shape(lambda: Slots.empty(3, 10, Qwen35.empty_states(cfg, 3)))
+  assert sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(slots.states)) == 3 * per_row
