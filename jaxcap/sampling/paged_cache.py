@@ -79,6 +79,8 @@ def recurrent_zeros(cfg, rows: int) -> tuple:
   decoder of attention only)."""
   from jaxcap.models.families import family_of_config
 
+  if not cfg.text.recurrent_bytes(cfg.dtype):  # attention only: no family to ask
+    return ()
   return family_of_config(cfg).model_cls.empty_states(cfg, rows)
 
 
