@@ -66,6 +66,17 @@ class TextConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
+  @property
+  def kv_layers(self) -> int:
+    """Decoder layers that keep keys and values per token (a KV cache's or the paged engine's pool's layers):
+    every layer."""
+    return self.num_hidden_layers
+
+  def recurrent_bytes(self, dtype) -> int:
+    """Bytes of one row's fixed-size recurrent state (the decoder's layers without a KV cache; the cache `dtype`):
+    none here (Qwen3.5's linear layers: `Qwen35TextConfig`)."""
+    return 0
+
 
 @dataclasses.dataclass(frozen=True)
 class Qwen25VLConfig:

@@ -80,6 +80,10 @@ class KVCache:
 
 
 CACHE_AXES = ("batch", "kv_heads", None, None)
+# the kinds of decoder layer a per-layer caller dispatches on (`Qwen25VL.layer_graphs`): ATTENTION layers are called
+# (x, cos, sin, mask, kv, cache_index) -> (x, kv); RECURRENT layers (x, real, state) -> (x, state), a fixed-size
+# state per row (Qwen3.5's linear layers, `jaxcap.models.qwen35_layers.LinearLayer`)
+ATTENTION, RECURRENT = "attention", "recurrent"
 
 
 class Attention(nnx.Module):

@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxcap.models import lora, row_blocks
 from jaxcap.models.config import Qwen25VLConfig
-from jaxcap.models.decoder import CACHE_AXES, Attention, DecoderLayer, KVCache, cached_attention
+from jaxcap.models.decoder import ATTENTION, CACHE_AXES, Attention, DecoderLayer, KVCache, cached_attention
 from jaxcap.models.layers import RMSNorm, linear, mrope_cos_sin, scan_layers, stacked
 from jaxcap.models.packed_attention import packed_mask
 from jaxcap.models.segment_attention import SegmentWindow, readable
@@ -140,8 +140,7 @@ class Qwen25VL(nnx.Module):
     the output of each of the first n layers (zero away from the visual tokens).
     """
     b, t, _ = x.shape
-    cfg = self.cfg.text
-    cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved)
+    cos, sin = self.rope(positions)
     mask = self.attention_mask(attention_mask, t, cache, cache_index, segments, segment_window, segment_parents)
     x = shard(x, ("batch", None, None))
     if cache is None:
@@ -189,6 +188,11 @@ class Qwen25VL(nnx.Module):
         mask = mask & readable(segments[:, None, :, None], segments[:, None, None, :], parent_q)
     return mask
 
+  def rope(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The decoder's rotary (cos, sin) at mRoPE `positions` int [3, B, T]."""
+    t = self.cfg.text
+    return mrope_cos_sin(positions, t.head_dim, t.rope_theta, t.mrope_section, t.mrope_interleaved)
+
   def empty_cache(self, batch: int, slots: int) -> KVCache:
     """A zeroed cache of `slots` slots for `batch` rows (what a prefill writes into)."""
     return KVCache.zeros(self.cfg, batch, slots)
@@ -197,6 +201,24 @@ class Qwen25VL(nnx.Module):
   def decoder_stacks(cfg) -> list[tuple[str, tuple[int, ...]]]:
     """The decoder's stacked modules by attribute name, each with the decoder index of its entries."""
     return [("layers", tuple(range(cfg.text.num_hidden_layers)))]
+
+  @staticmethod
+  def cache_parts(cache: KVCache) -> tuple[KVCache, tuple]:
+    """(the attention layers' `KVCache`, the recurrent layers' per-row states) of a cache `decode` returned:
+    (the cache, ()) here (Qwen3.5's `HybridCache` holds both)."""
+    return cache, ()
+
+  @classmethod
+  def empty_states(cls, cfg: Qwen25VLConfig, batch: int) -> tuple:
+    """Zeroed recurrent states of `batch` rows, one per layer of kind RECURRENT (`layer_graphs`), as `cache_parts`
+    gives them: none here."""
+    return ()
+
+  def layer_graphs(self) -> tuple:
+    """(kind, graphdef) of each decoder layer, in `layer_params` order: a per-layer caller (the paged engine's
+    decode step) merges each layer's params with its graphdef and calls it as its kind says
+    (`jaxcap.models.decoder.ATTENTION` / `RECURRENT`)."""
+    return ((ATTENTION, nnx.graphdef(self.layers)),) * self.cfg.text.num_hidden_layers
 
   def layer_params(self, rows: int | None = None) -> tuple:
     """The decoder's per-layer param states, sliced from the stack (for `decode(..., layers=...)`). With `rows`

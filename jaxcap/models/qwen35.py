@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models import row_blocks
-from jaxcap.models.decoder import CACHE_AXES, KVCache
+from jaxcap.models.decoder import ATTENTION, CACHE_AXES, RECURRENT, KVCache
 from jaxcap.models.layers import linear, mrope_cos_sin, remat, stacked
 from jaxcap.models.qwen35_config import FULL, LINEAR, Qwen35Config
 from jaxcap.models.qwen35_layers import AttentionLayer, LinearLayer, LinearState, ZeroCenteredRMSNorm
@@ -88,6 +88,26 @@ class Qwen35(Qwen3VL):
   def empty_cache(self, batch: int, slots: int) -> HybridCache:
     return HybridCache.zeros(self.cfg, batch, slots)
 
+  def rope(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The rotary of the first `rotary_dim` of each head (interleaved mRoPE) at `positions` int [3, B, T]."""
+    t = self.cfg.text
+    return mrope_cos_sin(positions, t.rotary_dim, t.rope_theta, t.mrope_section, True)
+
+  @staticmethod
+  def cache_parts(cache: HybridCache) -> tuple[KVCache, tuple[LinearState, ...]]:
+    return cache.kv, cache.linear
+
+  @classmethod
+  def empty_states(cls, cfg: Qwen35Config, batch: int) -> tuple[LinearState, ...]:
+    """One zeroed `LinearState` of `batch` rows per linear layer (in the compute dtype: as a prefill leaves them)."""
+    return tuple(LinearState.zeros(cfg, batch) for _ in cfg.text.layer_indices(LINEAR))
+
+  def layer_graphs(self) -> tuple:
+    """(kind, graphdef) of each layer in `layer_types` order: linear layers RECURRENT (their state a
+    `LinearState`), full-attention layers ATTENTION."""
+    lin, att = (RECURRENT, nnx.graphdef(self.linear_layers)), (ATTENTION, nnx.graphdef(self.attention_layers))
+    return tuple(lin if kind == LINEAR else att for kind in self.cfg.text.layer_types)
+
   @property
   def block_period(self) -> int | None:
     """k where `layer_types` is (k - 1 linear, 1 full) repeated; None for any other pattern (run unrolled)."""
@@ -122,7 +142,7 @@ class Qwen35(Qwen3VL):
       )
     b, t, _ = x.shape
     tc = self.cfg.text
-    cos, sin = mrope_cos_sin(positions, tc.rotary_dim, tc.rope_theta, tc.mrope_section, True)
+    cos, sin = self.rope(positions)
     mask = self.attention_mask(attention_mask, t, cache, cache_index, segments, segment_window, None)
     x = shard(x, ACT_AXES)
     if cache is None:

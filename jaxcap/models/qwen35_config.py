@@ -68,6 +68,18 @@ class Qwen35TextConfig(Qwen3TextConfig):
     return tuple(i for i, t in enumerate(self.layer_types) if t == kind)
 
   @property
+  def kv_layers(self) -> int:
+    """The full-attention layers: the only ones with keys and values per token."""
+    return len(self.layer_indices(FULL))
+
+  def recurrent_bytes(self, dtype) -> int:
+    """Bytes of one row's linear states (`LinearState`, every linear layer): the conv's last K - 1 inputs in the
+    cache `dtype` and the float32 delta state, whatever the length."""
+    conv = (self.linear_conv_kernel_dim - 1) * self.conv_dim * jnp.dtype(dtype).itemsize
+    delta = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+    return len(self.layer_indices(LINEAR)) * (conv + delta)
+
+  @property
   def conv_dim(self) -> int:
     """Channels of a linear layer's conv: queries, keys, values."""
     return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_value_dim

@@ -31,8 +31,8 @@ from jaxcap.models import row_blocks
 from jaxcap.sampling import paged_attention
 from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.generate import compute_dtype_params
-from jaxcap.sampling.page_budget import own_pages, pool_pages
-from jaxcap.sampling.paged_cache import PagePool
+from jaxcap.sampling.page_budget import own_pages, pool_pages, state_rows
+from jaxcap.sampling.paged_cache import PagePool, recurrent_zeros
 from jaxcap.sampling.paged_decode import decode_weights, prefill_jit, segment_jit
 from jaxcap.sampling.paged_slots import Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
@@ -46,7 +46,8 @@ class EnginePlan:
   of `page_size` tokens (`pool_bytes` for every layer's keys and values), `read_pages` pages a slot reads at its
   longest; `attention` the segment's ('reference', 'blocked' on CPU, or the platform's Pallas kernel: 'tpu' /
   'gpu'), `read_bytes` the keys and values a decode step reads with every slot at its longest (all layers; a
-  kernel's reads, which XLA's count of the program leaves out); `slots_fit` the slots that would fit the device (`slots_that_fit`; None until planned, or with a fixed `rollout.pages`)."""
+  kernel's reads, which XLA's count of the program leaves out); `slots_fit` the slots that would fit the device (`slots_that_fit`; None until planned, or with a fixed `rollout.pages`); `state_bytes` a hybrid decoder's
+  linear states (every slot's and the store of prompt states: `page_budget.state_rows`), 0 for attention only."""
 
   slots: int
   shards: int
@@ -57,6 +58,7 @@ class EnginePlan:
   attention: str
   read_bytes: int
   slots_fit: int | None = None
+  state_bytes: int = 0
 
 
 def slots_that_fit(slots: int, peaks: dict[str, int], more_peaks: dict[str, int], more: int, budget: float) -> int:
@@ -140,12 +142,15 @@ def engine_inputs(
   pages = pool_pages([np.full(rows, worst)], slots=engine.slots, pages=engine.pages, z=z, max_new_tokens=new)
   t_cfg = cfg.text
   dtype = jnp.dtype(cfg.dtype)
-  layers = t_cfg.num_hidden_layers
+  layers = t_cfg.kv_layers
   out_rows, r = rows * num_samples, engine.slots
-  # the engine's own buffers (jaxcap.sampling.scheduler builds them so), abstract: its pool, outputs and slots
-  pool = jax.eval_shape(lambda: PagePool.zeros(layers, pages, z, t_cfg.num_key_value_heads, t_cfg.head_dim, dtype))
+  # the engine's own buffers (jaxcap.sampling.scheduler builds them so), abstract: its pool (with a hybrid decoder's
+  # store of prompt states), outputs and slots (with their states)
+  recurrent = bool(recurrent_zeros(cfg, 0))
+  stored = state_rows(r, [rows]) if recurrent else 0
+  pool = jax.eval_shape(lambda: PagePool.for_model(cfg, pages, z, stored))
   out = jax.eval_shape(lambda: Outputs.empty(out_rows, new, 0))
-  slots = jax.eval_shape(lambda: Slots.empty(r, out_rows))
+  slots = jax.eval_shape(lambda: Slots.empty(r, out_rows, recurrent_zeros(cfg, r)))
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   read = worst // z + int(own_pages(new, z, worst % z))  # its prompt's full pages and its own
   with jax.set_mesh(one) if one is not None else contextlib.nullcontext():  # the target's layout (row blocks: CPU)
@@ -153,13 +158,26 @@ def engine_inputs(
       lambda p: decode_weights(p, graphdef=graphdef, rows=r if row_blocks.applies(r) else None), params
     )
   key = jax.eval_shape(lambda: jax.random.key(0))
-  pool_bytes = 2 * layers * int(np.prod(pool.k[0].shape)) * dtype.itemsize
+  pool_bytes = 2 * layers * int(np.prod(pool.k[0].shape)) * dtype.itemsize  # keys and values (linear states apart)
   read_bytes = pool_bytes // pages * r * read  # a page's keys and values in every layer, per slot
+  if recurrent:  # the prefill's rows of the store: after its optional arguments
+    extra = (i32(), embedded, i32(rows))
+  else:
+    extra = () if embedded is None else (i32(), embedded)
   return SimpleNamespace(
-    prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key)
-    + (() if embedded is None else (i32(), embedded)),
+    prefill=(params, prompts, pool, out, i32(rows, t_pages), i32(), i32(), key) + extra,
     segment=(params, *weights, pool, slots, out, i32(r, read), key, i32()),
-    plan=EnginePlan(r, shards, z, pages, pool_bytes, read, _attention(config, cfg, platform).kernel, read_bytes),
+    plan=EnginePlan(
+      r,
+      shards,
+      z,
+      pages,
+      pool_bytes,
+      read,
+      _attention(config, cfg, platform).kernel,
+      read_bytes,
+      state_bytes=(r + stored) * t_cfg.recurrent_bytes(dtype),
+    ),  # fmt: skip
     steps=engine.segment_steps,
   )
 

@@ -127,6 +127,7 @@ def format_plan(result: dict) -> str:
     lines.append(
       f"paged engine: {e['slots']} slots, a pool of {e['pages']} pages x {e['page_size']} tokens "
       f"({e['pool_bytes'] / GIB:.2f} GiB), a slot reads at most {e['read_pages']} pages"
+      + (f"; linear states {e['state_bytes'] / GIB:.2f} GiB (slots and prompts)" if e.get("state_bytes") else "")
       + (f"; {e['shards']} engines, one per device's block of prompts" if e.get("shards", 1) > 1 else "")
     )
     if e.get("slots_fit") is not None:

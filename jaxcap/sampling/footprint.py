@@ -8,7 +8,8 @@ allocator's slack), and
   each leaf into its final buffer through a read buffer of 64 MiB, then the compiler's heap (0.5 GiB);
 - running: the decode program's own copies (`decode_layout`: on CPU for few rows, XLA:CPU's float32 copy of one
   layer's bf16 weights, and unless `held` the row-block copy of the decoder kernels and an untied LM head), the KV
-  cache, and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
+  cache (its attention layers': `TextConfig.kv_layers`), a hybrid decoder's recurrent states (Qwen3.5's linear
+  layers: fixed bytes per row, `TextConfig.recurrent_bytes`), and the largest activations of one prefill (one vision block's attention scores and MLP, the decoder's MLP
   over the prompt, float32 logits).
 
 On CPU the memory freed after building stays in the process (`host_memory.retain_on_cpu`) and serves running only
@@ -34,7 +35,8 @@ GIB = 1024**3
 
 @dataclasses.dataclass(frozen=True)
 class Footprint:
-  """Peak bytes of a sampling call, by part; `rows` x `slots` is the KV cache's shape."""
+  """Peak bytes of a sampling call, by part; `rows` x `slots` is the KV cache's shape; `recurrent`: the rows'
+  recurrent states (a hybrid decoder's)."""
 
   params: int
   decode_layout: int
@@ -43,10 +45,11 @@ class Footprint:
   rows: int
   slots: int
   building: int = 0
+  recurrent: int = 0
 
   @property
   def running(self) -> int:
-    return self.decode_layout + self.kv_cache + self.activations
+    return self.decode_layout + self.kv_cache + self.recurrent + self.activations
 
   @property
   def total(self) -> int:
@@ -55,9 +58,10 @@ class Footprint:
   def describe(self, dtype_name: str) -> str:
     g = lambda n: f"{n / GIB:.2f}"
     layout = f"decode layout {g(self.decode_layout)}, " if self.decode_layout else ""
+    states = f"recurrent states {g(self.recurrent)}, " if self.recurrent else ""
     running = (
       f"running {g(self.running)}: {layout}KV cache {g(self.kv_cache)} for {self.rows} rows x {self.slots} slots, "
-      f"activations {g(self.activations)}"
+      f"{states}activations {g(self.activations)}"
     )
     building = f", building them {g(self.building)}" if self.building else ""
     return f"{g(self.total)} GiB (params {g(self.params)} in {dtype_name} and 5% slack{building}, {running})"
@@ -100,7 +104,7 @@ def sampling_footprint(
     # (a transposed copy at the params' dtype) and an untied head's. A tied head is a reshape, and the embedding
     # rows a step reads are converted alone (`loop_program`).
     upcast = 4 if pbytes < 4 else 0
-    kernels = sum(int(np.prod(s)) for p, s in sizes if p.startswith("layers.") and p.endswith("kernel"))
+    kernels = sum(int(np.prod(s)) for p, s in sizes if decoder_param(p) and p.endswith("kernel"))
     head = sum(int(np.prod(s)) for p, s in sizes if p.startswith("lm_head"))
     layout = (0 if held else kernels + head) * pbytes + kernels // cfg.text.num_hidden_layers * upcast
   # the checkpoint read straight into the decode layout (`load_hf_checkpoint(layers_apart=True)`): every leaf read
@@ -110,7 +114,7 @@ def sampling_footprint(
   building = (64 + 512) * 2**20 if held else 0
   t, v = cfg.text, cfg.vision
   slots = prompt_tokens + max_new_tokens
-  kv = 2 * t.num_hidden_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
+  kv = 2 * t.kv_layers * rows * t.num_key_value_heads * t.head_dim * slots * cbytes
   segment = vision_patches if vision_segment is None else vision_segment
   frames = -(-vision_patches // segment) if segment else 0
   segment = 1 << max(0, segment - 1).bit_length() if segment else 0  # padded to a power of two
@@ -118,7 +122,14 @@ def sampling_footprint(
   vision = rows * (scores + vision_patches * (4 * v.hidden_size + 2 * v.intermediate_size) * 4)
   decoder = rows * prompt_tokens * (4 * t.hidden_size + 3 * t.intermediate_size) * 4
   logits = 2 * rows * t.vocab_size * 4
-  return Footprint(params, layout, kv, max(vision, decoder) + logits, rows, slots, building)
+  recurrent = rows * t.recurrent_bytes(cfg.dtype)
+  return Footprint(params, layout, kv, max(vision, decoder) + logits, rows, slots, building, recurrent)
+
+
+def decoder_param(path: str) -> bool:
+  """Whether a param (its `param_sizes` path) is a decoder layer's: of the stack `layers`, or of a hybrid decoder's
+  `linear_layers` / `attention_layers`."""
+  return path.split(".", 1)[0] in ("layers", "linear_layers", "attention_layers")
 
 
 class MemoryShortError(RuntimeError):

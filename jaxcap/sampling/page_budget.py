@@ -6,6 +6,10 @@ full pages its samples share, and a partly filled last one (tail = real % Z toke
 own copy. A sample's own pages are allocated whole at admission for its worst case, ceil((tail + N - 1) / Z) (its
 generated tokens but the last, after the tail), so a call never runs out of pages mid-run: a sample waits in the
 queue until its pages are free.
+
+A decoder with recurrent layers (Qwen3.5) also keeps each prompt in flight's recurrent states in a store of
+`state_rows` rows beside the pages (`StateRows` hands them out), and each decode slot its sample's: fixed bytes per
+row (`TextConfig.recurrent_bytes`), whatever the lengths.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from jaxcap.sampling.paged_cache import NULL_PAGE
 @dataclasses.dataclass
 class PromptPages:
   """A prefilled prompt of `real` tokens in `pages` (left-aligned), `position` the mRoPE position of its last
-  token, `remaining` samples not yet finished."""
+  token, `remaining` samples not yet finished, `state` its row of the store of prompt states (`StateRows`; 0
+  without recurrent layers)."""
 
   pages: list[int]
   real: int
   position: int
   remaining: int
+  state: int = 0
 
   def shared(self, z: int) -> list[int]:
     """The full pages its G samples read by reference."""
@@ -55,6 +61,34 @@ class PageAllocator:
     self.free = list(range(pages - 1, self.pages - 1, -1)) + self.free
     self.pages = pages
     return pages
+
+
+class StateRows:
+  """Free rows 0 .. S - 1 of the store of prompt states (`paged_cache.PagePool.states`)."""
+
+  def __init__(self, rows: int):
+    self.rows = rows
+    self.free = list(range(rows - 1, -1, -1))
+
+  def take(self) -> int:
+    return self.free.pop()
+
+  def give(self, row: int) -> None:
+    self.free.append(row)
+
+  def grow(self, rows: int) -> int:
+    """Adds the rows of a store grown to `rows` (taken after the free ones); returns `rows`."""
+    self.free = list(range(rows - 1, self.rows - 1, -1)) + self.free
+    self.rows = rows
+    return rows
+
+
+def state_rows(slots: int, blocks) -> int:
+  """Rows of the store of prompt states an engine of `slots` decode slots needs for chunks of `blocks` prompts
+  each: the scheduler prefills a chunk only while its queue holds fewer samples than there are free slots, so
+  before a prefill every prompt in flight has a sample decoding (at most slots - free) or queued (fewer than free
+  samples): at most slots - 1 prompts, and a chunk adds at most its block."""
+  return slots + max(blocks, default=0)
 
 
 def prompt_tokens(attention_mask: np.ndarray, rows: int) -> np.ndarray:

@@ -14,6 +14,12 @@ reference by its G samples: each sample's page table starts with the same page i
 tokens ends in a partly filled page; each sample writes its own tokens after the prompt's end, so on admission it
 gets its own copy of that page (`copy_pages`, copy-on-write) as its first page, and no page is ever written by
 two samples.
+
+Decoders with recurrent layers (Qwen3.5's linear layers: a fixed-size state per row, no keys or values) keep those
+layers' states beside the pages: the pool holds its attention layers' pages only (`kv_layers`) and a small store of
+prompt states (`PagePool.states`, one row per prompt in flight: `page_budget.state_rows`), written by the prompt's
+prefill; a sample entering a decode slot gets a copy of its prompt's row in the slot's own state
+(`paged_slots.Slots.states`), which its decode steps advance. A refilled slot's state is overwritten on admission.
 """
 
 from __future__ import annotations
@@ -31,19 +37,33 @@ NULL_PAGE = 0
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagePool:
-  """Keys and values of every layer: k[i], v[i] float [K, P, Z, H] (heads leading, the layout of JAX's Pallas
-  paged-attention kernels: a row's gathered keys are then [K, n * Z, H] with the batch dims (K, R) leading, a plain
-  batched matmul on XLA:CPU, no transposed copy of the cache)."""
+  """Keys and values of every attention layer: k[i], v[i] float [K, P, Z, H] (heads leading, the layout of JAX's
+  Pallas paged-attention kernels: a row's gathered keys are then [K, n * Z, H] with the batch dims (K, R) leading, a
+  plain batched matmul on XLA:CPU, no transposed copy of the cache); states: the prompts' recurrent states, one per
+  recurrent layer, each leaf [S, ...] for S store rows (`model.empty_states`; () for a decoder of attention only)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
+  states: tuple = ()
 
   @classmethod
-  def zeros(cls, layers: int, pages: int, page_size: int, kv_heads: int, head_dim: int, dtype) -> "PagePool":
+  def zeros(
+    cls, layers: int, pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, states: tuple = ()
+  ) -> "PagePool":
     shape = (kv_heads, pages, page_size, head_dim)
     return cls(
-      tuple(jnp.zeros(shape, dtype) for _ in range(layers)), tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+      tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
+      tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
+      states,
     )
+
+  @classmethod
+  def for_model(cls, cfg, pages: int, page_size: int, state_rows: int = 0) -> "PagePool":
+    """The pool of a model of config `cfg` (any family): pages for its attention layers (`kv_layers`) in the
+    compute dtype, and `state_rows` rows of prompt states where it has recurrent layers."""
+    t = cfg.text
+    states = recurrent_zeros(cfg, state_rows)
+    return cls.zeros(t.kv_layers, pages, page_size, t.num_key_value_heads, t.head_dim, cfg.dtype, states)
 
   @property
   def page_size(self) -> int:
@@ -54,12 +74,42 @@ class PagePool:
     return self.k[0].shape[1]
 
 
+def recurrent_zeros(cfg, rows: int) -> tuple:
+  """Zeroed recurrent states of `rows` rows for a model of config `cfg` (its family's `empty_states`: () for a
+  decoder of attention only)."""
+  from jaxcap.models.families import family_of_config
+
+  if not cfg.text.recurrent_bytes(cfg.dtype):  # attention only: no family to ask
+    return ()
+  return family_of_config(cfg).model_cls.empty_states(cfg, rows)
+
+
 def grow_pool(pool: PagePool, pages: int) -> PagePool:
   """`pool` with `pages` pages (at least as many as it has): its pages kept at their ids, zeros after them (a
   stream of chunks whose next one needs more pages than the pool was sized for)."""
   more = pages - pool.pages
   grow = lambda p: jnp.pad(p, ((0, 0), (0, more), (0, 0), (0, 0))) if more > 0 else p
-  return PagePool(tuple(map(grow, pool.k)), tuple(map(grow, pool.v)))
+  return dataclasses.replace(pool, k=tuple(map(grow, pool.k)), v=tuple(map(grow, pool.v)))
+
+
+def grow_states(pool: PagePool, rows: int) -> PagePool:
+  """`pool` with `rows` rows of prompt states (at least as many as it has), its rows kept, zeros after them."""
+  more = lambda a: rows - a.shape[0]
+  grow = lambda a: jnp.pad(a, [(0, more(a))] + [(0, 0)] * (a.ndim - 1)) if more(a) > 0 else a
+  return dataclasses.replace(pool, states=jax.tree.map(grow, pool.states))
+
+
+def state_capacity(pool: PagePool) -> int:
+  """Rows of the pool's store of prompt states (0 without recurrent layers)."""
+  leaves = jax.tree.leaves(pool.states)
+  return leaves[0].shape[0] if leaves else 0
+
+
+def write_prompt_states(pool: PagePool, states: tuple, rows: jax.Array) -> PagePool:
+  """Writes prefilled prompts' recurrent states (`states`: `model.cache_parts`', leaves [B, ...]) into the store's
+  rows `rows` int32 [B] (a row past the store is dropped: a padded prompt)."""
+  put = lambda store, x: store.at[rows].set(x.astype(store.dtype), mode="drop")
+  return dataclasses.replace(pool, states=jax.tree.map(put, pool.states, states))
 
 
 def write_prompt_pages(pool: PagePool, keys, values, page_ids: jax.Array, real: jax.Array) -> PagePool:
@@ -80,14 +130,14 @@ def write_prompt_pages(pool: PagePool, keys, values, page_ids: jax.Array, real: 
 
   k = tuple(p.at[:, page_ids].set(pages(x.transpose(0, 1, 3, 2)).astype(p.dtype)) for p, x in zip(pool.k, keys))
   v = tuple(p.at[:, page_ids].set(pages(x).astype(p.dtype)) for p, x in zip(pool.v, values))
-  return PagePool(k, v)
+  return dataclasses.replace(pool, k=k, v=v)
 
 
 def copy_pages(pool: PagePool, source: jax.Array, target: jax.Array) -> PagePool:
   """Copies page source[a] to page target[a] in every layer (int32 [A]; a target >= P copies nothing): a
   sample's own copy of its prompt's partly filled last page."""
   copy = lambda p: p.at[:, target].set(p[:, jnp.clip(source, 0, p.shape[1] - 1)], mode="drop")
-  return PagePool(tuple(map(copy, pool.k)), tuple(map(copy, pool.v)))
+  return dataclasses.replace(pool, k=tuple(map(copy, pool.k)), v=tuple(map(copy, pool.v)))
 
 
 @dataclasses.dataclass(frozen=True)

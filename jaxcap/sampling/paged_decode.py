@@ -18,13 +18,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcap.models import row_blocks
-from jaxcap.models.layers import mrope_cos_sin
+from jaxcap.models.decoder import ATTENTION
 from jaxcap.sampling.decode_layout import unpack
 from jaxcap.sampling.distribution import SamplingConfig, is_stop, sample_tokens
 from jaxcap.sampling.generate import compute_dtype_params
 from jaxcap.sampling.loop_program import LoopProgram
 from jaxcap.sampling.paged_attention import DecodeAttention
-from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagedLayer, PagePool, write_prompt_pages, write_prompt_states
 from jaxcap.sampling.paged_slots import TRACE_COUNTS, Outputs, Slots
 from jaxcap.sampling.prompts import Prompts
 
@@ -68,6 +68,7 @@ def prefill(
   key,
   key_first=None,
   embedded=None,
+  state_ids=None,
   *,
   graphdef,
   sampling,
@@ -78,7 +79,9 @@ def prefill(
   their G samples into output rows (first_row + b) * G + g (int32 scalar first_row) for the `real` (int32 scalar)
   first prompts, drawing as rows (key_first + b) * G + g (int32 scalar; None: first_row). `embedded` (optional):
   the prompts' `embed_vision` (x [B, T, D], DeepStack [n, B, T, D] or None), computed elsewhere (`mesh_shards`:
-  a chunk's images embedded once, its rows spread over devices); then `prompts.vision` is not read."""
+  a chunk's images embedded once, its rows spread over devices); then `prompts.vision` is not read. `state_ids`
+  int32 [B] (a model with recurrent layers): the rows of the pool's prompt states that take each prompt's final
+  states (past the store: none, a padded prompt)."""
   TRACE_COUNTS["prefill"] += 1
   params, layers = unpack(params)
   model = nnx.merge(graphdef, params)
@@ -87,7 +90,10 @@ def prefill(
   x, deepstack = model.embed_vision(prompts.input_ids, prompts.vision) if embedded is None else embedded
   mask = prompts.attention_mask.astype(bool)
   hidden, cache = model.decode(x, prompts.positions, mask, model.empty_cache(b, t), 0, layers, deepstack=deepstack)
-  pool = write_prompt_pages(pool, cache.k, cache.v, page_ids, jnp.sum(mask, -1, dtype=jnp.int32))
+  kv, states = model.cache_parts(cache)
+  pool = write_prompt_pages(pool, kv.k, kv.v, page_ids, jnp.sum(mask, -1, dtype=jnp.int32))
+  if states:
+    pool = write_prompt_states(pool, states, state_ids)
   logits = jnp.repeat(model.logits(hidden[:, -1]), g, axis=0)  # left padding: the last column is real
   rows = first_row * g + jnp.arange(b * g, dtype=jnp.int32)
   key_rows = rows if key_first is None else key_first * g + jnp.arange(b * g, dtype=jnp.int32)
@@ -146,17 +152,18 @@ def segment(
   are live. layers / head: `decode_weights(params, rows=R)`. table int32 [R, n]: each slot's pages (`NULL_PAGE`
   past its own); a step attends over positions [0, length] of them (the new token's included) through
   `attention` (`paged_attention.choose`: the jnp reference over the n * Z positions, or a Pallas kernel reading
-  the filled pages only). Returns the pool, slots and outputs, and the steps run (int32 scalar)."""
+  the filled pages only). Layers are called per kind (`model.layer_graphs`): attention layers through their view
+  of the pool (`PagedLayer`), recurrent layers on the slots' states, which only live slots advance. Returns the
+  pool, slots and outputs, and the steps run (int32 scalar)."""
   TRACE_COUNTS["segment"] += 1
   params, _ = unpack(params)
   dtype = nnx.merge(graphdef, params).cfg.dtype
   model = nnx.merge(graphdef, compute_dtype_params(params, dtype))
-  cfg = model.cfg.text
   rows = slots.row.shape[0]
   # held weights arrive in their own dtype: cast in the program, each layer converted as its step runs (in_step)
   layers = compute_dtype_params(layers, dtype)
   head = model.head_params(rows) if head is None else head
-  layer_graph = nnx.graphdef(model.layers)
+  layer_graphs = model.layer_graphs()
   z = pool.page_size
   out_rows = out.lengths.shape[0]
 
@@ -169,25 +176,27 @@ def segment(
     live = ~s.done
     position = s.position + 1
     # a decoded token's three mRoPE components are equal, so the band layout changes nothing; passed for clarity
-    cos, sin = mrope_cos_sin(
-      jnp.broadcast_to(position[None, :, None], (3, rows, 1)),
-      cfg.head_dim,
-      cfg.rope_theta,
-      cfg.mrope_section,
-      cfg.mrope_interleaved,
-    )
+    cos, sin = model.rope(jnp.broadcast_to(position[None, :, None], (3, rows, 1)))
     page = jnp.take_along_axis(table, (s.length // z)[:, None], axis=1)[:, 0]
     write_page = jnp.where(live, page, NULL_PAGE)
     offset = s.length % z
     x = model.embed(s.token[:, None])
-    ks, vs = [], []
-    for li, p in enumerate(layers):
+    ks, vs, states = [], [], []
+    real = jnp.ones((rows, 1), bool)
+    keep = lambda new, old: jnp.where(live.reshape(-1, *([1] * (old.ndim - 1))), new.astype(old.dtype), old)
+    for (kind, graph), p in zip(layer_graphs, layers):
       x, p = jax.lax.optimization_barrier((x, p))  # as `Qwen25VL.decode`: no hoisted all-gathers
       p = row_blocks.in_step(p, x)
-      view = PagedLayer(pool.k[li], pool.v[li], table, s.length + 1, write_page, offset, attention)
-      x, view = nnx.merge(layer_graph, p)(x, cos, sin, None, view, None)
-      ks.append(view.k)
-      vs.append(view.v)
+      if kind == ATTENTION:
+        li = len(ks)
+        view = PagedLayer(pool.k[li], pool.v[li], table, s.length + 1, write_page, offset, attention)
+        x, view = nnx.merge(graph, p)(x, cos, sin, None, view, None)
+        ks.append(view.k)
+        vs.append(view.v)
+      else:  # a recurrent layer: one step of each slot's state; finished and empty slots keep theirs
+        old = s.states[len(states)]
+        x, new = nnx.merge(graph, p)(x, real, old)
+        states.append(jax.tree.map(keep, new, old))
     logits = model.logits(model.norm(x)[:, 0], head)
     token, sample_lp, policy_lp = _draw(key, logits, s.key_row, s.emitted, sampling, num_samples)
     out = _put(out, jnp.where(live, s.row, out_rows), s.emitted, token, sample_lp, policy_lp)
@@ -201,8 +210,9 @@ def segment(
       limit=s.limit,
       length=s.length + live,
       position=jnp.where(live, position, s.position),
+      states=tuple(states),
     )
-    return i + 1, PagePool(tuple(ks), tuple(vs)), s, out
+    return i + 1, PagePool(tuple(ks), tuple(vs), pool.states), s, out
 
   steps_run, pool, slots, out = jax.lax.while_loop(keep_going, step, (jnp.int32(0), pool, slots, out))
   return pool, slots, out, steps_run

@@ -43,10 +43,11 @@ class Outputs:
 @dataclasses.dataclass(frozen=True)
 class Slots:
   """R decode slots. row int32 [R]: the output row of the slot's sample (O when empty); key_row int32 [R]: the row
-  its draws are keyed by (prompt * G + sample, the prompt numbered in the call: `paged_decode.sample_key`); done bool [R] (True when
-  empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
-  many tokens it may emit; length int32 [R]: positions in its pages, all visible (the next token is written at
-  `length`); position int32 [R]: the mRoPE position of its last token."""
+    its draws are keyed by (prompt * G + sample, the prompt numbered in the call: `paged_decode.sample_key`); done bool [R] (True when
+    empty); token int32 [R]: its last emitted token (the next step's input); emitted int32 [R]; limit int32 [R]: how
+    many tokens it may emit; length int32 [R]: positions in its pages, all visible (the next token is written at
+    `length`); position int32 [R]: the mRoPE position of its last token; states: its recurrent layers' states (leaves
+  [R, ...], `model.empty_states`; () for a decoder of attention only), its prompt's copied in on admission."""
 
   row: jax.Array
   key_row: jax.Array
@@ -56,12 +57,18 @@ class Slots:
   limit: jax.Array
   length: jax.Array
   position: jax.Array
+  states: tuple = ()
 
   @classmethod
-  def empty(cls, slots: int, out_rows: int) -> "Slots":
+  def empty(cls, slots: int, out_rows: int, states: tuple = ()) -> "Slots":
+    """`slots` empty slots; `states`: their zeroed recurrent states (`paged_cache.recurrent_zeros(cfg, slots)`)."""
     zeros = [jnp.zeros((slots,), jnp.int32) for _ in range(5)]
     return cls(
-      jnp.full((slots,), out_rows, jnp.int32), jnp.zeros((slots,), jnp.int32), jnp.ones((slots,), bool), *zeros
+      jnp.full((slots,), out_rows, jnp.int32),
+      jnp.zeros((slots,), jnp.int32),
+      jnp.ones((slots,), bool),
+      *zeros,
+      states,
     )
 
 
@@ -77,17 +84,24 @@ def admit(
   position,
   copy_from,
   copy_to,
+  state_from=None,
   *,
   stop_ids,
 ):
   """Places samples in slots: index int32 [A] (R = none), row / key_row / limit / length / position int32 [A] per
   `Slots`.
   Each starts from its token 0, already sampled by the prefill. copy_from / copy_to int32 [A]: the page each copies
-  into its first own page (copy_to = P: none). -> (slots, pool)."""
+  into its first own page (copy_to = P: none). state_from int32 [A]: the row of the pool's prompt states each
+  starts from (its prompt's; unused without recurrent layers): copied over the slot's states, whatever a previous
+  sample left there. -> (slots, pool)."""
   TRACE_COUNTS["admit"] += 1
   token = out.tokens[jnp.minimum(row, out.tokens.shape[0] - 1), 0]
   done = is_stop(token, stop_ids) | (limit <= 1)
   set_ = lambda a, x: a.at[index].set(x.astype(a.dtype), mode="drop")
+  states = slots.states
+  if states:
+    take = lambda store: store[jnp.clip(state_from, 0, store.shape[0] - 1)]
+    states = jax.tree.map(lambda a, store: set_(a, take(store)), states, pool.states)
   return Slots(
     set_(slots.row, row),
     set_(slots.key_row, key_row),
@@ -97,6 +111,7 @@ def admit(
     set_(slots.limit, limit),
     set_(slots.length, length),
     set_(slots.position, position),
+    states,
   ), copy_pages(pool, copy_from, copy_to)
 
 

@@ -3,10 +3,13 @@
 A call queues every sample (G per prompt, prompt-major) and loops:
 
 1. prefill: when the queue cannot fill the free slots, the next chunk of prompts (a bucketed `SamplerBatch`) is
-   run once and its keys and values written into pages (each prompt left-aligned in ceil(real / Z) pages);
+   run once and its keys and values written into pages (each prompt left-aligned in ceil(real / Z) pages); a
+   hybrid decoder's (Qwen3.5) recurrent states after each prompt go to a row of the pool's store of prompt states
+   (`page_budget.StateRows`), held until the prompt's last sample finishes;
 2. admit: queued samples take free slots, each with pages of its own for its max_new_tokens, the first a copy of
    its prompt's partly filled last page (when it has one); their page tables start with their prompt's full pages
-   (shared by reference by the prompt's G samples);
+   (shared by reference by the prompt's G samples); a hybrid decoder's slot gets a copy of its prompt's recurrent
+   states over whatever its previous sample left, which its decode steps then advance (live slots only);
 3. compact: when the queue has run dry, live slots move into the smallest row bucket that holds them (the ladder
    of `jaxcap.buckets` at 2 sizes per octave: 32, 24, 16, 12, ...), so a long tail decodes at its own size;
 4. a decode segment (`paged_decode.segment`) of up to `segment_steps` steps over the live bucket of pages (the
@@ -40,7 +43,8 @@ from jaxcap.sampling.distribution import SamplingConfig
 from jaxcap.sampling.host_slots import BUCKET_STEPS, REFILL_FRACTION, HostSlots, row_bucket, smaller_bucket
 from jaxcap.sampling.chunk_feed import ChunkBook, EagerFeed, TokenVersions
 from jaxcap.sampling.page_budget import chunk_too_big, no_sample_fits, PageAllocator, PromptPages, own_pages
-from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, grow_pool
+from jaxcap.sampling.page_budget import StateRows, state_rows
+from jaxcap.sampling.paged_cache import NULL_PAGE, PagePool, grow_pool, grow_states, recurrent_zeros
 from jaxcap.sampling.prompts import pad_length
 from jaxcap.sampling.placement import SamplerBatch
 from jaxcap.sampling.rollouts import SampledArrays
@@ -111,8 +115,10 @@ def shard(
     engine.attention, jax.default_backend(), cache_dtype=cfg.dtype, page_size=z, head_dim=cfg.text.head_dim
   )
 
-  text = cfg.text
-  pool = PagePool.zeros(text.num_hidden_layers, total_pages, z, text.num_key_value_heads, text.head_dim, cfg.dtype)
+  # a decoder with recurrent layers: each prompt in flight's states in a row of the pool's store, each slot's own
+  recurrent = bool(recurrent_zeros(cfg, 0))
+  stored = StateRows(state_rows(engine.slots, feed.blocks) if recurrent else 0)
+  pool = PagePool.for_model(cfg, total_pages, z, stored.rows)
   alloc = PageAllocator(total_pages)
   out = paged_slots.Outputs.empty(out_rows, n_new, pad_id)
   limits = np.full(int(offsets[-1]) * g, n_new, np.int64) if max_lengths is None else np.minimum(max_lengths, n_new)
@@ -122,7 +128,7 @@ def shard(
   versions = TokenVersions(out_rows, n_new) if feed.ring else None
 
   rows = engine.slots
-  slots = paged_slots.Slots.empty(rows, out_rows)
+  slots = paged_slots.Slots.empty(rows, out_rows, recurrent_zeros(cfg, rows))
   host = HostSlots(rows)
   prompts: dict[int, PromptPages] = {}
   queue: collections.deque = collections.deque()
@@ -145,11 +151,16 @@ def shard(
     page_ids = np.zeros((chunk.block, blocks), np.int32)
     real = np.asarray(padded.attention_mask).sum(-1)
     deltas = np.asarray(padded.rope_deltas)
+    if recurrent and len(stored.free) < chunk.rows:  # beyond `state_rows`' bound: never, but grown rather than failed
+      pool = grow_states(pool, stored.grow(stored.rows + chunk.rows - len(stored.free)))
+    state_ids = np.full(chunk.block, stored.rows, np.int32)  # past the store: a padded prompt's, dropped
     for b in range(chunk.rows):
       pages = alloc.take(int(book.pages[c][b]))
       page_ids[b, : len(pages)] = pages
       prompt = int(offsets[c]) + b
-      prompts[prompt] = PromptPages(pages, int(real[b]), int(real[b] + deltas[b]) - 1, g)
+      state = stored.take() if recurrent else 0
+      state_ids[b] = state
+      prompts[prompt] = PromptPages(pages, int(real[b]), int(real[b] + deltas[b]) - 1, g, state)
       queue.extend((prompt, s) for s in range(g))
     use_weights()
     placed = jax.tree.map(jnp.asarray, padded)
@@ -165,6 +176,7 @@ def shard(
       key,
       jnp.int32(numbers[offsets[c]]),
       embed(c),
+      jnp.asarray(state_ids) if recurrent else None,
       **model_static,
     )
     book.left[c] = chunk.rows * g
@@ -205,7 +217,7 @@ def shard(
         continue
       # unreachable with pages=0; a budget too small for one chunk's prompts at once
       raise chunk_too_big(pending[0], int(book.pages[pending[0]].sum()), book.own[pending[0]], total_pages)
-    admitted = np.zeros((8, rows), np.int64)
+    admitted = np.zeros((9, rows), np.int64)
     admitted[0], admitted[7] = rows, total_pages  # slot index rows = no one; copy to page P = no copy
     j = 0
     while queue and free and len(alloc.free) >= own(queue[0][0]):
@@ -214,7 +226,8 @@ def shard(
       pages = alloc.take(own(prompt))
       tail = host.place(i, row, p, pages, z)  # copied into its first own page
       copy = (NULL_PAGE, total_pages) if tail is None else (tail, pages[0])
-      admitted[:, j] = (i, out_row(row), numbers[prompt] * g + s, limits[row], host.base[i], p.position, *copy)
+      # its prompt's recurrent states copied over the slot's (a refilled slot keeps nothing of its last sample)
+      admitted[:, j] = (i, out_row(row), numbers[prompt] * g + s, limits[row], host.base[i], p.position, *copy, p.state)
       j += 1
     if j:
       admit = (jnp.asarray(x, jnp.int32) for x in admitted)
@@ -278,6 +291,8 @@ def shard(
         finished_chunks.append(c)
       if p.remaining == 0:
         alloc.give(p.pages)
+        if recurrent:
+          stored.give(p.state)
         del prompts[prompt]
         complete.append(prompt)
     host.emitted = emitted
@@ -289,6 +304,7 @@ def shard(
   if stats is not None:
     host_s += time.perf_counter() - since
     stats.update(count_, host_s=host_s, pages=total_pages, free_pages=len(alloc.free))
+    stats.update(state_rows=stored.rows, free_state_rows=len(stored.free))
     stats["traces"] = dict(paged_slots.TRACE_COUNTS)
   if feed.ring:
     return None

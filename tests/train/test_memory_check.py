@@ -312,6 +312,27 @@ def test_a_page_pool_larger_than_the_device_is_refused_naming_the_knob():
   check_pool_memory(_config(**PAGED, **{"rl.steps": 0, "rollout.pages": 10**9}), CFG, (1, "test"))  # no RL
 
 
+def test_the_page_pool_check_counts_a_hybrid_decoders_linear_states():
+  """Qwen3.5: the pool's pages hold its attention layers only (2 of the tiny preset's 6), and its linear states
+  (each slot's, and a store row per prompt in flight) count beside them; the slots the refusal names fit."""
+  from jaxcap.models.qwen35_presets import qwen35_tiny
+  from jaxcap.train.shell.memory_check import check_pool_memory, page_pool
+
+  cfg = qwen35_tiny()
+  t = cfg.text
+  run = lambda slots: _config(**PAGED, **{"rollout.slots": slots})
+  pages, page, worst = page_pool(run(64), cfg)
+  assert page == 2 * t.kv_layers * t.num_key_value_heads * 16 * t.head_dim * 4 and t.kv_layers == 2
+  model = sum(int(np.prod(s)) for _, s in param_sizes(cfg)) * 4
+  budget = model + pages * page + (2 * 64 + 1) * t.recurrent_bytes(cfg.dtype)
+  check_pool_memory(run(64), cfg, (budget, "test"))
+  with pytest.raises(ConfigError, match=r"of linear states, .* per slot and per prompt in flight\) beside") as e:
+    check_pool_memory(run(64), cfg, (budget - 1, "test"))
+  fit = int(re.search(r"now 64; (\d+) fit", str(e.value))[1])
+  assert 0 < fit < 64
+  check_pool_memory(run(fit), cfg, (budget - 1, "test"))
+
+
 def test_the_device_figure_is_the_accelerators_own_or_the_hosts(monkeypatch):
   from jaxcap.train.shell.memory_check import device_memory
 

@@ -8,7 +8,8 @@ must hold at once, from the checkpoint's config.json and the run config (nothing
 - the trainable params' float32 gradients and their two AdamW moments (all params, or LoRA's adapters only);
 - the KL reference copy (`rl.loss.kl_coef` > 0 without LoRA);
 - an RL step's rollouts: one prefill per prompt (`jaxcap.sampling.footprint` for `rl.batch_size` rows, less the
-  params it counts again) and the KV cache of `rl.num_samples` completions per prompt;
+  params it counts again) and the KV cache of `rl.num_samples` completions per prompt (its attention layers'; a
+  hybrid decoder's linear states per completion besides);
 - the RL update's temporaries (its activations and gradients): XLA's own memory analysis of the run's update
   program, compiled ahead of time with abstract weights (`update_temporaries`: the rows of a pass
   (rl.batch_size x rl.num_samples / rl.micro_batches), the longest prompt + sampling.max_new_tokens, model.remat),
@@ -122,8 +123,9 @@ def train_footprint(config: Run, cfg, update: int = 0) -> TrainFootprint:
       cfg, rows, patches // cfg.vision.spatial_merge_size**2 + PROMPT_TEXT, 0, vision_patches=patches, held=False
     )
     t = cfg.text
-    completions = 2 * t.num_hidden_layers * rows * int(rl.num_samples) * t.num_key_value_heads * t.head_dim
+    completions = 2 * t.kv_layers * rows * int(rl.num_samples) * t.num_key_value_heads * t.head_dim
     rollouts = prefill.total - prefill.params + completions * new_tokens * np.dtype(cfg.dtype).itemsize
+    rollouts += rows * int(rl.num_samples) * t.recurrent_bytes(cfg.dtype)  # each completion's own linear states
   shape = update_shape(config) if update else ""
   return TrainFootprint(params, trainable * 4, 2 * trainable * tbytes, reference, rollouts, int(update), shape)
 
@@ -251,7 +253,7 @@ def page_pool(config: Run, cfg) -> tuple[int, int, int]:
   z, new = int(r.page_size), int(config.sampling.max_new_tokens)
   prompt = _image_patches(config, cfg) // cfg.vision.spatial_merge_size**2 + 64
   worst = int(prompt_pages(prompt, z) + own_pages(new, z, prompt % z))
-  page = 2 * t.num_hidden_layers * t.num_key_value_heads * z * t.head_dim * np.dtype(cfg.dtype).itemsize
+  page = 2 * t.kv_layers * t.num_key_value_heads * z * t.head_dim * np.dtype(cfg.dtype).itemsize
   return (int(r.pages) or 1 + int(r.slots) * worst), page, worst
 
 
@@ -281,20 +283,26 @@ def check_pool_memory(config: Run, cfg, available: tuple[int, str] | None = None
     return
   budget, source = available
   pages, page, worst = page_pool(config, cfg)
+  r, new = config.rollout, int(config.sampling.max_new_tokens)
+  # a hybrid decoder's linear states (Qwen3.5): each slot's, and a store row per prompt in flight (at least one per
+  # slot and one more: `page_budget.state_rows`)
+  state = cfg.text.recurrent_bytes(cfg.dtype)
+  states = (2 * int(r.slots) + 1) * state
   # the model beside the pool (not a QLoRA base's, whose decode layout this does not count): a lower bound
   model = 0 if str(config.model.lora.weight_qtype) else sum(int(np.prod(s)) for _, s in param_sizes(cfg))
   model *= np.dtype(cfg.dtype).itemsize
-  if model + pages * page <= budget:
+  if model + pages * page + states <= budget:
     return
-  r, new = config.rollout, int(config.sampling.max_new_tokens)
-  room = max(0, budget - model) // page  # pages that fit beside the model
   what = f"the paged engine's page pool needs at least {size(pages * page)} per device ({pages} pages of {r.page_size} tokens"
   if r.pages:
+    room = max(0, budget - model - states) // page  # pages that fit beside the model (and the linear states)
     fix = f"lower rollout.pages (now {r.pages}; about {room} fit)"
   else:
     what += f": rollout.slots={r.slots} x {worst} pages for a prompt and sampling.max_new_tokens={new}"
-    fit = max(0, (room - 1) // worst)
+    fit = max(0, (budget - model - page - state) // (worst * page + 2 * state))
     fix = f"lower rollout.slots (now {r.slots}; {fit} fit) or sampling.max_new_tokens (now {new})"
+  if states:
+    what += f"; and {size(states)} of linear states, {size(state)} per slot and per prompt in flight"
   raise ConfigError(
     f"{what}) beside the model's {size(model)} in {np.dtype(cfg.dtype).name}, but a device holds {size(budget)} "
     f"({source}); {fix}, or use rollout.engine='static'"
