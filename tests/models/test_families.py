@@ -65,3 +65,20 @@ def test_embedded_student_as_qwen35_keeps_the_sizes_and_is_hybrid():
   assert (like.image_token_id, like.eos_token_id) == (base.image_token_id, base.eos_token_id)
   assert set(like.text.layer_types) == {"linear_attention", "full_attention"}
   assert like.text.layer_types[-1] == "full_attention" and 2 * sum(like.text.mrope_section) == like.text.rotary_dim
+
+
+def test_qwen35_preprocesses_as_qwen3vl_as_transformers_does():
+  """transformers maps model_type qwen3_5 to Qwen3-VL's processor classes, and so does the registry: Qwen3.5's
+  processor parity is Qwen3-VL's (tests/processing/test_qwen3vl_processor.py)."""
+  from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+  from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+  from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING_NAMES
+
+  from jaxcap.models.families import family
+  from jaxcap.processing.rules import PROCESSOR_RULES
+
+  rules = PROCESSOR_RULES[family("qwen3_5").processor]
+  assert family("qwen3_5").processor == family("qwen3_vl").processor
+  assert PROCESSOR_MAPPING_NAMES["qwen3_5"] == PROCESSOR_MAPPING_NAMES["qwen3_vl"] == rules.hf_classes[0]
+  assert IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5"] == IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_vl"]
+  assert VIDEO_PROCESSOR_MAPPING_NAMES["qwen3_5"] == VIDEO_PROCESSOR_MAPPING_NAMES["qwen3_vl"]
