@@ -142,6 +142,19 @@ def _nonfinite(value, path: str) -> Iterator[tuple[str, float]]:
       yield from _nonfinite(v, f"{path}[{i}]")
 
 
+def _names(value, tp):
+  """A list[str] field's value as a command line gives it: ml_collections overrides a tuple field only with a
+  literal ("('a', 'b')") or repeated flags, and takes "a,b" or "(a, b)" as one name; split such names on commas."""
+  if typing.get_origin(tp) is not list or typing.get_args(tp) != (str,) or not isinstance(value, (list, tuple)):
+    return value
+  if not any(isinstance(v, str) and "," in v for v in value):
+    return value
+  names = []
+  for v in value:
+    names += [n.strip(" '\"") for n in v.strip().strip("()[]").split(",")] if isinstance(v, str) else [v]
+  return [n for n in names if n != ""]
+
+
 def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str]) -> Block:
   """`cls` from `data` (one section of `ConfigDict.to_dict()`); unknown and missing keys and wrong types go to
   `errors` (their paths to `bad`), and such fields keep their defaults."""
@@ -157,6 +170,8 @@ def build(cls: type[Block], data: dict, at: str, errors: list[str], bad: set[str
   values = {}
   for f in dataclasses.fields(cls):
     path, tp = at + f.name, hints(cls)[f.name]
+    if f.name in data:
+      data = {**data, f.name: _names(data[f.name], tp)}
     if f.name not in data:
       default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
       has = default is not dataclasses.MISSING

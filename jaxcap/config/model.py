@@ -67,7 +67,7 @@ class Lora(Block):
   rank: int = field(0, "adapter rank r (0 = off: full fine-tuning)", ge=0)
   alpha: float = field(32.0, "scale numerator: the adapter adds (alpha / rank) x A B", gt=0, resume=ALTERS)
   dropout: float = field(0.0, "dropout on the adapters' input (only 0 is supported)", ge=0, lt=1)
-  targets: list[str] = field(list(LORA_TARGETS), "module names that get adapters (the sharding rules' names)")
+  targets: list[str] = field(tuple(LORA_TARGETS), "module names that get adapters (the sharding rules' names)")
   vision: bool = field(False, "adapters on the vision tower's / merger's matching modules too")
   weight_qtype: str = field("", "QLoRA: the frozen base's weights quantized ('' = not)", choices=WEIGHT_QTYPES)
 

@@ -217,6 +217,16 @@ def test_qlora_on_the_embedded_students_sft_is_refused():
   validate(c)
 
 
+# what ml_collections makes of `--config.model.lora.targets=...` (a tuple field): a literal is parsed, anything else
+# is one string
+@pytest.mark.parametrize("given", [("q_proj,in_proj_qkv",), ("(q_proj, in_proj_qkv)",), ("q_proj", "in_proj_qkv")])
+def test_a_list_of_names_from_the_command_line(given):
+  """A list-of-names field given as "a,b" or "(a, b)" on a command line: the typed config has the names."""
+  c = base_config()
+  c.model.lora.targets = given
+  assert list(schema.validate(c).model.lora.targets) == ["q_proj", "in_proj_qkv"]
+
+
 def test_a_one_layer_qwen35_student_is_refused():
   """A hybrid decoder needs a layer of each kind: one layer would leave a stack empty."""
   c = base_config()
