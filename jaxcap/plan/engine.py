@@ -144,7 +144,7 @@ def engine_inputs(
   dtype = jnp.dtype(cfg.dtype)
   layers = t_cfg.kv_layers
   out_rows, r = rows * num_samples, engine.slots
-  # the engine's own buffers (jaxcap.sampling.scheduler builds them so), abstract: its pool (with a hybrid decoder's
+  # the engine's own buffers (jaxcap.sampling.engine_state builds them so), abstract: its pool (with a hybrid decoder's
   # store of prompt states), outputs and slots (with their states)
   recurrent = bool(recurrent_zeros(cfg, 0))
   stored = state_rows(r, [rows]) if recurrent else 0
