@@ -44,7 +44,7 @@ class GatedAttention(Attention):
   """`Qwen3_5Attention`: GQA whose q_proj yields each head's query and an output gate (sigmoid, per channel),
   zero-centred q / k norms, partial rotary. Cached, paged and packed paths are `Attention`'s."""
 
-  def __init__(self, cfg: Qwen35Config, *, rngs):  # noqa: super().__init__ would build a plain q_proj and norms
+  def __init__(self, cfg: Qwen35Config, *, rngs):  # not super().__init__: it would build a plain q_proj and norms
     t = cfg.text
     self.num_heads, self.num_kv_heads, self.head_dim = t.num_attention_heads, t.num_key_value_heads, t.head_dim
     kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
@@ -75,7 +75,7 @@ class GatedAttention(Attention):
 class AttentionLayer(DecoderLayer):
   """A full-attention layer of the hybrid decoder: `DecoderLayer` with `GatedAttention` and zero-centred norms."""
 
-  def __init__(self, cfg: Qwen35Config, *, rngs):  # noqa: the parent's norms and attention differ
+  def __init__(self, cfg: Qwen35Config, *, rngs):  # not the parent's: its norms and attention differ
     t = cfg.text
     self.input_layernorm = ZeroCenteredRMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
     self.post_attention_layernorm = ZeroCenteredRMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
