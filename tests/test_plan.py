@@ -183,6 +183,21 @@ def test_an_engine_program_over_budget_names_the_engines_settings():
   assert "no slot count fits" in line and "rollout.engine='static'" in line
 
 
+def test_an_update_over_budget_offers_remat_only_where_it_is_not_full():
+  from types import SimpleNamespace
+
+  from jaxcap.plan.report import advice
+
+  c = _config()
+  over = SimpleNamespace(name="rl_step", peak=3 * GIB, temporaries=2 * GIB, arguments=GIB)
+  c.model.remat = "dots"
+  [line] = advice(c, [over], 0, 2 * GIB, mesh=None)
+  assert "set model.remat='full' (now 'dots')" in line and "rl.micro_batches" in line
+  c.model.remat = "full"
+  [line] = advice(c, [over], 0, 2 * GIB, mesh=None)
+  assert "remat" not in line and "rl.micro_batches" in line
+
+
 @pytest.mark.slow
 def test_async_counts_the_queued_rounds_in_the_passes_they_outlive():
   cfg = tiny(dtype=jax.numpy.bfloat16, remat="full")

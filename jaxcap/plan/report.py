@@ -13,6 +13,8 @@ def advice(
 ) -> list[str]:
   """What to change when a program does not fit (largest term first); `base_dtype`: the planned params' dtype."""
   out = []
+  # remat is a fix only where it is not full already
+  remat = "" if config.model.remat == "full" else f"set model.remat='full' (now '{config.model.remat}'), "
   for r in results:
     if r.peak <= budget:
       continue
@@ -20,15 +22,14 @@ def advice(
     if r.name in ("rl_step", "logprobs") and packs(config):
       out.append(
         f"{r.name} is {over:.1f} GiB over ({r.temporaries / GIB:.1f} GiB temporaries): lower rl.micro_batch_tokens "
-        f"(now {config.rl.micro_batch_tokens} tokens per packed micro-batch), set model.remat='full' (now "
-        f"'{config.model.remat}') or add devices"
+        f"(now {config.rl.micro_batch_tokens} tokens per packed micro-batch), {remat}or add devices"
       )
     elif r.name == "rl_step" and r.temporaries > r.arguments:
       m = config.rl.micro_batches
       out.append(
         f"rl_step is {over:.1f} GiB over, mostly activations ({r.temporaries / GIB:.1f} GiB temporaries): raise "
-        f"rl.micro_batches (now {m}; it must divide rl.batch_size), set model.remat='full' (now "
-        f"'{config.model.remat}'), lower model.logprob_chunk (now {config.model.logprob_chunk} positions of "
+        f"rl.micro_batches (now {m}; it must divide rl.batch_size), {remat}lower model.logprob_chunk (now "
+        f"{config.model.logprob_chunk} positions of "
         "float32 logits over the whole vocabulary per sequence) or lower sampling.max_new_tokens"
       )
     elif r.name in ("prefill", "decode"):
