@@ -57,7 +57,8 @@ def main():
   )
   arrays = {n: a.astype(np.float32) for n, a in arrays.items()}
   ours = {n: jnp.asarray(a) for n, a in arrays.items()}
-  theirs = {n: torch.tensor(a, requires_grad=args.backward) for n, a in arrays.items()}
+  torch_names = dict(q="query", k="key", v="value", g="g", beta="beta")  # transformers' argument names
+  theirs = {torch_names[n]: torch.tensor(a, requires_grad=args.backward) for n, a in arrays.items()}
 
   def loss_jax(x):
     out, state = chunk_gated_delta(x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -79,7 +80,9 @@ def main():
 
   # the two agree before anything is timed
   want, _ = torch_chunk_gated_delta_rule(
-    **{n: torch.tensor(a) for n, a in arrays.items()}, output_final_state=True, use_qk_l2norm_in_kernel=True
+    **{torch_names[n]: torch.tensor(a) for n, a in arrays.items()},
+    output_final_state=True,
+    use_qk_l2norm_in_kernel=True,
   )
   got, _ = chunk_gated_delta(**ours)
   err = float(np.abs(np.asarray(got) - want.numpy()).max())
