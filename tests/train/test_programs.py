@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxcap.config import schema
 from jaxcap.models.qwen25vl_presets import tiny
 from jaxcap.models.qwen25vl import Qwen25VL
 from jaxcap.plan import plan, program_fingerprint, rl_step_inputs
@@ -67,9 +68,8 @@ GSPO_TOKEN_TIS_MIS = {
 )
 def test_plan_compiles_the_trainers_rl_step(spec, overrides):
   config = _config(spec, **overrides)
-  precision = dict(
-    dtype=jax.numpy.dtype(config.model.dtype), param_dtype=jax.numpy.dtype(config.model.param_dtype_name())
-  )
+  model = schema.parse(config).model  # the typed block: its dtype rule ('auto')
+  precision = dict(dtype=jax.numpy.dtype(model.dtype), param_dtype=jax.numpy.dtype(model.param_dtype_name()))
   cfg = tiny(remat=config.model.remat, scan_layers=config.model.scan_layers, **precision)
   devices = jax.devices()[:2]
   planned = plan(config, cfg, devices, hbm_gib=80.0, names=("rl_step",), text=8)
