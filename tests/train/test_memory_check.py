@@ -282,7 +282,7 @@ PAGED = {"rollout.engine": "paged", "sft.steps": 0}
 def test_a_page_pool_larger_than_the_device_is_refused_naming_the_knob():
   """Issue 57: lengths within the model's context but a pool larger than the device (long captions times many slots,
   or a large rollout.pages) died on the pool's allocation after SFT. Now one line, before any compute."""
-  from jaxcap.train.shell.memory_check import check_pool_memory, page_pool
+  from jaxcap.train.shell.pool_memory import check_pool_memory, page_pool
 
   long = _config(**PAGED, **{"sampling.max_new_tokens": 4000, "rollout.slots": 256})  # tiny: 4096 positions
   pages, page, worst = page_pool(long, CFG)
@@ -316,7 +316,7 @@ def test_the_page_pool_check_counts_a_hybrid_decoders_linear_states():
   """Qwen3.5: the pool's pages hold its attention layers only (2 of the tiny preset's 6), and its linear states
   (each slot's, and a store row per prompt in flight) count beside them; the slots the refusal names fit."""
   from jaxcap.models.qwen35_presets import qwen35_tiny
-  from jaxcap.train.shell.memory_check import check_pool_memory, page_pool
+  from jaxcap.train.shell.pool_memory import check_pool_memory, page_pool
 
   cfg = qwen35_tiny()
   t = cfg.text
@@ -334,7 +334,7 @@ def test_the_page_pool_check_counts_a_hybrid_decoders_linear_states():
 
 
 def test_the_device_figure_is_the_accelerators_own_or_the_hosts(monkeypatch):
-  from jaxcap.train.shell.memory_check import device_memory
+  from jaxcap.train.shell.pool_memory import device_memory
 
   class Gpu:
     platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"

@@ -28,7 +28,8 @@ from jaxcap.rewards.families import REWARD_FAMILIES
 from jaxcap.sharding import make_mesh, param_shardings, reshard
 from jaxcap.train.rollouts.placement import rollout_mesh, split_devices
 from jaxcap.train.steps.adapters import lora_rank, with_run_lora
-from jaxcap.train.shell.memory_check import check_pool_memory, check_train_memory
+from jaxcap.train.shell.memory_check import check_train_memory
+from jaxcap.train.shell.pool_memory import check_pool_memory
 from jaxcap.world import student as embedded
 from jaxcap.data.sft_targets import SFTTarget, sft_target_fn
 
