@@ -41,13 +41,18 @@ class Qwen25VL(VisualTokens, nnx.Module):
       embedding_init=nnx.initializers.normal(0.02),
       rngs=rngs,
     )
-    # one module whose params carry a leading layer axis: the stack runs under lax.scan (compile time flat in depth)
-    self.layers = stacked(lambda r: DecoderLayer(cfg, rngs=r), t.num_hidden_layers, rngs)
-    self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
+    self.build_decoder(cfg, rngs)
     if not t.tie_word_embeddings:
       self.lm_head = linear(
         t.hidden_size, t.vocab_size, bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
       )
+
+  def build_decoder(self, cfg: Qwen25VLConfig, rngs: nnx.Rngs) -> None:
+    """The decoder's layer stack(s) and final norm (a family's hook: Qwen3.5's hybrid stacks)."""
+    t = cfg.text
+    # one module whose params carry a leading layer axis: the stack runs under lax.scan (compile time flat in depth)
+    self.layers = stacked(lambda r: DecoderLayer(cfg, rngs=r), t.num_hidden_layers, rngs)
+    self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
 
   @staticmethod
   def vision_tower(cfg: Qwen25VLConfig, rngs: nnx.Rngs) -> nnx.Module:

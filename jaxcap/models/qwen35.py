@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxcap.models import row_blocks
 from jaxcap.models.decoder import ATTENTION, CACHE_AXES, RECURRENT, KVCache
-from jaxcap.models.layers import linear, mrope_cos_sin, remat, stacked
+from jaxcap.models.layers import mrope_cos_sin, remat, stacked
 from jaxcap.models.qwen35_config import FULL, LINEAR, Qwen35Config
 from jaxcap.models.qwen35_layers import AttentionLayer, LinearLayer, LinearState, ZeroCenteredRMSNorm
 from jaxcap.models.qwen3vl import Qwen3VL
@@ -65,25 +65,11 @@ class Qwen35(Qwen3VL):
   """The Qwen3.5 student. Its vision path (`embed_vision`, `place_visual`), LM head and `__call__` are
   `Qwen25VL`'s; the decoder is the hybrid one."""
 
-  def __init__(self, cfg: Qwen35Config, *, rngs: nnx.Rngs):
-    self.cfg = cfg
+  def build_decoder(self, cfg: Qwen35Config, rngs: nnx.Rngs) -> None:
     t = cfg.text
-    self.visual = self.vision_tower(cfg, rngs)
-    self.embed_tokens = nnx.Embed(
-      t.vocab_size,
-      t.hidden_size,
-      dtype=cfg.dtype,
-      param_dtype=cfg.param_dtype,
-      embedding_init=nnx.initializers.normal(0.02),
-      rngs=rngs,
-    )
     self.linear_layers = stacked(lambda r: LinearLayer(cfg, rngs=r), len(t.layer_indices(LINEAR)), rngs)
     self.attention_layers = stacked(lambda r: AttentionLayer(cfg, rngs=r), len(t.layer_indices(FULL)), rngs)
     self.norm = ZeroCenteredRMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype)
-    if not t.tie_word_embeddings:
-      self.lm_head = linear(
-        t.hidden_size, t.vocab_size, bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
-      )
 
   def empty_cache(self, batch: int, slots: int) -> HybridCache:
     return HybridCache.zeros(self.cfg, batch, slots)

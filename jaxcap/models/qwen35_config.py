@@ -141,26 +141,9 @@ class Qwen35Config(Qwen3VLConfig):
       linear_num_value_heads=tc.get("linear_num_value_heads", 32),
       layer_types=tuple(types),
     )
-    vrope = dict(vc.get("rope_parameters") or {})
-    vision = Qwen3VisionConfig(
-      depth=vc.get("depth", 27),
-      hidden_size=vc.get("hidden_size", 1152),
-      intermediate_size=vc.get("intermediate_size", 4304),
-      num_heads=vc.get("num_heads", 16),
-      in_channels=vc.get("in_channels", 3),
-      patch_size=vc.get("patch_size", 16),
-      spatial_merge_size=vc.get("spatial_merge_size", 2),
-      temporal_patch_size=vc.get("temporal_patch_size", 2),
-      out_hidden_size=vc.get("out_hidden_size", text.hidden_size),
-      num_position_embeddings=vc.get("num_position_embeddings", 2304),
-      deepstack_visual_indexes=(),
-      rope_theta=float(vrope.get("rope_theta", 10000.0)),
-      hidden_act=vc.get("hidden_act", "gelu_pytorch_tanh"),
-    )
-    if text.hidden_act != "silu" or vision.hidden_act != "gelu_pytorch_tanh":
-      raise ValueError(f"hidden_act {text.hidden_act!r}/{vision.hidden_act!r}: expected 'silu'/'gelu_pytorch_tanh'")
-    if vision.grid_side**2 != vision.num_position_embeddings:
-      raise ValueError(f"vision_config.num_position_embeddings={vision.num_position_embeddings} is not a square")
+    vision = Qwen3VisionConfig.from_hf_dict(vc, text.hidden_size, deepstack=False)
+    if text.hidden_act != "silu":
+      raise ValueError(f"text_config.hidden_act={text.hidden_act!r}: expected 'silu'")
     eos = tc.get("eos_token_id") or d.get("eos_token_id") or 248046
     return cls(
       vision=vision,
@@ -219,20 +202,5 @@ class Qwen35Config(Qwen3VLConfig):
         "layer_types": list(t.layer_types),
         "dtype": dtype_name,
       },
-      "vision_config": {
-        "model_type": "qwen3_5_vision",
-        "depth": v.depth,
-        "hidden_size": v.hidden_size,
-        "intermediate_size": v.intermediate_size,
-        "num_heads": v.num_heads,
-        "in_channels": v.in_channels,
-        "patch_size": v.patch_size,
-        "spatial_merge_size": v.spatial_merge_size,
-        "temporal_patch_size": v.temporal_patch_size,
-        "out_hidden_size": v.out_hidden_size,
-        "num_position_embeddings": v.num_position_embeddings,
-        "hidden_act": v.hidden_act,
-        "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-        "dtype": dtype_name,
-      },
+      "vision_config": v.to_hf_dict("qwen3_5_vision", dtype_name, deepstack=False),
     }

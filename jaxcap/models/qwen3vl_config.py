@@ -51,6 +51,52 @@ class Qwen3VisionConfig:
     """Side of the square grid of learned position embeddings."""
     return int(self.num_position_embeddings**0.5)
 
+  @classmethod
+  def from_hf_dict(cls, vc: Mapping[str, Any], out_hidden_size: int, deepstack: bool = True) -> "Qwen3VisionConfig":
+    """The tower of a parsed `vision_config` (Qwen3-VL's, or with `deepstack=False` Qwen3.5's, which has none);
+    `out_hidden_size`: the default width of its merged features (the decoder's)."""
+    vrope = dict(vc.get("rope_parameters") or {})
+    vision = cls(
+      depth=vc.get("depth", 27),
+      hidden_size=vc.get("hidden_size", 1152),
+      intermediate_size=vc.get("intermediate_size", 4304),
+      num_heads=vc.get("num_heads", 16),
+      in_channels=vc.get("in_channels", 3),
+      patch_size=vc.get("patch_size", 16),
+      spatial_merge_size=vc.get("spatial_merge_size", 2),
+      temporal_patch_size=vc.get("temporal_patch_size", 2),
+      out_hidden_size=vc.get("out_hidden_size", out_hidden_size),
+      num_position_embeddings=vc.get("num_position_embeddings", 2304),
+      deepstack_visual_indexes=tuple(vc.get("deepstack_visual_indexes", (8, 16, 24))) if deepstack else (),
+      rope_theta=float(vrope.get("rope_theta", 10000.0)),
+      hidden_act=vc.get("hidden_act", "gelu_pytorch_tanh"),
+    )
+    if vision.hidden_act != "gelu_pytorch_tanh":
+      raise ValueError(f"vision_config.hidden_act={vision.hidden_act!r}: expected 'gelu_pytorch_tanh'")
+    if vision.grid_side**2 != vision.num_position_embeddings:
+      raise ValueError(f"vision_config.num_position_embeddings={vision.num_position_embeddings} is not a square")
+    return vision
+
+  def to_hf_dict(self, model_type: str, dtype_name: str, deepstack: bool = True) -> dict[str, Any]:
+    """The `vision_config` transformers reads (`deepstack=False`: without the DeepStack field, as Qwen3.5's)."""
+    d = {
+      "model_type": model_type,
+      "depth": self.depth,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_heads": self.num_heads,
+      "in_channels": self.in_channels,
+      "patch_size": self.patch_size,
+      "spatial_merge_size": self.spatial_merge_size,
+      "temporal_patch_size": self.temporal_patch_size,
+      "out_hidden_size": self.out_hidden_size,
+      "num_position_embeddings": self.num_position_embeddings,
+    }
+    if deepstack:
+      d["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
+    rope = {"rope_type": "axial", "rope_theta": self.rope_theta}
+    return d | {"hidden_act": self.hidden_act, "rope_parameters": rope, "dtype": dtype_name}
+
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3TextConfig(TextConfig):
@@ -102,26 +148,9 @@ class Qwen3VLConfig(Qwen25VLConfig):
     )
     if not text.mrope_interleaved:
       raise ValueError("text_config.rope_parameters.mrope_interleaved=false: Qwen3-VL's mRoPE is interleaved")
-    vrope = dict(vc.get("rope_parameters") or {})
-    vision = Qwen3VisionConfig(
-      depth=vc.get("depth", 27),
-      hidden_size=vc.get("hidden_size", 1152),
-      intermediate_size=vc.get("intermediate_size", 4304),
-      num_heads=vc.get("num_heads", 16),
-      in_channels=vc.get("in_channels", 3),
-      patch_size=vc.get("patch_size", 16),
-      spatial_merge_size=vc.get("spatial_merge_size", 2),
-      temporal_patch_size=vc.get("temporal_patch_size", 2),
-      out_hidden_size=vc.get("out_hidden_size", text.hidden_size),
-      num_position_embeddings=vc.get("num_position_embeddings", 2304),
-      deepstack_visual_indexes=tuple(vc.get("deepstack_visual_indexes", (8, 16, 24))),
-      rope_theta=float(vrope.get("rope_theta", 10000.0)),
-      hidden_act=vc.get("hidden_act", "gelu_pytorch_tanh"),
-    )
-    if text.hidden_act != "silu" or vision.hidden_act != "gelu_pytorch_tanh":
-      raise ValueError(f"hidden_act {text.hidden_act!r}/{vision.hidden_act!r}: expected 'silu'/'gelu_pytorch_tanh'")
-    if vision.grid_side**2 != vision.num_position_embeddings:
-      raise ValueError(f"vision_config.num_position_embeddings={vision.num_position_embeddings} is not a square")
+    vision = Qwen3VisionConfig.from_hf_dict(vc, text.hidden_size)
+    if text.hidden_act != "silu":
+      raise ValueError(f"text_config.hidden_act={text.hidden_act!r}: expected 'silu'")
     eos = tc.get("eos_token_id", 151645)
     return cls(
       vision=vision,
@@ -168,23 +197,7 @@ class Qwen3VLConfig(Qwen25VLConfig):
         "rope_parameters": rope | {"mrope_interleaved": True},
         "dtype": dtype_name,
       },
-      "vision_config": {
-        "model_type": "qwen3_vl_vision",
-        "depth": v.depth,
-        "hidden_size": v.hidden_size,
-        "intermediate_size": v.intermediate_size,
-        "num_heads": v.num_heads,
-        "in_channels": v.in_channels,
-        "patch_size": v.patch_size,
-        "spatial_merge_size": v.spatial_merge_size,
-        "temporal_patch_size": v.temporal_patch_size,
-        "out_hidden_size": v.out_hidden_size,
-        "num_position_embeddings": v.num_position_embeddings,
-        "deepstack_visual_indexes": list(v.deepstack_visual_indexes),
-        "hidden_act": v.hidden_act,
-        "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-        "dtype": dtype_name,
-      },
+      "vision_config": v.to_hf_dict("qwen3_vl_vision", dtype_name),
     }
 
 

@@ -19,7 +19,7 @@ from jaxcap.models.qwen35 import HybridCache, Qwen35
 from jaxcap.models.qwen35_config import Qwen35Config
 from jaxcap.models.qwen35_presets import PRESETS, qwen35_tiny
 from jaxcap.models.qwen3vl_vision import qwen3_vision_layout
-from tests.models.vl_cases import case, hf_kwargs, our_inputs
+from tests.models.vl_cases import case, greedy, hf_kwargs, our_inputs
 
 ATOL = 1e-4
 KINDS = ["single_image", "two_images", "text_only", "video", "mixed_batch"]
@@ -117,28 +117,6 @@ def test_hf_round_trip_is_bit_exact(models, tmp_path):
   assert all(torch.equal(v, theirs[k]) for k, v in ref.state_dict().items())
 
 
-def _greedy(model: Qwen35, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
-  """Greedy tokens [B, steps] and their logits through the hybrid cache: one prefill, then a token per step."""
-  positions, vision = our_inputs(model.cfg, c)
-  ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
-  b, t = ids.shape
-  slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
-  x, _ = model.embed_vision(ids, vision)
-  cache = model.empty_cache(b, t + steps)
-  assert isinstance(cache, HybridCache)
-  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0)
-  logits = [model.logits(hidden[:, -1])]
-  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
-  step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
-  for i in range(steps - 1):
-    slots = slots.at[:, t + i].set(True)
-    pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
-    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
-    logits.append(model.logits(hidden[:, -1]))
-  logits = np.asarray(jnp.stack(logits, 1))
-  return logits.argmax(-1), logits
-
-
 @pytest.mark.parametrize("kind,variant", [("two_images", "untied"), ("mixed_batch", "tied")])
 def test_greedy_generation_equals_transformers_generate(request, kind, variant):
   ref, ours, _ = request.getfixturevalue(variant)
@@ -149,7 +127,8 @@ def test_greedy_generation_equals_transformers_generate(request, kind, variant):
       **hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
     )
   want = out.sequences[:, c["ids"].shape[1] :].numpy()
-  tokens, logits = _greedy(ours, c, steps)
+  assert isinstance(ours.empty_cache(1, 2), HybridCache)  # attention KV and linear states, through `greedy`
+  tokens, logits = greedy(ours, c, steps)
   assert want.shape == tokens.shape
   np.testing.assert_array_equal(tokens, want)
   np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)

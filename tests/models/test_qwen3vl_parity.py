@@ -14,14 +14,13 @@ import transformers
 from safetensors.numpy import load_file
 
 from jaxcap.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from jaxcap.models.decoder import KVCache
 from jaxcap.models.families import family_of_checkpoint
 from jaxcap.models.qwen3vl import Qwen3VL
 from jaxcap.models.qwen3vl_config import Qwen3VLConfig
 from jaxcap.models.qwen3vl_presets import qwen3vl_tiny
 from jaxcap.models.qwen3vl_vision import qwen3_layout_shape, qwen3_vision_layout
 from jaxcap.models.rope_index import qwen3vl_rope_index
-from tests.models.vl_cases import case, hf_kwargs, our_inputs
+from tests.models.vl_cases import case, greedy, hf_kwargs, our_inputs
 
 ATOL = 1e-4
 # (tied head, DeepStack block indexes): two DeepStack layers in block order; then three, out of order, one of them
@@ -178,28 +177,6 @@ def test_hf_round_trip_is_bit_exact(models, tmp_path):
   assert all(torch.equal(v, theirs[k]) for k, v in ref.state_dict().items())
 
 
-def _greedy(model: Qwen3VL, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
-  """Greedy tokens [B, steps] and their logits [B, steps, V] through the KV cache: one prefill (with DeepStack),
-  then one token per step at text positions continuing the prompt's largest position."""
-  positions, vision = _ours(model.cfg, c)
-  ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
-  b, t = ids.shape
-  slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
-  x, deepstack = model.embed_vision(ids, vision)
-  cache = KVCache.zeros(model.cfg, b, t + steps)
-  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0, deepstack=deepstack)
-  logits = [model.logits(hidden[:, -1])]
-  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
-  step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
-  for i in range(steps - 1):
-    slots = slots.at[:, t + i].set(True)
-    pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
-    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
-    logits.append(model.logits(hidden[:, -1]))
-  logits = np.asarray(jnp.stack(logits, 1))
-  return logits.argmax(-1), logits
-
-
 @pytest.mark.parametrize("kind,variant", PAIRS)
 def test_greedy_generation_equals_transformers_generate(request, kind, variant):
   """Token-equal to `generate` (greedy), and every step's logits equal its logits: a tiny random model tends to
@@ -212,7 +189,7 @@ def test_greedy_generation_equals_transformers_generate(request, kind, variant):
       **_hf_kwargs(ours.cfg, c), max_new_tokens=steps, do_sample=False, output_logits=True, return_dict_in_generate=True
     )
   want = out.sequences[:, c["ids"].shape[1] :].numpy()
-  tokens, logits = _greedy(ours, c, steps)
+  tokens, logits = greedy(ours, c, steps)
   assert want.shape == tokens.shape  # no early end of sequence in these cases: every step compared
   np.testing.assert_array_equal(tokens, want)
   np.testing.assert_allclose(logits, torch.stack(out.logits, 1).numpy(), atol=ATOL, rtol=0)

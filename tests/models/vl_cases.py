@@ -1,6 +1,7 @@
 """Test inputs of the Qwen3-VL-style families (Qwen3-VL, Qwen3.5): token ids, masks, patches and grids of one case,
 as transformers takes them and as jaxcap's model takes them (positions from `qwen3vl_rope_index`)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -83,3 +84,25 @@ def our_inputs(cfg: Qwen3VLConfig, c: dict, shape=None) -> tuple[np.ndarray, Vis
   if shape is not None:
     px = np.pad(px, ((0, shape.patches - len(px)), (0, 0)))
   return positions, VisionInput(jnp.asarray(px), layout)
+
+
+def greedy(model, c: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
+  """Greedy tokens [B, steps] and their logits [B, steps, V] through the family's cache (`model.empty_cache`): one
+  prefill (with DeepStack where the family has it), then one token per step at text positions continuing the prompt's largest position."""
+  positions, vision = our_inputs(model.cfg, c)
+  ids, mask = jnp.asarray(c["ids"]), jnp.asarray(c["mask"], bool)
+  b, t = ids.shape
+  slots = jnp.concatenate([mask, jnp.zeros((b, steps), bool)], 1)
+  x, deepstack = model.embed_vision(ids, vision)
+  cache = model.empty_cache(b, t + steps)
+  hidden, cache = model.decode(x, jnp.asarray(positions), slots, cache, 0, deepstack=deepstack)
+  logits = [model.logits(hidden[:, -1])]
+  next_pos = jnp.asarray(positions.max(axis=(0, 2)) + 1)
+  step = jax.jit(lambda tok, pos, slots, cache, i: model.decode(model.embed(tok[:, None]), pos, slots, cache, i))
+  for i in range(steps - 1):
+    slots = slots.at[:, t + i].set(True)
+    pos = jnp.broadcast_to((next_pos + i)[None, :, None], (3, b, 1))
+    hidden, cache = step(jnp.argmax(logits[-1], -1), pos, slots, cache, t + i)
+    logits.append(model.logits(hidden[:, -1]))
+  logits = np.asarray(jnp.stack(logits, 1))
+  return logits.argmax(-1), logits
